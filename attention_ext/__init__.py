@@ -1,0 +1,19 @@
+"""attention_ext: fast attention kernels (C++ for CPU, CUDA for GPU) behind one contract.
+
+    from attention_ext import build_attention
+    attn = build_attention("iclustered", clusters=100, topk=32)
+    out = attn(q, k, v, lengths)    # q, k, v: (B, H, N, E); lengths: (B,) or None
+
+The package knows nothing about speech. See README.md for the list of attention
+types and their options.
+"""
+from .registry import (AttentionConfigError, Option, available_attentions, build_attention,
+                       describe_attentions, register_attention, resolve_options)
+
+# Importing the modules registers their attention types.
+from .full import FullAttention  # noqa: E402
+
+__all__ = [
+    "AttentionConfigError", "Option", "available_attentions", "build_attention",
+    "describe_attentions", "register_attention", "resolve_options", "FullAttention",
+]

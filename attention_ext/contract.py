@@ -1,0 +1,71 @@
+"""The call contract shared by every attention type.
+
+    out = attn(q, k, v, lengths)   # q, k, v: (B, H, N, E); lengths: (B,) or None
+                                   # out: (B, H, N, E); padded query rows are 0,
+                                   # padded keys get no weight
+
+Every attention module calls `check_inputs` first, so a caller gets the same
+clear error whatever attention it runs.
+"""
+from __future__ import annotations
+
+import torch
+
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                 lengths: torch.Tensor | None) -> torch.Tensor:
+    """Validates shapes and returns `lengths` as an int64 tensor on q's device.
+
+    A `lengths` of None means every sequence has the full length N.
+    """
+    if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
+        raise ValueError(
+            "attention expects q, k, v of shape (batch, heads, length, dim); got "
+            f"{tuple(q.shape)}, {tuple(k.shape)}, {tuple(v.shape)}")
+    batch, heads, length, dim = q.shape
+    if k.shape != q.shape:
+        raise ValueError(f"k must have the shape of q {tuple(q.shape)}, got {tuple(k.shape)}")
+    if v.shape[:3] != q.shape[:3]:
+        raise ValueError(
+            f"v must share (batch, heads, length) {tuple(q.shape[:3])} with q, got {tuple(v.shape)}")
+    if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
+        raise ValueError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
+    if lengths is None:
+        return torch.full((batch,), length, dtype=torch.long, device=q.device)
+    if lengths.dim() != 1 or lengths.shape[0] != batch:
+        raise ValueError(f"lengths must have shape ({batch},), got {tuple(lengths.shape)}")
+    if lengths.is_floating_point():
+        raise ValueError(f"lengths must be integers, got dtype {lengths.dtype}")
+    lengths = lengths.to(device=q.device, dtype=torch.long)
+    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > length):
+        raise ValueError(
+            f"lengths must lie in [0, {length}] (the padded length), got {lengths.tolist()}")
+    return lengths
+
+
+def valid_positions(lengths: torch.Tensor, length: int) -> torch.Tensor:
+    """(B, N) bool mask, True where a position lies inside its sequence."""
+    return torch.arange(length, device=lengths.device) < lengths[:, None]
+
+
+def zero_padded_queries(out: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    """Sets the rows of padded queries to 0 (the contract), without touching valid rows."""
+    mask = valid_positions(lengths, out.shape[2])[:, None, :, None]
+    return out.masked_fill(~mask, 0.0)
+
+
+def is_shared_qk(q: torch.Tensor, k: torch.Tensor) -> bool:
+    """True when the caller passed the very same tensor as queries and keys."""
+    return k is q or (k.data_ptr() == q.data_ptr() and k.shape == q.shape
+                      and k.stride() == q.stride())
+
+
+def draw_seed() -> int:
+    """One 62-bit seed from torch's default CPU generator.
+
+    Kernels derive their per-(batch, head) random streams from it (hash planes,
+    initial centroids, LSH rotations), so `torch.manual_seed(s)` makes every
+    attention call repeatable, and a sequence draws the same randomness whether
+    it runs alone or at the same batch index of a padded batch.
+    """
+    return int(torch.randint(0, 2**62, (1,)).item())

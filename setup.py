@@ -1,0 +1,52 @@
+"""Builds attention_ext._C, the compiled kernels of the attention library.
+
+The CUDA sources are compiled only when the installed torch is a CUDA build
+(torch.version.cuda), never merely because nvcc is on PATH: a CPU torch with
+nvcc installed must still build the CPU extension.
+
+Environment:
+  ATTENTION_EXT_CPU_ARCH  value for -march (default "native"; set e.g. "x86-64-v3"
+                          when building an image that runs on other machines)
+  ATTENTION_EXT_DEBUG=1   build with -O0 -g
+"""
+import glob
+import os
+
+from setuptools import setup
+
+try:
+    import torch
+    from torch.utils.cpp_extension import BuildExtension, CppExtension, CUDAExtension
+except ImportError as error:  # pragma: no cover - only hit on a broken install
+    raise SystemExit(
+        "attention_ext needs PyTorch at build time. Install torch first "
+        "(for example `pip install torch==2.13.0`), then this project with "
+        "`pip install --no-build-isolation -e .`"
+    ) from error
+
+here = os.path.dirname(os.path.abspath(__file__))
+csrc = os.path.join("attention_ext", "csrc")
+cpp_sources = sorted(glob.glob(os.path.join(csrc, "*.cpp")))
+cuda_sources = sorted(glob.glob(os.path.join(csrc, "*.cu")))
+with_cuda = torch.version.cuda is not None and bool(cuda_sources)
+
+debug = os.environ.get("ATTENTION_EXT_DEBUG") == "1"
+arch = os.environ.get("ATTENTION_EXT_CPU_ARCH", "native")
+cxx_flags = ["-O0", "-g"] if debug else ["-O3", f"-march={arch}"]
+# SIMD pragmas only; threads come from at::parallel_for (torch's own OpenMP runtime),
+# so we do not link a second OpenMP runtime into the process.
+cxx_flags += ["-fopenmp-simd", "-std=c++17"]
+
+if with_cuda:
+    extension = CUDAExtension(
+        "attention_ext._C",
+        cpp_sources + cuda_sources,
+        define_macros=[("WITH_CUDA", None)],
+        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math"]},
+    )
+else:
+    extension = CppExtension(
+        "attention_ext._C", cpp_sources, extra_compile_args={"cxx": cxx_flags}
+    )
+
+setup(ext_modules=[extension], cmdclass={"build_ext": BuildExtension})
