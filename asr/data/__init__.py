@@ -1,0 +1,1 @@
+"""Manifests, features, tokenizers, batching and augmentation."""

@@ -1,0 +1,1 @@
+"""The CTC transformer encoder and its training module."""

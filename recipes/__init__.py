@@ -1,0 +1,1 @@
+"""Corpus recipes: one package per corpus, each turning the corpus on disk into lhotse manifests."""
