@@ -1,0 +1,433 @@
+"""Generate the synthetic speech corpus and write its lhotse manifests.
+
+    python -m recipes.synth.prepare --out data/synth --train 3000 --dev 200 --test 200 --seed 0 --jobs 2
+
+Read top to bottom: the sentence pools of the splits, the plan of each utterance (its sentences,
+speaker and voicing), synthesis in parallel, the manifests and the report.
+
+- Sentences: the shipped WordNet list is shuffled with the seed and cut 90/5/5 % into train, dev
+  and test pools, so no sentence is in two splits. An utterance joins 2-4 consecutive sentences
+  of its split's pool until it reaches a drawn target of 14-30 words (about 5-10 s of speech).
+  A split that asks for more sentences than its pool holds goes round the pool again in a new
+  order (sentences repeat within that split, never across splits).
+- Speakers: train and dev use the 32 seen speakers (a quarter of the utterances flite, three
+  quarters espeak-ng); half of the test utterances use the held-out speakers, the other half
+  the seen ones. See ``recipes.synth.voices``.
+- Determinism: utterance i of a split draws everything from ``numpy.random.default_rng((seed,
+  split, i))`` and the pool order; workers only run the synthesisers, so the output is identical
+  for any number of jobs. Utterance ids are ``synth-{split}-{i:06d}``.
+- Dropped utterances: when a synthesiser uses a phoneme with no ARPAbet equivalent (a foreign
+  sound), the utterance is dropped, counted in the report with its reason, and the next planned
+  utterance of the split takes its place, so each split still reaches its requested size.
+- Resumable: each finished utterance leaves ``audio/{split}/{id}.flac`` and ``meta/{split}/{id}.json``
+  (written last, atomically); a rerun skips utterances whose meta file exists. A complete output
+  (``synth_report.json`` with the same request, manifests present) is returned as it is.
+  The seed and the sentence list are recorded in ``synth_config.json``; reusing the folder with
+  another seed is refused. Changing only the sizes reuses what is there (the plan of utterance i
+  does not depend on the sizes).
+
+Output in ``out_dir``: ``synth_{recordings,supervisions,cuts}_{train,dev,test}.jsonl.gz`` (audio
+paths relative to ``out_dir``, which ``asr.data.manifests`` resolves), ``audio/``, ``meta/``,
+``synth_report.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from recipes.synth.phonemes import UnmappablePhonemeError
+from recipes.synth.sentences import load_sentences, normalise_text
+from recipes.synth.voices import (
+    ESPEAK_PITCH, ESPEAK_RATE_WPM, FLITE_DURATION_STRETCH, FLITE_F0_FACTOR, FLITE_VOICES, GAIN_DB,
+    HELD_OUT_SPEAKER_IDS, SAMPLING_RATE, SPEAKERS, SPEAKERS_BY_ID, check_synthesisers, synthesise,
+)
+
+CORPUS = "synth"
+SPLITS = ("train", "dev", "test")
+SPLIT_CODES = {"train": 0, "dev": 1, "test": 2}  # part of the per-utterance seed
+POOL_FRACTIONS = {"train": 0.90, "dev": 0.05, "test": 0.05}
+WORDS_PER_UTTERANCE = (14, 30)  # target drawn uniformly (inclusive)
+SENTENCES_PER_UTTERANCE = (2, 4)
+FLITE_SHARE = 0.25  # of the utterances spoken by seen speakers
+HELD_OUT_SHARE_OF_TEST = 0.5
+# Version of the planning rules: a folder made under other rules is not mixed with new utterances.
+GENERATOR_VERSION = 1
+CONFIG_FILE = "synth_config.json"
+REPORT_FILE = "synth_report.json"
+
+
+# ----------------------------------------------------------------------------- sentences per split
+
+def split_sentence_pools(sentences: list[str], seed: int) -> dict[str, list[str]]:
+    """Disjoint train/dev/test sentence pools: the list shuffled by ``seed``, cut by POOL_FRACTIONS."""
+    order = np.random.default_rng((seed, 99)).permutation(len(sentences))
+    shuffled = [sentences[i] for i in order]
+    n_dev = max(1, round(POOL_FRACTIONS["dev"] * len(shuffled)))
+    n_test = max(1, round(POOL_FRACTIONS["test"] * len(shuffled)))
+    return {"dev": shuffled[:n_dev], "test": shuffled[n_dev:n_dev + n_test], "train": shuffled[n_dev + n_test:]}
+
+
+# ----------------------------------------------------------------------------- utterance plans
+
+@dataclass(frozen=True)
+class UtterancePlan:
+    id: str
+    split: str
+    index: int
+    sentences: tuple[str, ...]
+    speaker: str
+    prosody: dict = field(hash=False)
+    gain_db: float = 0.0
+
+    @property
+    def text(self) -> str:
+        """What the synthesiser reads: the sentences, each ending in a full stop."""
+        return " ".join(self.sentences)
+
+
+def speaker_ids(held_out: bool) -> list[str]:
+    """The held-out speakers (test only), or the seen ones (all splits)."""
+    if held_out:
+        return list(HELD_OUT_SPEAKER_IDS)
+    return [s.id for s in SPEAKERS if s.id not in HELD_OUT_SPEAKER_IDS]
+
+
+class SplitPlanner:
+    """The endless, deterministic sequence of utterance plans of one split."""
+
+    def __init__(self, split: str, pool: list[str], seed: int):
+        if not pool:
+            raise ValueError(f"the sentence pool of split {split!r} is empty")
+        self.split, self.pool, self.seed = split, pool, seed
+        self._epoch, self._position, self._order = -1, len(pool), np.arange(0)
+        self._next_index = 0
+
+    def _next_sentence(self) -> str:
+        if self._position >= len(self.pool):  # new round through the pool, in a new order
+            self._epoch += 1
+            self._order = np.random.default_rng((self.seed, SPLIT_CODES[self.split], 10**6 + self._epoch)) \
+                .permutation(len(self.pool))
+            self._position = 0
+        sentence = self.pool[self._order[self._position]]
+        self._position += 1
+        return sentence
+
+    def next_plan(self) -> UtterancePlan:
+        index = self._next_index
+        self._next_index += 1
+        rng = np.random.default_rng((self.seed, SPLIT_CODES[self.split], index))
+
+        held_out = self.split == "test" and rng.random() < HELD_OUT_SHARE_OF_TEST
+        candidates = speaker_ids(held_out)
+        if not held_out:  # choose the engine first, so flite's 4 voices are not swamped by espeak's 28
+            engine = "flite" if rng.random() < FLITE_SHARE else "espeak-ng"
+            candidates = [s for s in candidates if SPEAKERS_BY_ID[s].engine == engine]
+        speaker = SPEAKERS_BY_ID[candidates[rng.integers(len(candidates))]]
+
+        if speaker.engine == "espeak-ng":
+            prosody = {"rate_wpm": int(rng.integers(ESPEAK_RATE_WPM[0], ESPEAK_RATE_WPM[1] + 1)),
+                       "pitch": int(rng.integers(ESPEAK_PITCH[0], ESPEAK_PITCH[1] + 1))}
+        else:
+            prosody = {"duration_stretch": round(float(rng.uniform(*FLITE_DURATION_STRETCH)), 3),
+                       "f0_mean_hz": round(FLITE_VOICES[speaker.voice] * float(rng.uniform(*FLITE_F0_FACTOR)), 1)}
+        gain_db = round(float(rng.uniform(*GAIN_DB)), 2)
+
+        target_words = int(rng.integers(WORDS_PER_UTTERANCE[0], WORDS_PER_UTTERANCE[1] + 1))
+        sentences, words = [], 0
+        while len(sentences) < SENTENCES_PER_UTTERANCE[0] or (
+                words < target_words and len(sentences) < SENTENCES_PER_UTTERANCE[1]):
+            sentence = self._next_sentence()
+            sentences.append(sentence)
+            words += len(normalise_text(sentence).split())
+        return UtterancePlan(id=f"{CORPUS}-{self.split}-{index:06d}", split=self.split, index=index,
+                             sentences=tuple(sentences), speaker=speaker.id, prosody=prosody, gain_db=gain_db)
+
+
+def plan_utterances(sentences: list[str], seed: int, counts: dict[str, int]) -> dict[str, list[UtterancePlan]]:
+    """The first ``counts[split]`` plans of each split (no synthesis; drops are not known yet)."""
+    pools = split_sentence_pools(sentences, seed)
+    plans = {}
+    for split in SPLITS:
+        planner = SplitPlanner(split, pools[split], seed)
+        plans[split] = [planner.next_plan() for _ in range(counts.get(split, 0))]
+    return plans
+
+
+# ----------------------------------------------------------------------------- synthesis (workers)
+
+def _meta_path(out_dir: Path, plan: UtterancePlan) -> Path:
+    return out_dir / "meta" / plan.split / f"{plan.id}.json"
+
+
+def _audio_relpath(plan: UtterancePlan) -> str:
+    return f"audio/{plan.split}/{plan.id}.flac"
+
+
+def synthesise_plan(out_dir: Path, plan: UtterancePlan) -> dict:
+    """Synthesise one planned utterance; write its audio and meta record; return the record.
+
+    The record is the plan plus either (text, phones, audio, num_samples, duration) or
+    (dropped: reason, phoneme). The meta file is written last and atomically: it marks the
+    utterance done for a resumed run.
+    """
+    out_dir = Path(out_dir)
+    record = {"id": plan.id, "split": plan.split, "index": plan.index, "speaker": plan.speaker,
+              "engine": SPEAKERS_BY_ID[plan.speaker].engine, "voice": SPEAKERS_BY_ID[plan.speaker].voice,
+              "prosody": plan.prosody, "gain_db": plan.gain_db, "sentences": list(plan.sentences),
+              "text": normalise_text(plan.text)}
+    final_audio = out_dir / _audio_relpath(plan)
+    final_audio.parent.mkdir(parents=True, exist_ok=True)
+    partial_audio = final_audio.with_name(f"{plan.id}.partial.flac")
+    try:
+        result = synthesise(plan.text, SPEAKERS_BY_ID[plan.speaker], plan.prosody, plan.gain_db, partial_audio)
+    except UnmappablePhonemeError as error:
+        partial_audio.unlink(missing_ok=True)
+        record.update(dropped=f"unmappable {error.engine} phoneme", phoneme=error.phoneme)
+    else:
+        os.replace(partial_audio, final_audio)
+        record.update(phones=" ".join(result.phones), audio=_audio_relpath(plan), num_samples=result.num_samples,
+                      sampling_rate=SAMPLING_RATE, duration=result.num_samples / SAMPLING_RATE)
+    meta = _meta_path(out_dir, plan)
+    meta.parent.mkdir(parents=True, exist_ok=True)
+    partial_meta = meta.with_suffix(".partial")
+    partial_meta.write_text(json.dumps(record, sort_keys=True))
+    os.replace(partial_meta, meta)
+    return record
+
+
+def _synthesise_task(task: tuple[str, UtterancePlan]) -> dict:
+    return synthesise_plan(Path(task[0]), task[1])
+
+
+def _load_done(out_dir: Path, plan: UtterancePlan) -> dict | None:
+    meta = _meta_path(out_dir, plan)
+    if not meta.is_file():
+        return None
+    record = json.loads(meta.read_text())
+    if "dropped" not in record and not (out_dir / record["audio"]).is_file():
+        return None  # audio deleted by hand: make it again
+    if record["sentences"] != list(plan.sentences) or record["speaker"] != plan.speaker:
+        raise RuntimeError(f"{meta} does not match the current plan of {plan.id}; the folder was made "
+                           f"by another version of the generator: delete {out_dir} and generate again")
+    return record
+
+
+# ----------------------------------------------------------------------------- the whole corpus
+
+def _check_config(out_dir: Path, seed: int, sentences: list[str]) -> None:
+    """Record (or compare with) what fixes the plans: seed, sentence list, generator version."""
+    config = {"corpus": CORPUS, "seed": seed, "generator_version": GENERATOR_VERSION,
+              "sentences_sha256": hashlib.sha256("\n".join(sentences).encode()).hexdigest()}
+    path = out_dir / CONFIG_FILE
+    if path.is_file():
+        existing = json.loads(path.read_text())
+        if existing != config:
+            differ = ", ".join(f"{k}: {existing.get(k)!r} there, {config[k]!r} now"
+                               for k in config if existing.get(k) != config[k])
+            raise ValueError(f"{out_dir} holds a synthetic corpus made with other settings ({differ}); "
+                             f"use another --out folder or delete {out_dir}")
+    else:
+        path.write_text(json.dumps(config, indent=1, sort_keys=True))
+
+
+def _is_complete(out_dir: Path, request: dict) -> dict | None:
+    path = out_dir / REPORT_FILE
+    if not path.is_file():
+        return None
+    report = json.loads(path.read_text())
+    manifests = [out_dir / f"{CORPUS}_{kind}_{split}.jsonl.gz"
+                 for split in SPLITS for kind in ("recordings", "supervisions", "cuts")]
+    if report.get("request") != request or not all(p.is_file() for p in manifests):
+        return None
+    return report
+
+
+def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: int = 0, jobs: int | None = None,
+                    progress: bool = True, sentences: list[str] | None = None) -> dict:
+    """``prepare_synth`` with any sentence list (tests use a tiny one); returns the report."""
+    out_dir = Path(out_dir).resolve()
+    for split, count in counts.items():
+        if split not in SPLITS:
+            raise ValueError(f"unknown split {split!r}; the splits are {', '.join(SPLITS)}")
+        if not isinstance(count, (int, np.integer)) or count < 0:
+            raise ValueError(f"the number of {split} utterances must be an integer >= 0, got {count!r}")
+    counts = {split: int(counts.get(split, 0)) for split in SPLITS}
+    jobs = jobs or os.cpu_count() or 1
+    if jobs < 1:
+        raise ValueError(f"jobs must be >= 1, got {jobs}")
+    sentences = load_sentences() if sentences is None else list(sentences)
+    request = {"counts": counts, "seed": seed}
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    report = _is_complete(out_dir, request)
+    if report is not None:
+        _check_config(out_dir, seed, sentences)
+        return report
+    check_synthesisers()
+    _check_config(out_dir, seed, sentences)
+
+    started = time.time()
+    pools = split_sentence_pools(sentences, seed)
+    kept: dict[str, list[dict]] = {}
+    dropped: dict[str, list[dict]] = {}
+    with _WorkerPool(jobs) as pool:
+        for split in SPLITS:
+            kept[split], dropped[split] = _generate_split(out_dir, SplitPlanner(split, pools[split], seed),
+                                                          counts[split], pool, progress)
+    _write_manifests(out_dir, kept)
+    report = _make_report(request, kept, dropped, pools, jobs, time.time() - started)
+    (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=1, sort_keys=True))
+    return report
+
+
+class _WorkerPool:
+    """A process pool (spawned, so it is safe inside a multithreaded trainer), or none for jobs=1."""
+
+    def __init__(self, jobs: int):
+        self.jobs, self.pool = jobs, None
+
+    def __enter__(self):
+        if self.jobs > 1:
+            self.pool = multiprocessing.get_context("spawn").Pool(self.jobs)
+        return self
+
+    def __exit__(self, *exc):
+        if self.pool is not None:
+            self.pool.terminate()
+            self.pool.join()
+
+    def imap(self, tasks):
+        if self.pool is None:
+            return map(_synthesise_task, tasks)
+        return self.pool.imap(_synthesise_task, tasks, chunksize=2)
+
+
+def _generate_split(out_dir: Path, planner: SplitPlanner, count: int, pool: _WorkerPool,
+                    progress: bool) -> tuple[list[dict], list[dict]]:
+    """Synthesise plans in order until ``count`` are kept; dropped ones are replaced by the next plans."""
+    from tqdm import tqdm
+
+    kept, dropped = [], []
+    bar = tqdm(total=count, desc=f"synth {planner.split}", unit="utt", disable=not progress)
+    while len(kept) < count:
+        plans = [planner.next_plan() for _ in range(count - len(kept))]
+        records = {}
+        pending = []
+        for plan in plans:
+            record = _load_done(out_dir, plan)
+            if record is None:
+                pending.append(plan)
+            else:
+                records[plan.id] = record
+        bar.update(sum("dropped" not in r for r in records.values()))
+        for record in pool.imap([(str(out_dir), plan) for plan in pending]):
+            records[record["id"]] = record
+            bar.update("dropped" not in record)
+        for plan in plans:  # plan order, not completion order
+            (dropped if "dropped" in records[plan.id] else kept).append(records[plan.id])
+        if len(dropped) > max(50, count):
+            raise RuntimeError(f"{len(dropped)} {planner.split} utterances dropped for "
+                               f"{Counter(d['phoneme'] for d in dropped).most_common(5)}: the phoneme "
+                               f"mapping (recipes/synth/phonemes.py) does not fit this synthesiser version")
+    bar.close()
+    return kept, dropped
+
+
+def _write_manifests(out_dir: Path, kept: dict[str, list[dict]]) -> None:
+    from lhotse import AudioSource, CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+
+    for split, records in kept.items():
+        recordings = RecordingSet.from_recordings(
+            Recording(id=r["id"], sources=[AudioSource(type="file", channels=[0], source=r["audio"])],
+                      sampling_rate=r["sampling_rate"], num_samples=r["num_samples"], duration=r["duration"])
+            for r in records)
+        supervisions = SupervisionSet.from_segments(
+            SupervisionSegment(id=r["id"], recording_id=r["id"], start=0.0, duration=r["duration"], channel=0,
+                               text=r["text"], speaker=r["speaker"], language="English",
+                               custom={"phones": r["phones"]})
+            for r in records)
+        # One MonoCut per utterance, with the utterance id (from_manifests would append "-0").
+        cuts = CutSet.from_cuts(
+            MonoCut(id=recording.id, start=0.0, duration=recording.duration, channel=0, recording=recording,
+                    supervisions=[supervisions[recording.id]])
+            for recording in recordings)
+        # Written to a temporary name first: a manifest that exists is always whole.
+        for kind, manifest in (("recordings", recordings), ("supervisions", supervisions), ("cuts", cuts)):
+            path = out_dir / f"{CORPUS}_{kind}_{split}.jsonl.gz"
+            partial = path.with_name(path.name.replace(".jsonl.gz", ".partial.jsonl.gz"))
+            manifest.to_file(partial)
+            os.replace(partial, path)
+
+
+def _make_report(request, kept, dropped, pools, jobs, seconds) -> dict:
+    splits = {}
+    for split in SPLITS:
+        durations = np.array([r["duration"] for r in kept[split]]) if kept[split] else np.zeros(0)
+        splits[split] = {
+            "utterances": len(kept[split]),
+            "hours": round(float(durations.sum()) / 3600, 3),
+            "duration_s": ({"mean": round(float(durations.mean()), 2), "min": round(float(durations.min()), 2),
+                            "max": round(float(durations.max()), 2)} if len(durations) else None),
+            "speakers": len({r["speaker"] for r in kept[split]}),
+            "held_out_speaker_utterances": sum(r["speaker"] in HELD_OUT_SPEAKER_IDS for r in kept[split]),
+            "engines": dict(Counter(r["engine"] for r in kept[split])),
+            "sentence_pool": len(pools[split]),
+            "dropped": len(dropped[split]),
+            "dropped_by_reason": dict(Counter(f"{d['dropped']} {d['phoneme']!r}" for d in dropped[split])),
+            "dropped_ids": [d["id"] for d in dropped[split]],
+        }
+    return {"corpus": CORPUS, "request": request, "splits": splits,
+            "held_out_speakers": list(HELD_OUT_SPEAKER_IDS), "speakers": [s.id for s in SPEAKERS],
+            "generation": {"jobs": jobs, "seconds": round(seconds, 1)}}
+
+
+def prepare_synth(out_dir, train_utterances: int = 3000, dev_utterances: int = 200, test_utterances: int = 200,
+                  seed: int = 0, jobs: int | None = None, progress: bool = True) -> dict:
+    """Generate (or finish, or reuse) the synthetic corpus in ``out_dir``; return the report.
+
+    The report (also ``out_dir/synth_report.json``) holds per split the number of utterances,
+    hours, duration range, speakers, and the dropped utterances by reason.
+    Raises ``MissingSynthesiserError`` naming the Debian packages when espeak-ng, flite or sox is missing.
+    """
+    return generate_corpus(out_dir, {"train": train_utterances, "dev": dev_utterances, "test": test_utterances},
+                           seed=seed, jobs=jobs, progress=progress)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Generate the synthetic speech corpus (espeak-ng + flite) "
+                                                 "and its lhotse manifests.")
+    parser.add_argument("--out", default="data/synth", help="output folder (default data/synth)")
+    parser.add_argument("--train", type=int, default=3000, help="training utterances (default 3000)")
+    parser.add_argument("--dev", type=int, default=200, help="dev utterances (default 200)")
+    parser.add_argument("--test", type=int, default=200, help="test utterances (default 200)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of sentences, speakers and voicing (default 0)")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel processes (default: all CPUs)")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    args = parser.parse_args(argv)
+    from recipes.synth.voices import MissingSynthesiserError
+
+    try:
+        report = prepare_synth(args.out, args.train, args.dev, args.test, seed=args.seed, jobs=args.jobs,
+                               progress=not args.no_progress)
+    except (MissingSynthesiserError, ValueError) as error:
+        raise SystemExit(f"error: {error}") from None
+    for split in SPLITS:
+        numbers = report["splits"][split]
+        mean = numbers["duration_s"]["mean"] if numbers["duration_s"] else 0
+        print(f"{split:5s}: {numbers['utterances']} utterances, {numbers['hours']} h (mean {mean} s), "
+              f"{numbers['speakers']} speakers, {numbers['dropped']} dropped")
+    print(f"manifests and report in {Path(args.out).resolve()} ({report['generation']['seconds']} s)")
+
+
+if __name__ == "__main__":
+    main()
