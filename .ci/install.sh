@@ -9,8 +9,9 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-# System packages: espeak-ng and flite synthesise the built-in corpus, sox resamples.
-apt_packages=(espeak-ng flite sox)
+# System packages: espeak-ng and flite synthesise the built-in corpus, sox resamples,
+# ffmpeg decodes shorten-compressed NIST SPHERE audio (WSJ's .wv1 files).
+apt_packages=(espeak-ng flite sox ffmpeg)
 missing=()
 for package in "${apt_packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

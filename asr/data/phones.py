@@ -10,3 +10,37 @@ ARPABET_39 = (
 def strip_stress(phone: str) -> str:
     """'AH0' -> 'AH': CMUdict marks vowel stress with a trailing digit."""
     return phone.rstrip("012")
+
+
+# TIMIT transcribes with 61 phone symbols (its .PHN files, written here in uppercase); models are
+# trained on them, and PER is scored after folding both sides to the 39 classes of Lee & Hon (1989),
+# "Speaker-independent phone recognition using hidden Markov models", table: closures, pauses and
+# h# become SIL, Q (glottal stop) is deleted, and AO->AA, AX/AX-H->AH, AXR->ER, EL->L, EM->M,
+# EN/NX->N, ENG->NG, HV->HH, IX->IH, UX->UW, ZH->SH. Note the 39 classes are not ARPABET_39: they
+# keep DX and SIL and have no AO or ZH.
+TIMIT_61 = (
+    "AA", "AE", "AH", "AO", "AW", "AX", "AX-H", "AXR", "AY", "B", "BCL", "CH", "D", "DCL", "DH",
+    "DX", "EH", "EL", "EM", "EN", "ENG", "EPI", "ER", "EY", "F", "G", "GCL", "H#", "HH", "HV", "IH",
+    "IX", "IY", "JH", "K", "KCL", "L", "M", "N", "NG", "NX", "OW", "OY", "P", "PAU", "PCL", "Q", "R",
+    "S", "SH", "T", "TCL", "TH", "UH", "UW", "UX", "V", "W", "Y", "Z", "ZH",
+)
+TIMIT_61_TO_39 = {phone: phone for phone in TIMIT_61} | {
+    "AO": "AA", "AX": "AH", "AX-H": "AH", "AXR": "ER", "EL": "L", "EM": "M", "EN": "N", "NX": "N",
+    "ENG": "NG", "HV": "HH", "IX": "IH", "UX": "UW", "ZH": "SH",
+    "BCL": "SIL", "DCL": "SIL", "GCL": "SIL", "PCL": "SIL", "TCL": "SIL", "KCL": "SIL",
+    "H#": "SIL", "PAU": "SIL", "EPI": "SIL", "Q": None,
+}
+
+
+def fold_timit_61_to_39(phones: str) -> str:
+    """'H# SH IX HV EH DCL ...' -> 'SIL SH IH HH EH SIL ...' (Lee & Hon); Q is dropped.
+
+    Consecutive SILs are kept as they are: folding is per symbol, as in the standard scoring.
+    """
+    folded = []
+    for phone in phones.split():
+        if phone not in TIMIT_61_TO_39:
+            raise ValueError(f"{phone!r} is not a TIMIT phone (asr.data.phones.TIMIT_61)")
+        if TIMIT_61_TO_39[phone] is not None:
+            folded.append(TIMIT_61_TO_39[phone])
+    return " ".join(folded)

@@ -1,0 +1,115 @@
+"""Kaldi data directories: wav.scp, text, utt2spk and optionally segments.
+
+    wav.scp   <recording-id> <path>                       or   <recording-id> <command> |
+    text      <utterance-id> <word> <word> ...
+    utt2spk   <utterance-id> <speaker-id>
+    segments  <utterance-id> <recording-id> <start-seconds> <end-seconds>   (optional)
+
+Without `segments` an utterance is a whole recording with the same id (Kaldi's convention).
+Inconsistencies between the files (an utterance without audio, audio without a transcript) are
+collected as problems for the preparation report rather than raised one by one, so a user sees
+all of them at once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from recipes.audio_source import AudioSource
+
+
+class KaldiDataDirError(ValueError):
+    """A data directory that is missing, or a file in it that is not in Kaldi's format."""
+
+
+@dataclass(frozen=True)
+class KaldiUtterance:
+    id: str
+    recording_id: str
+    words: tuple[str, ...]
+    speaker: str
+    start: float = 0.0
+    end: float | None = None  # None: to the end of the recording
+
+
+@dataclass
+class KaldiDataDir:
+    path: Path
+    recordings: dict[str, AudioSource]
+    utterances: list[KaldiUtterance]
+    problems: list[tuple[str, str, str]] = field(default_factory=list)  # (kind, item, message)
+
+
+def parse_wav_scp_value(value: str) -> AudioSource:
+    """'/a/b.wav' -> a file; 'sph2pipe -f wav /a/b.wv1 |' -> a command (Kaldi's pipe syntax)."""
+    value = value.strip()
+    if value.endswith("|"):
+        return AudioSource(command=value[:-1].strip())
+    return AudioSource(path=value)
+
+
+def read_kaldi_table(path: Path, min_fields: int = 2) -> list[tuple[int, list[str]]]:
+    """Lines of a Kaldi table as (line number, [key, value...]); blank lines skipped."""
+    rows = []
+    with open(path, encoding="utf-8", errors="replace") as handle:
+        for number, line in enumerate(handle, start=1):
+            if not line.strip():
+                continue
+            fields = line.split(None, 1) if min_fields == 2 else line.split()
+            if len(fields) < min_fields:
+                raise KaldiDataDirError(f"{path}:{number}: expected at least {min_fields} fields, got {line.strip()!r}")
+            rows.append((number, fields))
+    return rows
+
+
+def read_kaldi_data_dir(path: str | Path) -> KaldiDataDir:
+    path = Path(path)
+    if not path.is_dir():
+        raise KaldiDataDirError(f"Kaldi data directory {path} not found")
+    for name in ("wav.scp", "text", "utt2spk"):
+        if not (path / name).is_file():
+            raise KaldiDataDirError(
+                f"{path} is not a Kaldi data directory: {name} is missing (a data directory needs wav.scp, "
+                "text and utt2spk, as written by Kaldi's data preparation, e.g. egs/wsj/s5/local/wsj_data_prep.sh)"
+            )
+    recordings = {fields[0]: parse_wav_scp_value(fields[1]) for _, fields in read_kaldi_table(path / "wav.scp")}
+    texts = {}
+    for _, fields in read_kaldi_table(path / "text", min_fields=1):
+        texts[fields[0]] = tuple(fields[1:])
+    speakers = {}
+    for number, fields in read_kaldi_table(path / "utt2spk"):
+        value = fields[1].split()
+        if len(value) != 1:
+            raise KaldiDataDirError(f"{path / 'utt2spk'}:{number}: expected '<utterance-id> <speaker-id>'")
+        speakers[fields[0]] = value[0]
+    segments: dict[str, tuple[str, float, float]] = {}
+    if (path / "segments").is_file():
+        for number, fields in read_kaldi_table(path / "segments", min_fields=4):
+            try:
+                segments[fields[0]] = (fields[1], float(fields[2]), float(fields[3]))
+            except ValueError:
+                raise KaldiDataDirError(f"{path / 'segments'}:{number}: start and end must be seconds") from None
+
+    problems = []
+    utterances = []
+    for utterance_id, words in texts.items():
+        if utterance_id not in speakers:
+            problems.append(("missing_speaker", utterance_id, f"{utterance_id} is in text but not in utt2spk"))
+            continue
+        if segments:
+            if utterance_id not in segments:
+                problems.append(("missing_audio", utterance_id, f"{utterance_id} is in text but not in segments"))
+                continue
+            recording_id, start, end = segments[utterance_id]
+        else:
+            recording_id, start, end = utterance_id, 0.0, None
+        if recording_id not in recordings:
+            problems.append(("missing_audio", utterance_id, f"{utterance_id}: recording {recording_id} is not in wav.scp"))
+            continue
+        utterances.append(KaldiUtterance(utterance_id, recording_id, words, speakers[utterance_id], start, end))
+    transcribed = {u.recording_id for u in utterances} | {segments.get(u, (u,))[0] for u in texts}
+    for recording_id in recordings:
+        if recording_id not in transcribed:
+            problems.append(("missing_transcript", recording_id, f"{recording_id} is in wav.scp but has no transcript in text"))
+    return KaldiDataDir(path, recordings, utterances, problems)

@@ -1,0 +1,1 @@
+"""LibriSpeech (OpenSLR 12): manifests with word targets (optionally phones); see README.md."""

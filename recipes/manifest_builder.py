@@ -1,0 +1,406 @@
+"""From a corpus recipe's list of recordings and utterances to the manifests every recipe writes,
+with the audio conversion, the problem report and resumption they all share.
+
+A recipe (recipes/<corpus>/prepare.py) reads its corpus layout and calls `build_manifests` with
+
+- `RecordingSpec`s: where each recording's audio is (a file or a Kaldi pipe, a channel);
+- `UtteranceSpec`s: split, recording, time span, speaker, normalised words, phones;
+- `Problem`s it found itself (a transcript with no audio, words missing from the lexicon, ...).
+
+What this module does with them:
+
+Audio. Every recording is converted once to 16 kHz mono 16-bit FLAC at `<out>/audio/<id>.flac`
+(SPHERE, shorten, mu-law, 8 kHz telephone sides, Kaldi pipes all end up in the one format DATA
+reads without external tools). The exception is audio that already is 16 kHz mono and readable by
+libsndfile, offered with `reference_if_compatible=True` (LibriSpeech's FLAC): the manifest points at
+the original file instead of copying hundreds of gigabytes. Audio under `<out>` is referenced by a
+path relative to `<out>` (the folder can be moved; asr.data.manifests resolves it), original files
+outside it by absolute paths.
+
+Resumption. A converted file is written under a temporary name and renamed when complete, so a
+file that exists is whole; a re-run converts only what is missing. When the report of a previous
+run says "complete" with the same settings and all manifests exist, nothing is redone.
+
+Problems. Each problem kind follows a policy, "error" or "drop": `oov` (words missing from the
+lexicon) follows `oov_policy`; missing or unreadable audio, missing transcripts or speakers and
+segments outside their recording follow `bad_data_policy`. With any "error" problem, the run still
+converts all good audio (so the re-run after a fix is quick), writes the report listing every
+problem, writes no manifests, and raises `PreparationError` naming the report, the counts and
+the option that would drop them instead. With "drop", the utterances are left out and counted.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from collections import Counter, defaultdict
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from math import gcd
+from pathlib import Path
+from typing import Iterable
+
+import numpy as np
+import soundfile
+from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment, SupervisionSet
+from lhotse.audio import AudioSource as LhotseAudioSource
+from tqdm.auto import tqdm
+
+from recipes.audio_source import AudioMissingError, AudioSource, AudioSourceError
+
+SAMPLE_RATE = 16000
+SPLITS = ("train", "dev", "test")  # every recipe writes these; some add more (librispeech: dev_other, ...)
+_SPLIT_NAME = re.compile(r"^[a-z0-9_]+$")
+POLICIES = ("error", "drop")
+# A segment may end this far past its recording (transcript times are rounded); it is clipped.
+SEGMENT_END_TOLERANCE = 0.05
+REPORT_PROBLEM_LIMIT = 2000  # problems listed one by one in the report file; all are counted
+
+
+class PreparationError(RuntimeError):
+    """Preparation stopped on problems whose policy is 'error'; the message says where the report is."""
+
+
+@dataclass(frozen=True)
+class RecordingSpec:
+    id: str
+    source: AudioSource
+    reference_if_compatible: bool = False
+
+
+@dataclass(frozen=True)
+class UtteranceSpec:
+    id: str
+    split: str
+    recording_id: str
+    speaker: str
+    text: str  # normalised words (text_normalisation.py)
+    start: float = 0.0
+    end: float | None = None  # None: the end of the recording
+    phones: str | None = None  # space-separated phone targets, when the corpus has them
+    oov_words: tuple[str, ...] = ()  # tokens the lexicon could not pronounce
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str  # missing_audio, unreadable_audio, missing_transcript, missing_speaker, bad_segment, oov, ...
+    item: str  # the utterance, recording or file it concerns
+    message: str
+
+
+# Utterances whose transcript holds no words (only noise marks) cannot be CTC targets: always left
+# out, and counted in the report.
+ALWAYS_DROPPED = frozenset({"empty_transcript"})
+
+
+def problem_policy_option(kind: str) -> str | None:
+    if kind in ALWAYS_DROPPED:
+        return None
+    return "oov_policy" if kind == "oov" else "bad_data_policy"
+
+
+def report_path(out_dir: Path, corpus: str) -> Path:
+    return Path(out_dir) / f"{corpus}_report.json"
+
+
+def manifest_path(out_dir: Path, corpus: str, kind: str, split: str) -> Path:
+    return Path(out_dir) / f"{corpus}_{kind}_{split}.jsonl.gz"
+
+
+def previous_complete_report(out_dir: Path, corpus: str, settings: dict) -> dict | None:
+    """The report of a finished run with the same settings whose manifests all exist, else None."""
+    path = report_path(out_dir, corpus)
+    if not path.is_file():
+        return None
+    try:
+        report = json.loads(path.read_text())
+    except json.JSONDecodeError:
+        return None
+    if report.get("status") != "complete" or report.get("settings") != _jsonable(settings):
+        return None
+    for split in report.get("splits", {}):
+        for kind in ("recordings", "supervisions", "cuts"):
+            if not manifest_path(out_dir, corpus, kind, split).is_file():
+                return None
+    return report
+
+
+def build_manifests(
+    corpus: str,
+    out_dir: str | Path,
+    recordings: Iterable[RecordingSpec],
+    utterances: Iterable[UtteranceSpec],
+    problems: Iterable[Problem] = (),
+    *,
+    settings: dict,
+    oov_policy: str = "error",
+    bad_data_policy: str = "error",
+    phone_set: str | None = None,
+    jobs: int | None = None,
+    progress: bool = True,
+) -> dict:
+    """Convert audio, check, and write `{corpus}_{recordings,supervisions,cuts}_{split}.jsonl.gz`.
+
+    Returns the report (also written to `{corpus}_report.json`); raises PreparationError when a
+    problem's policy is "error". `phone_set` ("arpabet39", "timit61") is stored beside the phones of
+    every supervision so that a reader knows their inventory.
+    """
+    for name, policy in (("oov_policy", oov_policy), ("bad_data_policy", bad_data_policy)):
+        if policy not in POLICIES:
+            raise ValueError(f"{name}={policy!r}: must be one of {POLICIES}")
+    out_dir = Path(out_dir).resolve()
+    audio_dir = out_dir / "audio"
+    audio_dir.mkdir(parents=True, exist_ok=True)
+    recordings = {spec.id: spec for spec in recordings}
+    utterances = list(utterances)
+    problems = list(problems)
+    for utterance in utterances:
+        if not _SPLIT_NAME.match(utterance.split):
+            raise ValueError(f"utterance {utterance.id}: split {utterance.split!r} must be lowercase a-z, 0-9, _")
+
+    # Audio: every recording some utterance uses, converted (or referenced) once.
+    needed = sorted({u.recording_id for u in utterances if u.recording_id in recordings})
+    converted: dict[str, Recording] = {}
+    failed: dict[str, Problem] = {}
+    with ThreadPoolExecutor(max_workers=max(1, jobs or min(4, os.cpu_count() or 1))) as pool:
+        results = pool.map(lambda rid: _prepare_recording(recordings[rid], audio_dir, out_dir), needed)
+        for recording_id, result in tqdm(
+            zip(needed, results), total=len(needed), desc=f"{corpus}: audio", unit="rec", disable=not progress
+        ):
+            if isinstance(result, Problem):
+                failed[recording_id] = result
+                problems.append(result)
+            else:
+                converted[recording_id] = result
+
+    # Utterances: keep those whose audio, segment and words are all usable.
+    kept: list[tuple[UtteranceSpec, Recording, float, float]] = []
+    for utterance in utterances:
+        if utterance.recording_id not in recordings:
+            problems.append(Problem("missing_audio", utterance.id, f"{utterance.id}: no audio for recording {utterance.recording_id}"))
+            continue
+        if utterance.recording_id in failed:
+            continue  # the recording's problem is reported once, not once per utterance
+        if not utterance.text.strip():
+            problems.append(Problem("empty_transcript", utterance.id, f"{utterance.id}: no words left in its transcript"))
+            continue
+        if utterance.oov_words:
+            problems.append(
+                Problem("oov", utterance.id, f"{utterance.id}: not in the lexicon: {' '.join(utterance.oov_words)}")
+            )
+            continue
+        recording = converted[utterance.recording_id]
+        start = utterance.start
+        end = recording.duration if utterance.end is None else utterance.end
+        if end > recording.duration and end - recording.duration <= SEGMENT_END_TOLERANCE:
+            end = recording.duration
+        if not 0 <= start < end <= recording.duration:
+            problems.append(
+                Problem(
+                    "bad_segment",
+                    utterance.id,
+                    f"{utterance.id}: segment {start:.3f}-{end:.3f} s is outside recording "
+                    f"{recording.id} ({recording.duration:.3f} s)",
+                )
+            )
+            continue
+        kept.append((utterance, recording, start, end))
+
+    policies = {"oov_policy": oov_policy, "bad_data_policy": bad_data_policy, None: "drop"}
+    stopping = [p for p in problems if policies[problem_policy_option(p.kind)] == "error"]
+    oov_counts = Counter(word for u in utterances for word in u.oov_words)
+    report = _report(corpus, settings, problems, kept, oov_counts, out_dir, status="failed" if stopping else "complete")
+    report["dropped_utterances"] = len(utterances) - len(kept)
+    if stopping:
+        _write_json(report_path(out_dir, corpus), report)
+        raise PreparationError(_failure_message(corpus, stopping, out_dir))
+
+    by_split: dict[str, list] = defaultdict(list)
+    for item in kept:
+        by_split[item[0].split].append(item)
+    for split in _ordered_splits(by_split):
+        _write_split(corpus, out_dir, split, by_split[split], phone_set)
+    _write_json(report_path(out_dir, corpus), report)
+    return report
+
+
+def _prepare_recording(spec: RecordingSpec, audio_dir: Path, out_dir: Path) -> Recording | Problem:
+    """Convert one recording to 16 kHz mono FLAC (or reference it) -> its lhotse Recording."""
+    try:
+        if spec.reference_if_compatible and spec.source.path is not None:
+            referenced = _reference_if_compatible(spec)
+            if referenced is not None:
+                return referenced
+        target = audio_dir / f"{spec.id}.flac"
+        if target.is_file():  # converted by an earlier run (written atomically, so complete)
+            return _recording(spec.id, target.relative_to(out_dir), soundfile.info(str(target)).frames)
+        samples, rate = spec.source.load()
+        if samples.size == 0:
+            raise AudioSourceError(f"{spec.source.describe()}: no samples")
+        samples = resample_int16(samples, rate, SAMPLE_RATE)
+        partial = target.with_name(target.name + ".partial")
+        soundfile.write(str(partial), samples, SAMPLE_RATE, subtype="PCM_16", format="FLAC")
+        os.replace(partial, target)
+        return _recording(spec.id, target.relative_to(out_dir), samples.size)
+    except AudioSourceError as error:
+        return Problem(error.kind, spec.id, f"{spec.id}: {error}")
+
+
+def _reference_if_compatible(spec: RecordingSpec) -> Recording | None:
+    path = Path(spec.source.path)
+    if not path.is_file():
+        raise AudioMissingError(f"{path}: file not found")
+    try:
+        info = soundfile.info(str(path))
+    except (RuntimeError, soundfile.LibsndfileError) as error:
+        raise AudioSourceError(f"{path}: unreadable audio ({error})") from None
+    if info.samplerate != SAMPLE_RATE or info.channels != 1 or info.frames == 0:
+        return None  # not usable as is: convert it like any other source
+    return _recording(spec.id, path.resolve(), info.frames)
+
+
+def _recording(recording_id: str, path: Path, num_samples: int) -> Recording:
+    return Recording(
+        id=recording_id,
+        sources=[LhotseAudioSource(type="file", channels=[0], source=str(path))],
+        sampling_rate=SAMPLE_RATE,
+        num_samples=num_samples,
+        duration=num_samples / SAMPLE_RATE,
+    )
+
+
+def resample_int16(samples: np.ndarray, rate: int, target_rate: int) -> np.ndarray:
+    """Polyphase resampling (scipy's Kaiser-windowed FIR) of int16 samples, rounded back to int16."""
+    if rate == target_rate:
+        return samples.astype(np.int16, copy=False)
+    from scipy.signal import resample_poly
+
+    common = gcd(rate, target_rate)
+    resampled = resample_poly(samples.astype(np.float64), target_rate // common, rate // common)
+    return np.clip(np.round(resampled), -32768, 32767).astype(np.int16)
+
+
+def _write_split(corpus: str, out_dir: Path, split: str, items: list, phone_set: str | None) -> None:
+    recordings = {}
+    supervisions = []
+    cuts = []
+    for utterance, recording, start, end in sorted(items, key=lambda item: item[0].id):
+        recordings[recording.id] = recording
+        custom = None
+        if utterance.phones is not None:
+            custom = {"phones": utterance.phones}
+            if phone_set is not None:
+                custom["phone_set"] = phone_set
+        supervision = SupervisionSegment(
+            id=utterance.id,
+            recording_id=recording.id,
+            start=start,
+            duration=end - start,
+            channel=0,
+            text=utterance.text,
+            speaker=utterance.speaker,
+            language="English",
+            custom=custom,
+        )
+        supervisions.append(supervision)
+        cut_supervision = SupervisionSegment(**{**supervision.to_dict(), "start": 0.0})
+        cuts.append(
+            MonoCut(id=utterance.id, start=start, duration=end - start, channel=0, recording=recording,
+                    supervisions=[cut_supervision])
+        )
+    # Each file is written under a temporary name and renamed, so an existing manifest is whole.
+    for kind, manifest in (
+        ("recordings", RecordingSet.from_recordings(recordings.values())),
+        ("supervisions", SupervisionSet.from_segments(supervisions)),
+        ("cuts", CutSet.from_cuts(cuts)),
+    ):
+        path = manifest_path(out_dir, corpus, kind, split)
+        partial = path.with_name(path.name.replace(".jsonl.gz", ".partial.jsonl.gz"))
+        manifest.to_file(partial)
+        os.replace(partial, path)
+
+
+def _report(corpus, settings, problems, kept, oov_counts: Counter, out_dir, status) -> dict:
+    splits = {}
+    by_split: dict[str, list] = defaultdict(list)
+    for utterance, _, start, end in kept:
+        by_split[utterance.split].append((utterance, end - start))
+    for split in _ordered_splits(by_split):
+        items = by_split[split]
+        splits[split] = {
+            "utterances": len(items),
+            "speakers": len({u.speaker for u, _ in items}),
+            "hours": round(sum(d for _, d in items) / 3600, 4),
+            "words": sum(len(u.text.split()) for u, _ in items),
+        }
+    return {
+        "corpus": corpus,
+        "status": status,
+        "out_dir": str(out_dir),
+        "settings": _jsonable(settings),
+        "splits": splits,
+        "problem_counts": dict(sorted(Counter(p.kind for p in problems).items())),
+        "oov_words": dict(oov_counts.most_common()),
+        "problems": [asdict(p) for p in problems[:REPORT_PROBLEM_LIMIT]],
+    }
+
+
+def _failure_message(corpus: str, stopping: list[Problem], out_dir: Path) -> str:
+    counts = Counter(p.kind for p in stopping)
+    lines = [f"{corpus}: preparation stopped on {len(stopping)} problem(s): "
+             + ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items()))]
+    for problem in stopping[:10]:
+        lines.append(f"  - {problem.message}")
+    if len(stopping) > 10:
+        lines.append(f"  ... and {len(stopping) - 10} more")
+    advice = []
+    if "oov" in counts:
+        advice.append(
+            "words missing from the lexicon: add them to a CMUdict-format file and pass --extra-lexicon FILE, "
+            "or pass --oov drop to leave those utterances out"
+        )
+    if set(counts) - {"oov"}:
+        advice.append("missing or unreadable files: restore them, or pass --bad-data drop to leave them out")
+    lines.append("What to do: " + "; ".join(advice) + ".")
+    lines.append(
+        f"The full list is in {report_path(out_dir, corpus)}. Audio converted so far is kept in {out_dir / 'audio'}: "
+        "a re-run continues from there."
+    )
+    return "\n".join(lines)
+
+
+def format_report(report: dict) -> str:
+    """The report as a short table for the console."""
+    lines = [f"{report['corpus']}: {report['status']} -> {report['out_dir']}",
+             f"{'split':<8}{'utterances':>12}{'speakers':>10}{'hours':>10}{'words':>10}"]
+    for split, row in report["splits"].items():
+        lines.append(f"{split:<8}{row['utterances']:>12}{row['speakers']:>10}{row['hours']:>10.2f}{row['words']:>10}")
+    if report["problem_counts"]:
+        lines.append(f"dropped utterances: {report.get('dropped_utterances', 0)}; problems: "
+                     + ", ".join(f"{kind} {count}" for kind, count in report["problem_counts"].items()))
+    if report["oov_words"]:
+        top = list(report["oov_words"].items())[:10]
+        lines.append("most frequent out-of-lexicon words: " + ", ".join(f"{w} ({c})" for w, c in top))
+    return "\n".join(lines)
+
+
+def _ordered_splits(names) -> list[str]:
+    return [s for s in SPLITS if s in names] + sorted(set(names) - set(SPLITS))
+
+
+def file_identity(path: str | Path) -> dict:
+    """A file's path, size and modification time, for settings: a changed lexicon means new targets."""
+    path = Path(path).resolve()
+    stat = path.stat() if path.is_file() else None
+    return {"path": str(path), "size": stat.st_size if stat else None, "mtime_ns": stat.st_mtime_ns if stat else None}
+
+
+def _jsonable(value):
+    return json.loads(json.dumps(value, default=str))
+
+
+def _write_json(path: Path, value: dict) -> None:
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(partial, path)
