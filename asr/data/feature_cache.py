@@ -1,0 +1,294 @@
+"""Filter-bank features on disk, and the global mean/variance statistics of the training features.
+
+Layout, under `{root}/features/{FilterBank.cache_key}/` (the key changes with any feature option, so
+40- and 80-dim features, say, live side by side and never mix):
+
+    options.json                     the FilterBank options (for people)
+    {split}/shard-<time>-<id>.npy    float32 frames of up to `SHARD_CUTS` cuts, concatenated
+    {split}/shard-<time>-<id>.json   {cut_id: [offset, num_frames, fingerprint]} - written last, so a shard
+                                     without its index (an interrupted write) is ignored
+    {split}/stats-<hash>.json        mean/std over the frames of one exact set of training cuts
+
+A cut's fingerprint is its audio path, the file's size and mtime, and the cut's start/duration/
+channel: regenerated audio is recomputed, everything else is reused. Work is saved shard by shard,
+so an interrupted or failed run keeps what it finished and the next run computes only the rest.
+Where a cut is in several shards (its audio changed), the newest shard wins; shards left with no
+live cut are deleted.
+
+Shards are memory-mapped for reading: a batch reads just its frames, and DataLoader workers each map
+the files themselves.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import contextlib
+import hashlib
+import json
+import multiprocessing
+import os
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from asr.data.features import FilterBank
+
+SHARD_CUTS = 256
+# Standard deviations below this are raised to it, so normalising a constant dimension cannot divide by 0.
+STD_FLOOR = 1e-5
+
+
+def audio_fingerprint(cut) -> str:
+    """What the features of `cut` depend on besides the FilterBank options."""
+    parts = []
+    for source in cut.recording.sources:
+        if source.type == "file":
+            try:
+                stat = os.stat(source.source)
+                parts.append(f"{source.source}:{stat.st_size}:{stat.st_mtime_ns}")
+            except OSError:
+                parts.append(f"{source.source}:missing")
+        else:
+            parts.append(f"{source.type}:{str(source.source)[:200]}")
+    return f"{'|'.join(parts)}|{cut.start:.6f}|{cut.duration:.6f}|{cut.channel}"
+
+
+def load_waveform(cut) -> np.ndarray:
+    """The cut's samples (1-D float32); RuntimeError naming the cut and its file if they cannot be read."""
+    try:
+        audio = cut.load_audio()
+    except Exception as error:  # lhotse/soundfile raise many types for bad audio
+        paths = ", ".join(str(s.source) for s in cut.recording.sources if s.type == "file")
+        raise RuntimeError(f"cannot read the audio of cut {cut.id} ({paths or 'non-file source'}): "
+                           f"{type(error).__name__}: {error}") from error
+    return audio[0] if audio.ndim == 2 else audio
+
+
+@contextlib.contextmanager
+def single_torch_thread():
+    """Feature extraction per utterance is too small to gain from intra-op threads, and on a busy
+    2-core machine those threads cost more than they give (measured: 60x slower); jobs parallelise."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class FeatureStore:
+    """The cached features of one split: `load(cut_id) -> (T, F) float32 array`."""
+
+    def __init__(self, directory: Path, num_mel_bins: int):
+        self.directory = Path(directory)
+        self.num_mel_bins = num_mel_bins
+        self.index: dict[str, tuple[str, int, int, str]] = {}  # cut_id -> (shard, offset, frames, fingerprint)
+        self._arrays: dict[str, np.ndarray] = {}
+        if self.directory.is_dir():
+            # Shard names start with their creation time: a later shard's entry replaces an earlier one.
+            for index_file in sorted(self.directory.glob("shard-*.json")):
+                shard = index_file.stem
+                if not (self.directory / f"{shard}.npy").is_file():
+                    continue
+                entries = json.loads(index_file.read_text())
+                for cut_id, (offset, frames, fingerprint) in entries.items():
+                    self.index[cut_id] = (shard, int(offset), int(frames), fingerprint)
+
+    def has(self, cut) -> bool:
+        entry = self.index.get(cut.id)
+        return entry is not None and entry[3] == audio_fingerprint(cut)
+
+    def num_frames(self, cut_id: str) -> int:
+        return self.index[cut_id][2]
+
+    def load(self, cut_id: str) -> np.ndarray:
+        shard, offset, frames, _ = self.index[cut_id]
+        array = self._arrays.get(shard)
+        if array is None:
+            array = self._arrays[shard] = np.load(self.directory / f"{shard}.npy", mmap_mode="r")
+        return np.array(array[offset:offset + frames])
+
+    def remove_superseded_shards(self) -> None:
+        """Delete shards none of whose cuts they still provide (all recomputed into later shards)."""
+        live = {shard for shard, *_ in self.index.values()}
+        for index_file in self.directory.glob("shard-*.json"):
+            if index_file.stem not in live:
+                index_file.unlink(missing_ok=True)
+                (self.directory / f"{index_file.stem}.npy").unlink(missing_ok=True)
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_arrays"] = {}  # each process maps the files itself instead of receiving copies
+        return state
+
+
+def _compute_chunk(cuts: list, filterbank_options: dict, shard_path: str | None):
+    """Features of `cuts`: written as one shard when `shard_path` is given, else only summed for statistics.
+
+    Returns (index entries, failures {cut_id: message}, frame sum, frame sum of squares, frame count).
+    """
+    filterbank = FilterBank(**filterbank_options)
+    features, entries, failures = [], {}, {}
+    total = np.zeros(filterbank.num_mel_bins)
+    total_sq = np.zeros(filterbank.num_mel_bins)
+    count, offset = 0, 0
+    with single_torch_thread():
+        for cut in cuts:
+            try:
+                feats = filterbank(load_waveform(cut)).numpy()
+            except RuntimeError as error:
+                failures[cut.id] = str(error)
+                continue
+            as64 = feats.astype(np.float64)
+            total += as64.sum(axis=0)
+            total_sq += np.square(as64).sum(axis=0)
+            count += len(feats)
+            if shard_path is not None:
+                features.append(feats)
+                entries[cut.id] = [offset, len(feats), audio_fingerprint(cut)]
+                offset += len(feats)
+    if shard_path is not None and entries:
+        data = np.concatenate(features) if features else np.zeros((0, filterbank.num_mel_bins), np.float32)
+        _write_atomic(Path(shard_path).with_suffix(".npy"), lambda f: np.save(f, data))
+        _write_atomic(Path(shard_path).with_suffix(".json"), lambda f: f.write(json.dumps(entries).encode()))
+    return entries, failures, total, total_sq, count
+
+
+def _write_atomic(path: Path, write) -> None:
+    temporary = path.with_name(path.name + ".tmp")
+    with open(temporary, "wb") as f:
+        write(f)
+    os.replace(temporary, path)
+
+
+def _filterbank_options(filterbank: FilterBank) -> dict:
+    return {"num_mel_bins": filterbank.num_mel_bins, "sampling_rate": filterbank.sampling_rate,
+            "frame_length_ms": filterbank.frame_length_ms, "frame_shift_ms": filterbank.frame_shift_ms,
+            "low_freq": filterbank.low_freq, "high_freq": filterbank.high_freq,
+            "preemphasis": filterbank.preemphasis}
+
+
+def _run_chunks(chunks: list[list], filterbank: FilterBank, shard_paths: list[str | None], jobs: int,
+                progress: bool, description: str):
+    """Yield `_compute_chunk` results for each chunk, in `jobs` processes when there is more than one chunk."""
+    from tqdm.auto import tqdm
+
+    options = _filterbank_options(filterbank)
+    total = sum(len(chunk) for chunk in chunks)
+    with tqdm(total=total, desc=description, unit="utt", disable=not progress or total == 0) as bar:
+        if jobs <= 1 or len(chunks) <= 1:
+            for chunk, shard in zip(chunks, shard_paths):
+                result = _compute_chunk(chunk, options, shard)
+                bar.update(len(chunk))
+                yield result
+            return
+        # spawn, not fork: a forked child of a process that has started OpenMP threads can hang.
+        context = multiprocessing.get_context("spawn")
+        with concurrent.futures.ProcessPoolExecutor(min(jobs, len(chunks)), mp_context=context) as pool:
+            futures = {pool.submit(_compute_chunk, chunk, options, shard): len(chunk)
+                       for chunk, shard in zip(chunks, shard_paths)}
+            for future in concurrent.futures.as_completed(futures):
+                bar.update(futures[future])
+                yield future.result()
+
+
+def feature_directory(root: str | os.PathLike, filterbank: FilterBank) -> Path:
+    directory = Path(root) / "features" / filterbank.cache_key
+    directory.mkdir(parents=True, exist_ok=True)
+    options_file = directory / "options.json"
+    if not options_file.exists():
+        _write_atomic(options_file, lambda f: f.write(json.dumps(filterbank.options, indent=2).encode()))
+    return directory
+
+
+def precompute_features(cuts, filterbank: FilterBank, directory: Path, jobs: int = 1,
+                        progress: bool = True, description: str = "fbank"):
+    """Make sure `directory` holds the features of every cut; compute only the missing or stale ones.
+
+    Returns (FeatureStore, failures {cut_id: message}) - cuts whose audio could not be read are not stored.
+    """
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    store = FeatureStore(directory, filterbank.num_mel_bins)
+    missing = [cut for cut in cuts if not store.has(cut)]
+    chunks = [missing[i:i + SHARD_CUTS] for i in range(0, len(missing), SHARD_CUTS)]
+    shard_paths = [str(directory / f"shard-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}") for _ in chunks]
+    failures: dict[str, str] = {}
+    for _, chunk_failures, *_ in _run_chunks(chunks, filterbank, shard_paths, jobs, progress, description):
+        failures.update(chunk_failures)
+    if missing:
+        store = FeatureStore(directory, filterbank.num_mel_bins)
+        store.remove_superseded_shards()
+    return store, failures
+
+
+@dataclass
+class FeatureStats:
+    """Per-dimension mean and standard deviation over all frames of a set of utterances."""
+
+    mean: np.ndarray
+    std: np.ndarray
+    num_frames: int
+
+    @staticmethod
+    def from_sums(total: np.ndarray, total_sq: np.ndarray, count: int) -> "FeatureStats":
+        if count == 0:
+            raise ValueError("no feature frames to compute mean/variance statistics from")
+        mean = total / count
+        variance = np.maximum(total_sq / count - mean ** 2, 0.0)
+        return FeatureStats(mean, np.maximum(np.sqrt(variance), STD_FLOOR), int(count))
+
+    def to_json(self) -> str:
+        return json.dumps({"mean": self.mean.tolist(), "std": self.std.tolist(), "num_frames": self.num_frames})
+
+    @staticmethod
+    def from_json(text: str) -> "FeatureStats":
+        data = json.loads(text)
+        return FeatureStats(np.asarray(data["mean"]), np.asarray(data["std"]), int(data["num_frames"]))
+
+
+def _stats_file(directory: Path, cuts) -> Path:
+    digest = hashlib.sha1("\n".join(f"{c.id} {audio_fingerprint(c)}" for c in cuts).encode()).hexdigest()[:16]
+    return Path(directory) / f"stats-{digest}.json"
+
+
+def global_feature_stats(cuts, filterbank: FilterBank, directory: Path, store: FeatureStore | None = None,
+                         jobs: int = 1, progress: bool = True) -> tuple[FeatureStats, dict[str, str]]:
+    """Mean/std over every frame of `cuts`, cached in `directory` for this exact set of cuts.
+
+    With a `store` the frames are read from it; without one they are computed from the audio (the
+    on-the-fly mode) and only the statistics are kept. Returns (stats, failures {cut_id: message}):
+    cuts whose audio cannot be read count as failures, and the statistics are then over the others
+    (and not cached).
+    """
+    stats_file = _stats_file(directory, cuts)
+    if stats_file.is_file():
+        return FeatureStats.from_json(stats_file.read_text()), {}
+    failures: dict[str, str] = {}
+    total = np.zeros(filterbank.num_mel_bins)
+    total_sq = np.zeros(filterbank.num_mel_bins)
+    count = 0
+    if store is not None:
+        for cut in cuts:
+            frames = store.load(cut.id).astype(np.float64)
+            total += frames.sum(axis=0)
+            total_sq += np.square(frames).sum(axis=0)
+            count += len(frames)
+    else:
+        cuts = list(cuts)
+        chunks = [cuts[i:i + SHARD_CUTS] for i in range(0, len(cuts), SHARD_CUTS)]
+        for _, chunk_failures, chunk_total, chunk_sq, chunk_count in _run_chunks(
+                chunks, filterbank, [None] * len(chunks), jobs, progress, "fbank statistics"):
+            failures.update(chunk_failures)
+            total += chunk_total
+            total_sq += chunk_sq
+            count += chunk_count
+    stats = FeatureStats.from_sums(total, total_sq, count)
+    if not failures:
+        Path(directory).mkdir(parents=True, exist_ok=True)
+        _write_atomic(stats_file, lambda f: f.write(stats.to_json().encode()))
+    return stats, failures

@@ -1,0 +1,187 @@
+"""Reading and checking the lhotse cut manifests that a recipe writes.
+
+A recipe writes `{root}/{corpus}_cuts_{split}.jsonl.gz` (see recipes/*/README.md): MonoCuts with one
+supervision each, `supervision.text` (normalised words) and `supervision.custom["phones"]`
+(ARPABET_39, space-separated), recordings of 16 kHz mono audio. Audio paths may be absolute or
+relative to `root`; relative ones are made absolute here, so the rest of the pipeline never depends
+on the working directory.
+
+What is wrong with an utterance falls in two groups:
+- problems of the manifest as a whole (file missing, a cut without exactly one supervision, no phones
+  field while phone targets are asked for, a sampling rate other than 16 kHz): `ManifestError` at once;
+- problems of single utterances (empty transcript, missing/corrupt audio): listed per cut in
+  `UtteranceProblems`; the data module decides per kind whether they are skipped and counted or fatal.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+from collections import defaultdict
+from pathlib import Path
+
+from lhotse import CutSet
+
+from asr.data.features import SAMPLING_RATE
+
+log = logging.getLogger(__name__)
+
+# How many offending items an error message lists before it says "and N more".
+MAX_LISTED = 20
+
+
+class ManifestError(ValueError):
+    """The manifests (or the audio they point to) cannot be used as they are; the message says why and what to do."""
+
+
+def cuts_path(root: str | os.PathLike, corpus: str, split: str) -> Path:
+    return Path(root) / f"{corpus}_cuts_{split}.jsonl.gz"
+
+
+def listing(items, limit: int = MAX_LISTED) -> str:
+    """'a, b, c' or 'a, b, ... and 7 more': error messages name every problem up to a limit."""
+    items = list(items)
+    shown = ", ".join(str(item) for item in items[:limit])
+    return shown + (f", ... and {len(items) - limit} more" if len(items) > limit else "")
+
+
+class UtteranceProblems:
+    """Cuts with a per-utterance problem, by reason: {reason: {cut_id: detail}}."""
+
+    def __init__(self):
+        self.by_reason: dict[str, dict[str, str]] = defaultdict(dict)
+
+    def add(self, reason: str, cut_id: str, detail: str = "") -> None:
+        self.by_reason[reason][cut_id] = detail
+
+    def cut_ids(self, reason: str | None = None) -> set[str]:
+        if reason is not None:
+            return set(self.by_reason.get(reason, {}))
+        return {cut_id for cuts in self.by_reason.values() for cut_id in cuts}
+
+    def counts(self) -> dict[str, int]:
+        return {reason: len(cuts) for reason, cuts in self.by_reason.items() if cuts}
+
+    def describe(self, reason: str) -> str:
+        entries = self.by_reason.get(reason, {})
+        return listing(f"{cut_id} ({detail})" if detail else cut_id for cut_id, detail in entries.items())
+
+
+def _absolute_sources(cut, root: Path):
+    """The cut with every relative 'file' audio path of its recording joined to root."""
+    recording = cut.recording
+    if recording is None:
+        return cut
+    sources = [dataclasses.replace(source, source=str(root / source.source))
+               if source.type == "file" and not os.path.isabs(source.source) else source
+               for source in recording.sources]
+    return dataclasses.replace(cut, recording=dataclasses.replace(recording, sources=sources))
+
+
+def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: bool,
+              limit: int | None = None) -> CutSet:
+    """Read `{root}/{corpus}_cuts_{split}.jsonl.gz` into memory (the first `limit` cuts when given),
+    check its structure and make audio paths absolute."""
+    root = Path(root)
+    path = cuts_path(root, corpus, split)
+    if not path.is_file():
+        hint = (f"generate it with `python -m recipes.synth.prepare --out {root}`" if corpus == "synth"
+                else f"run the {corpus} recipe (recipes/{corpus}/README.md) with its output in {root}")
+        present = sorted(p.name for p in root.glob("*_cuts_*.jsonl.gz")) if root.is_dir() else []
+        raise ManifestError(
+            f"manifest {path} not found (corpus={corpus!r}, split={split!r}); {hint}, or point data.root / "
+            f"data.corpus / data.*_split at existing manifests" + (f" (found: {', '.join(present)})" if present else ""))
+    try:
+        cuts = []
+        for cut in CutSet.from_file(path):
+            cuts.append(cut)
+            if limit is not None and len(cuts) >= limit:
+                break
+    except Exception as error:  # lhotse raises many types for a malformed manifest
+        raise ManifestError(f"cannot read manifest {path}: {type(error).__name__}: {error}") from error
+    if not cuts:
+        raise ManifestError(f"manifest {path} holds no cuts; regenerate it with its recipe")
+
+    not_one = [c.id for c in cuts if len(c.supervisions) != 1]
+    if not_one:
+        raise ManifestError(f"{path}: every cut must carry exactly one supervision (the utterance's "
+                            f"transcript); these do not: {listing(not_one)}")
+    no_audio = [c.id for c in cuts if not c.has_recording]
+    if no_audio:
+        raise ManifestError(f"{path}: cuts without a recording: {listing(no_audio)}")
+    wrong_rate = [f"{c.id} ({c.sampling_rate} Hz)" for c in cuts if c.sampling_rate != SAMPLING_RATE]
+    if wrong_rate:
+        raise ManifestError(f"{path}: the features expect {SAMPLING_RATE} Hz audio; resample these recordings "
+                            f"in the recipe (e.g. `sox in.wav -r 16000 out.wav`): {listing(wrong_rate)}")
+    if need_phones:
+        no_phones = [c.id for c in cuts if "phones" not in (c.supervisions[0].custom or {})]
+        if no_phones:
+            raise ManifestError(f"{path}: phone targets are configured (data.targets) but these cuts have no "
+                                f"supervision.custom['phones']: {listing(no_phones)}; remove 'phones' from "
+                                "data.targets or regenerate the manifests with phones")
+    return CutSet.from_cuts(_absolute_sources(c, root) for c in cuts)
+
+
+def phone_set_of(cuts: CutSet, split: str) -> str:
+    """The phone set the manifest names in `custom["phone_set"]` ("arpabet39" where none is named)."""
+    from asr.data.tokenizers import DEFAULT_PHONE_SET, PHONE_SETS
+
+    names = {(c.supervisions[0].custom or {}).get("phone_set", DEFAULT_PHONE_SET) for c in cuts}
+    unknown = sorted(names - set(PHONE_SETS))
+    if unknown:
+        raise ManifestError(f"{split}: unknown phone_set {unknown} in the manifest; known: {', '.join(PHONE_SETS)}")
+    if len(names) > 1:
+        raise ManifestError(f"{split}: the manifest mixes phone sets {sorted(names)}; one split, one phone set")
+    return names.pop()
+
+
+def transcript(cut, field: str) -> str:
+    """The supervision field a tokenizer reads: 'text' (words) or 'phones'."""
+    supervision = cut.supervisions[0]
+    if field == "text":
+        return supervision.text or ""
+    return (supervision.custom or {}).get("phones") or ""
+
+
+def find_empty_transcripts(cuts: CutSet, fields: set[str], problems: UtteranceProblems) -> None:
+    """Record cuts whose text or phones (those in `fields`) are empty or whitespace."""
+    for cut in cuts:
+        empty = [field for field in sorted(fields) if not transcript(cut, field).strip()]
+        if empty:
+            problems.add("empty_transcript", cut.id, "empty " + " and ".join(empty))
+
+
+def find_bad_audio(cuts: CutSet, problems: UtteranceProblems) -> None:
+    """Record cuts whose audio file is missing, unreadable, or shorter than the cut says.
+
+    Reads only file headers (fast); a file that is corrupt past its header is caught when its
+    features are computed and is reported under the same reason.
+    """
+    import soundfile
+
+    checked: dict[str, str] = {}  # path -> "" if fine, else the problem
+    for cut in cuts:
+        recording = cut.recording
+        for source in recording.sources:
+            if source.type != "file":
+                continue  # URLs, commands: checked when loaded
+            path = source.source
+            if path not in checked:
+                checked[path] = _audio_file_problem(path, recording, soundfile)
+            if checked[path]:
+                problems.add("bad_audio", cut.id, f"{path}: {checked[path]}")
+
+
+def _audio_file_problem(path: str, recording, soundfile) -> str:
+    if not os.path.isfile(path):
+        return "file not found"
+    try:
+        info = soundfile.info(path)
+    except Exception as error:  # soundfile.LibsndfileError, RuntimeError, ...
+        return f"unreadable audio ({error})"
+    if info.samplerate != recording.sampling_rate:
+        return f"file is {info.samplerate} Hz, manifest says {recording.sampling_rate} Hz"
+    if info.frames < recording.num_samples:
+        return f"file has {info.frames} samples, manifest says {recording.num_samples} (truncated?)"
+    return ""
