@@ -1,0 +1,184 @@
+"""Clustered attention (Vyas et al., 2020, sec. 3.2) and the query clustering it shares
+with improved clustered attention.
+
+    attn = build_attention("clustered", clusters=100, bits=63, iterations=10)
+    out = attn(q, k, v, lengths)
+
+Per (batch, head) the valid queries are hashed to `bits`-bit codes by random
+hyperplanes and grouped by K-Means in Hamming space (`cluster_queries`). Each
+cluster's centroid is the mean of its member queries (eq. 3), the centroids attend to
+all valid keys, A^c = softmax(Q^c K^T / sqrt(E)) (eq. 4), V^c = A^c V (eq. 5), and
+every query receives its cluster's row of V^c (eq. 6). Gradients reach q through the
+centroids and k, v through the dense product; the clustering itself is not
+differentiable.
+
+Decisions where the paper is silent (the C++ side, csrc/clustering.cpp, explains the
+hashing and K-Means ones in full):
+- Hyperplanes cut through the cloud of valid queries at random positions (offset
+  mean + N(0,1) * std of the projections), so the hash reflects Euclidean closeness.
+  The planes (bits, E) and offsets (bits,) are drawn with torch.randn from the default
+  generator on every call, then one `draw_seed()` seeds the per-(batch, head) choice of
+  initial centroids: `torch.manual_seed(s)` makes a call repeatable, and a sequence
+  is clustered the same alone or at the same batch index of a padded batch.
+- A sequence with at most `clusters` valid queries gives each query its own cluster:
+  the result is then exactly full attention.
+- Padded queries are in no cluster (id -1), count in no centroid, and output 0.
+- Initial centroids are distinct codes of randomly chosen valid queries; Hamming ties go
+  to the lowest cluster id; a majority-vote tie keeps the centroid's previous bit; a
+  cluster that loses all its members keeps its code. Empty clusters have a zero centroid
+  whose row of A^c no query reads.
+- `iterations` Lloyd steps are followed by one final assignment; 0 is allowed and means
+  "assign to the initial centroids".
+- The kernels run in float32 and float64; half and bfloat16 inputs are computed in
+  float32 and the output is cast back.
+"""
+from __future__ import annotations
+
+import math
+from typing import NamedTuple
+
+import torch
+
+from ._ops import ops
+from .contract import check_inputs, draw_seed, valid_positions
+from .registry import Option, register_attention
+
+CLUSTERING_OPTIONS = (
+    Option("clusters", 100, 1, help="query clusters per sequence and head"),
+    Option("bits", 63, 1, 63, help="hash bits per query"),
+    Option("iterations", 10, 0, help="Lloyd iterations of Hamming K-Means"),
+)
+
+
+class QueryClusters(NamedTuple):
+    """A clustering of the queries of every (batch, head).
+
+    assignment: (B, H, N) int64, cluster id of each query, -1 for padded queries.
+    counts:     (B, H, C) int64, members per cluster.
+    offsets, members: the same grouping as lists: the queries of cluster c are
+        members[..., offsets[..., c]:offsets[..., c + 1]] in increasing position
+        (members past offsets[..., C] are -1).
+    """
+    assignment: torch.Tensor
+    counts: torch.Tensor
+    offsets: torch.Tensor
+    members: torch.Tensor
+
+    @property
+    def clusters(self) -> int:
+        return self.counts.shape[-1]
+
+
+def group_queries(assignment: torch.Tensor, clusters: int) -> QueryClusters:
+    """Builds the `QueryClusters` of a given (B, H, N) assignment to `clusters` clusters."""
+    offsets, members = ops.group_by_cluster(assignment, clusters)
+    return QueryClusters(assignment, offsets[..., 1:] - offsets[..., :-1], offsets, members)
+
+
+def hash_queries(q: torch.Tensor, lengths: torch.Tensor, planes: torch.Tensor,
+                 offsets: torch.Tensor) -> torch.Tensor:
+    """(B, H, N) int64 codes: bit b is set when <q, planes[b]> exceeds
+    mean_b + offsets[b] * std_b, the statistics taken over the valid queries of that
+    (batch, head). Padded queries get code 0."""
+    return ops.hyperplane_hash(q.detach(), planes, offsets, lengths)
+
+
+def cluster_queries(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bits: int,
+                    iterations: int) -> QueryClusters:
+    """Groups the valid queries of every (batch, head) into at most `clusters` clusters
+    (sec. 3.2.2): random-hyperplane hashing, then Hamming K-Means. Not differentiable.
+
+    The tensors have min(clusters, N) cluster slots; a sequence with L <= clusters valid
+    queries puts query i alone in cluster i.
+    """
+    slots = max(1, min(clusters, q.shape[2]))
+    planes = torch.randn(bits, q.shape[-1], dtype=q.dtype).to(q.device)
+    plane_offsets = torch.randn(bits, dtype=q.dtype).to(q.device)
+    seed = draw_seed()
+    codes = hash_queries(q, lengths, planes, plane_offsets)
+    initial = ops.hamming_kmeans_init(codes, lengths, slots, seed)
+    assignment, _ = ops.hamming_kmeans(codes, lengths, initial, iterations, bits)
+    return group_queries(assignment, slots)
+
+
+class ClusterMean(torch.autograd.Function):
+    """(B, H, N, D) rows -> (B, H, C, D): each cluster's mean of its members' rows (eq. 3).
+    Empty clusters give a zero row."""
+
+    @staticmethod
+    def forward(ctx, x, clusters: QueryClusters):
+        ctx.clusters = clusters
+        return ops.cluster_mean(x, clusters.offsets, clusters.members)
+
+    @staticmethod
+    def backward(ctx, grad):
+        clusters = ctx.clusters
+        return ops.cluster_mean_backward(grad, clusters.assignment, clusters.offsets), None
+
+
+class ClusterBroadcast(torch.autograd.Function):
+    """(B, H, C, D) rows -> (B, H, N, D): each query gets its cluster's row (eq. 6);
+    padded queries get zeros."""
+
+    @staticmethod
+    def forward(ctx, x, clusters: QueryClusters):
+        ctx.clusters = clusters
+        return ops.cluster_broadcast(x, clusters.assignment)
+
+    @staticmethod
+    def backward(ctx, grad):
+        clusters = ctx.clusters
+        return ops.cluster_broadcast_backward(grad, clusters.offsets, clusters.members), None
+
+
+def empty_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The output for inputs without any element: zeros of v's shape, connected to q, k
+    and v so that a backward pass gives them (empty or zero) gradients."""
+    return v * 0 + (q.sum() + k.sum()) * 0
+
+
+def computed_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The kernels run in float32 and float64; half and bfloat16 inputs (mixed-precision
+    training) are computed in float32 and the result is cast back."""
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
+                       clusters: QueryClusters) -> torch.Tensor:
+    """A^c = softmax(Q^c K^T / sqrt(E)) over the valid keys (eq. 3-4), (B, H, C, N).
+
+    A sequence of length 0 keeps key 0 so that no row of the softmax is empty; it has
+    no queries, so nothing reads those rows.
+    """
+    # Scaling the (C, E) centroids rather than the (C, N) scores saves two passes over
+    # the largest tensor here (forward and backward).
+    centroids = ClusterMean.apply(q, clusters) * (1.0 / math.sqrt(q.shape[-1]))
+    scores = torch.matmul(centroids, k.transpose(-1, -2))
+    if bool((lengths < k.shape[2]).any()):
+        key_valid = valid_positions(lengths.clamp(min=1), k.shape[2])[:, None, None, :]
+        scores = scores.masked_fill(~key_valid, float("-inf"))
+    return torch.softmax(scores, dim=-1)
+
+
+@register_attention("clustered", options=CLUSTERING_OPTIONS,
+                    summary="clustered attention: one softmax per query cluster (Vyas et al. 2020)")
+class ClusteredAttention(torch.nn.Module):
+    """Clustered attention: queries share the attention of their cluster's centroid."""
+
+    def __init__(self, clusters: int = 100, bits: int = 63, iterations: int = 10):
+        super().__init__()
+        self.clusters, self.bits, self.iterations = clusters, bits, iterations
+
+    def extra_repr(self) -> str:
+        return f"clusters={self.clusters}, bits={self.bits}, iterations={self.iterations}"
+
+    def forward(self, q, k, v, lengths=None):
+        lengths = check_inputs(q, k, v, lengths)
+        if q.numel() == 0 or v.numel() == 0:
+            return empty_attention(q, k, v)
+        dtype = computed_dtype(q.dtype)
+        q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
+        clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
+        attention = centroid_attention(q, k, lengths, clusters)
+        centroid_values = torch.matmul(attention, v)                      # eq. 5
+        return ClusterBroadcast.apply(centroid_values, clusters).to(input_dtype)  # eq. 6

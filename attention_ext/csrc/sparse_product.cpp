@@ -1,0 +1,409 @@
+// The two sparse products of improved clustered attention (paper sec. 3.3, supp. A.2):
+// every query i of cluster j meets only the keys T_j = topk[j, :] of its cluster.
+//
+//   clustered_sparse_dot(q, k, topk, offsets, members, scale) -> dots (B,H,N,S)
+//       dots[i, s] = scale * <q_i, k_{topk[j, s]}>
+//   clustered_sparse_weighted_sum(weights (B,H,N,S), v (B,H,N,D), topk, offsets, members)
+//       -> (B,H,N,D),  out_i = sum_s weights[i, s] * v_{topk[j, s]}
+//   and their backward operators (the gradients with respect to q, k and weights, v).
+//
+// topk (B,H,C,S) int64 lists key positions per cluster; a slot of -1 is "no key" (a
+// sequence with fewer valid keys than S): its dot is -inf (zero weight after softmax) and
+// it adds nothing to the weighted sum. Queries in no cluster (padded ones) get dots 0
+// (finite, so a softmax over them stays finite) and a zero weighted sum, and pass no
+// gradient. offsets/members list the queries of each cluster (see cluster_ops.cpp).
+//
+// Work is done cluster by cluster (parallel over batch x heads x clusters): the members'
+// rows and the cluster's S key (or value) rows are copied into small zero-padded
+// contiguous blocks, and every product is a small dense matrix product computed in
+// register tiles (`small_product`). Key and value gradients are summed per cluster into
+// (S, E) blocks and then added into the rows of the keys, one (batch, head) per task, so
+// no two threads write the same row.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <limits>
+#include <vector>
+
+namespace {
+
+struct SparseShape {
+  int64_t batch, heads, length, clusters, slots;
+};
+
+SparseShape check_sparse(const at::Tensor& rows, const at::Tensor& topk, const at::Tensor& offsets,
+                         const at::Tensor& members, const char* op) {
+  TORCH_CHECK(rows.dim() == 4 && rows.is_floating_point(), op,
+              ": expected a floating tensor of shape (batch, heads, length, dim), got ", rows.sizes());
+  TORCH_CHECK(topk.dim() == 4 && topk.scalar_type() == at::kLong && topk.size(0) == rows.size(0) &&
+                  topk.size(1) == rows.size(1),
+              op, ": topk must be int64 of shape (", rows.size(0), ", ", rows.size(1),
+              ", clusters, slots), got ", topk.sizes(), " ", topk.scalar_type());
+  TORCH_CHECK(offsets.dim() == 3 && offsets.scalar_type() == at::kLong &&
+                  offsets.size(0) == rows.size(0) && offsets.size(1) == rows.size(1) &&
+                  offsets.size(2) == topk.size(2) + 1,
+              op, ": offsets must be int64 of shape (", rows.size(0), ", ", rows.size(1), ", ",
+              topk.size(2) + 1, "), got ", offsets.sizes());
+  TORCH_CHECK(members.dim() == 3 && members.scalar_type() == at::kLong &&
+                  members.size(0) == rows.size(0) && members.size(1) == rows.size(1) &&
+                  members.size(2) == rows.size(2),
+              op, ": members must be int64 of shape ", rows.sizes().slice(0, 3), ", got ",
+              members.sizes());
+  return {rows.size(0), rows.size(1), rows.size(2), topk.size(2), topk.size(3)};
+}
+
+// Calls body(g, keys, member, count) for every (batch-head g, cluster) that has members:
+// keys = its S key positions, member = its `count` query positions.
+template <typename Body>
+void for_each_cluster(const SparseShape& s, const int64_t* topk, const int64_t* offsets,
+                      const int64_t* members, const Body& body) {
+  at::parallel_for(0, s.batch * s.heads * s.clusters, 4, [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t g = index / s.clusters, c = index % s.clusters;
+      const int64_t* offset = offsets + g * (s.clusters + 1);
+      if (offset[c] == offset[c + 1]) continue;
+      body(index, g, topk + index * s.slots, members + g * s.length + offset[c], offset[c + 1] - offset[c]);
+    }
+  });
+}
+
+// Elements of one 512-bit vector: the width of a column tile of the small products.
+template <typename scalar_t>
+constexpr int64_t kLanes = 64 / static_cast<int64_t>(sizeof(scalar_t));
+
+inline int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
+
+// One R x kLanes tile of C = A @ B, held in registers over the whole sum over k (a
+// running sum kept in memory would make every step wait for the previous store).
+// A(r, k) = A[r * a_row + k * a_col], so a transposed A is a_row = 1, a_col = lda.
+template <typename scalar_t, int R>
+inline void product_tile(int64_t depth, const scalar_t* A, int64_t a_row, int64_t a_col,
+                         const scalar_t* B, int64_t ldb, scalar_t* C, int64_t ldc) {
+  constexpr int64_t W = kLanes<scalar_t>;
+  scalar_t acc[R][W];
+  for (int r = 0; r < R; ++r)
+    for (int64_t j = 0; j < W; ++j) acc[r][j] = 0;
+  for (int64_t k = 0; k < depth; ++k) {
+    const scalar_t* b = B + k * ldb;
+    for (int r = 0; r < R; ++r) {
+      const scalar_t a = A[r * a_row + k * a_col];
+#pragma omp simd
+      for (int64_t j = 0; j < W; ++j) acc[r][j] += a * b[j];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int64_t j = 0; j < W; ++j) C[r * ldc + j] = acc[r][j];
+}
+
+// C (rows x columns) = A (rows x depth) @ B (depth x columns) for the small per-cluster
+// products; B and C are row-major with strides ldb, ldc, and columns, ldb and ldc are
+// multiples of kLanes (the callers pad with zeros).
+template <typename scalar_t>
+void small_product(int64_t rows, int64_t columns, int64_t depth, const scalar_t* A, int64_t a_row,
+                   int64_t a_col, const scalar_t* B, int64_t ldb, scalar_t* C, int64_t ldc) {
+  for (int64_t n = 0; n < columns; n += kLanes<scalar_t>) {
+    int64_t m = 0;
+    for (; m + 8 <= rows; m += 8)
+      product_tile<scalar_t, 8>(depth, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc);
+    for (; m + 4 <= rows; m += 4)
+      product_tile<scalar_t, 4>(depth, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc);
+    for (; m < rows; ++m)
+      product_tile<scalar_t, 1>(depth, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc);
+  }
+}
+
+// The gathers below read rows at scattered positions; asking for a row a few steps ahead
+// hides most of the memory latency, which otherwise dominates these kernels.
+constexpr int64_t kPrefetchRows = 4;
+
+template <typename scalar_t>
+inline void prefetch_row(const scalar_t* rows, int64_t index, int64_t dim) {
+  if (index < 0) return;
+  const char* start = reinterpret_cast<const char*>(rows + index * dim);
+  const char* stop = reinterpret_cast<const char*>(rows + (index + 1) * dim);
+  for (const char* line = start; line < stop; line += 64) __builtin_prefetch(line);
+}
+
+// out (count x stride) = the rows `index` of rows (. x dim), zero-padded to `stride`
+// columns, times `factor`; an index < 0 gives a zero row.
+template <typename scalar_t>
+void gather_rows(const scalar_t* rows, const int64_t* index, int64_t count, int64_t dim, int64_t stride,
+                 scalar_t factor, scalar_t* out) {
+  for (int64_t m = 0; m < count; ++m) {
+    if (m + kPrefetchRows < count) prefetch_row(rows, index[m + kPrefetchRows], dim);
+    scalar_t* dst = out + m * stride;
+    std::fill(dst, dst + stride, scalar_t(0));
+    if (index[m] < 0) continue;
+    const scalar_t* src = rows + index[m] * dim;
+    for (int64_t d = 0; d < dim; ++d) dst[d] = factor * src[d];
+  }
+}
+
+// out (dim x stride) = the transposed rows `index` of rows (. x dim), zero-padded to
+// `stride` columns; an index < 0 gives a zero column.
+template <typename scalar_t>
+void gather_columns(const scalar_t* rows, const int64_t* index, int64_t count, int64_t dim, int64_t stride,
+                    scalar_t* out) {
+  std::fill(out, out + dim * stride, scalar_t(0));
+  for (int64_t m = 0; m < count; ++m) {
+    if (m + kPrefetchRows < count) prefetch_row(rows, index[m + kPrefetchRows], dim);
+    if (index[m] < 0) continue;
+    const scalar_t* src = rows + index[m] * dim;
+    for (int64_t d = 0; d < dim; ++d) out[d * stride + m] = src[d];
+  }
+}
+
+// The cluster's slot coefficients of its members, (count x slots), zero on empty slots.
+template <typename scalar_t>
+void gather_coefficients(const scalar_t* coefficients, const int64_t* query, int64_t count,
+                         const int64_t* keys, int64_t slots, scalar_t factor, scalar_t* out) {
+  for (int64_t m = 0; m < count; ++m)
+    for (int64_t slot = 0; slot < slots; ++slot)
+      out[m * slots + slot] = keys[slot] < 0 ? scalar_t(0) : factor * coefficients[query[m] * slots + slot];
+}
+
+// The flat (batch-head, position) row index of each member of a cluster.
+inline void member_rows(int64_t g, const SparseShape& s, const int64_t* member, int64_t count,
+                        std::vector<int64_t>& rows) {
+  rows.resize(count);
+  for (int64_t m = 0; m < count; ++m) rows[m] = g * s.length + member[m];
+}
+
+// Adds the per-cluster blocks (G, C, S, D) times `factor` into rows (G, N, D) at `topk`.
+template <typename scalar_t>
+void add_cluster_blocks(const scalar_t* blocks, const int64_t* topk, scalar_t* rows,
+                        const SparseShape& s, int64_t dim, scalar_t factor) {
+  at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g) {
+      const int64_t* keys = topk + g * s.clusters * s.slots;
+      const scalar_t* block = blocks + g * s.clusters * s.slots * dim;
+      scalar_t* target = rows + g * s.length * dim;
+      for (int64_t cs = 0; cs < s.clusters * s.slots; ++cs) {
+        const int64_t key = keys[cs];
+        if (key < 0) continue;
+        const scalar_t* src = block + cs * dim;
+        scalar_t* dst = target + key * dim;
+#pragma omp simd
+        for (int64_t d = 0; d < dim; ++d) dst[d] += factor * src[d];
+      }
+    }
+  });
+}
+
+template <typename scalar_t>
+void sparse_dot_kernel(const scalar_t* q, const scalar_t* k, const int64_t* topk, const int64_t* offsets,
+                       const int64_t* members, scalar_t* out, const SparseShape& s, int64_t dim,
+                       scalar_t factor) {
+  const int64_t padded_slots = round_up(s.slots, kLanes<scalar_t>);
+  for_each_cluster(s, topk, offsets, members,
+                   [&](int64_t, int64_t g, const int64_t* keys, const int64_t* member, int64_t count) {
+    std::vector<int64_t> rows;
+    member_rows(g, s, member, count, rows);
+    std::vector<scalar_t> keys_t(dim * padded_slots), queries(count * dim), dots(count * padded_slots);
+    gather_columns(k + g * s.length * dim, keys, s.slots, dim, padded_slots, keys_t.data());
+    gather_rows(q, rows.data(), count, dim, dim, factor, queries.data());
+    small_product(count, padded_slots, dim, queries.data(), dim, 1, keys_t.data(), padded_slots,
+                  dots.data(), padded_slots);
+    for (int64_t m = 0; m < count; ++m)
+      for (int64_t slot = 0; slot < s.slots; ++slot)
+        out[rows[m] * s.slots + slot] = keys[slot] < 0 ? -std::numeric_limits<scalar_t>::infinity()
+                                                       : dots[m * padded_slots + slot];
+  });
+}
+
+template <typename scalar_t>
+void sparse_dot_backward_kernel(const scalar_t* grad, const scalar_t* q, const scalar_t* k,
+                                const int64_t* topk, const int64_t* offsets, const int64_t* members,
+                                scalar_t* grad_q, scalar_t* blocks, const SparseShape& s, int64_t dim,
+                                scalar_t factor) {
+  const int64_t padded_dim = round_up(dim, kLanes<scalar_t>);
+  for_each_cluster(s, topk, offsets, members,
+                   [&](int64_t index, int64_t g, const int64_t* keys, const int64_t* member, int64_t count) {
+    std::vector<int64_t> rows;
+    member_rows(g, s, member, count, rows);
+    std::vector<scalar_t> coefficient(count * s.slots), key_rows(s.slots * padded_dim),
+        queries(count * padded_dim), result(std::max(count, s.slots) * padded_dim);
+    gather_coefficients(grad, rows.data(), count, keys, s.slots, factor, coefficient.data());
+    // grad_q_i = scale * sum_s grad[i, s] k_{T[s]}
+    gather_rows(k + g * s.length * dim, keys, s.slots, dim, padded_dim, scalar_t(1), key_rows.data());
+    small_product(count, padded_dim, s.slots, coefficient.data(), s.slots, 1, key_rows.data(), padded_dim,
+                  result.data(), padded_dim);
+    for (int64_t m = 0; m < count; ++m)
+      std::copy(result.data() + m * padded_dim, result.data() + m * padded_dim + dim, grad_q + rows[m] * dim);
+    // grad_k_{T[s]} += scale * sum_i grad[i, s] q_i: coefficient^T @ queries, kept per cluster
+    gather_rows(q, rows.data(), count, dim, padded_dim, scalar_t(1), queries.data());
+    small_product(s.slots, padded_dim, count, coefficient.data(), 1, s.slots, queries.data(), padded_dim,
+                  result.data(), padded_dim);
+    scalar_t* key_grad = blocks + index * s.slots * dim;
+    for (int64_t slot = 0; slot < s.slots; ++slot)
+      std::copy(result.data() + slot * padded_dim, result.data() + slot * padded_dim + dim,
+                key_grad + slot * dim);
+  });
+}
+
+template <typename scalar_t>
+void sparse_weighted_sum_kernel(const scalar_t* weights, const scalar_t* v, const int64_t* topk,
+                                const int64_t* offsets, const int64_t* members, scalar_t* out,
+                                const SparseShape& s, int64_t dim) {
+  const int64_t padded_dim = round_up(dim, kLanes<scalar_t>);
+  for_each_cluster(s, topk, offsets, members,
+                   [&](int64_t, int64_t g, const int64_t* keys, const int64_t* member, int64_t count) {
+    std::vector<int64_t> rows;
+    member_rows(g, s, member, count, rows);
+    std::vector<scalar_t> coefficient(count * s.slots), value_rows(s.slots * padded_dim),
+        result(count * padded_dim);
+    gather_coefficients(weights, rows.data(), count, keys, s.slots, scalar_t(1), coefficient.data());
+    gather_rows(v + g * s.length * dim, keys, s.slots, dim, padded_dim, scalar_t(1), value_rows.data());
+    small_product(count, padded_dim, s.slots, coefficient.data(), s.slots, 1, value_rows.data(), padded_dim,
+                  result.data(), padded_dim);
+    for (int64_t m = 0; m < count; ++m)
+      std::copy(result.data() + m * padded_dim, result.data() + m * padded_dim + dim, out + rows[m] * dim);
+  });
+}
+
+template <typename scalar_t>
+void sparse_weighted_sum_backward_kernel(const scalar_t* grad, const scalar_t* weights, const scalar_t* v,
+                                         const int64_t* topk, const int64_t* offsets,
+                                         const int64_t* members, scalar_t* grad_w, scalar_t* blocks,
+                                         const SparseShape& s, int64_t dim) {
+  const int64_t padded_dim = round_up(dim, kLanes<scalar_t>);
+  const int64_t padded_slots = round_up(s.slots, kLanes<scalar_t>);
+  for_each_cluster(s, topk, offsets, members,
+                   [&](int64_t index, int64_t g, const int64_t* keys, const int64_t* member, int64_t count) {
+    std::vector<int64_t> rows;
+    member_rows(g, s, member, count, rows);
+    std::vector<scalar_t> grads(count * padded_dim), values_t(dim * padded_slots),
+        coefficient(count * s.slots), result(std::max(count * padded_slots, s.slots * padded_dim));
+    gather_rows(grad, rows.data(), count, dim, padded_dim, scalar_t(1), grads.data());
+    // grad_w[i, s] = <grad_i, v_{T[s]}> (0 on empty slots: zero columns)
+    gather_columns(v + g * s.length * dim, keys, s.slots, dim, padded_slots, values_t.data());
+    small_product(count, padded_slots, dim, grads.data(), padded_dim, 1, values_t.data(), padded_slots,
+                  result.data(), padded_slots);
+    for (int64_t m = 0; m < count; ++m)
+      std::copy(result.data() + m * padded_slots, result.data() + m * padded_slots + s.slots,
+                grad_w + rows[m] * s.slots);
+    // grad_v_{T[s]} += sum_i weights[i, s] grad_i: weights^T @ grads, kept per cluster
+    gather_coefficients(weights, rows.data(), count, keys, s.slots, scalar_t(1), coefficient.data());
+    small_product(s.slots, padded_dim, count, coefficient.data(), 1, s.slots, grads.data(), padded_dim,
+                  result.data(), padded_dim);
+    scalar_t* value_grad = blocks + index * s.slots * dim;
+    for (int64_t slot = 0; slot < s.slots; ++slot)
+      std::copy(result.data() + slot * padded_dim, result.data() + slot * padded_dim + dim,
+                value_grad + slot * dim);
+  });
+}
+
+struct SparseInputs {
+  at::Tensor topk, offsets, members;
+  SparseInputs(const at::Tensor& t, const at::Tensor& o, const at::Tensor& m)
+      : topk(t.contiguous()), offsets(o.contiguous()), members(m.contiguous()) {}
+};
+
+at::Tensor clustered_sparse_dot(const at::Tensor& q, const at::Tensor& k, const at::Tensor& topk,
+                                const at::Tensor& offsets, const at::Tensor& members, double scale) {
+  const SparseShape s = check_sparse(q, topk, offsets, members, "clustered_sparse_dot");
+  TORCH_CHECK(k.sizes() == q.sizes() && k.scalar_type() == q.scalar_type(),
+              "clustered_sparse_dot: k must match q ", q.sizes(), ", got ", k.sizes());
+  const at::Tensor q_c = q.contiguous(), k_c = k.contiguous();
+  const SparseInputs in(topk, offsets, members);
+  at::Tensor out = at::zeros({s.batch, s.heads, s.length, s.slots}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "clustered_sparse_dot", [&] {
+    sparse_dot_kernel<scalar_t>(q_c.data_ptr<scalar_t>(), k_c.data_ptr<scalar_t>(),
+                                in.topk.data_ptr<int64_t>(), in.offsets.data_ptr<int64_t>(),
+                                in.members.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), s, q.size(3),
+                                static_cast<scalar_t>(scale));
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> clustered_sparse_dot_backward(
+    const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& topk,
+    const at::Tensor& offsets, const at::Tensor& members, double scale) {
+  const SparseShape s = check_sparse(q, topk, offsets, members, "clustered_sparse_dot_backward");
+  TORCH_CHECK(grad.dim() == 4 && grad.size(2) == s.length && grad.size(3) == s.slots,
+              "clustered_sparse_dot_backward: grad must have shape (B, H, ", s.length, ", ", s.slots,
+              "), got ", grad.sizes());
+  const int64_t dim = q.size(3);
+  const at::Tensor grad_c = grad.contiguous(), q_c = q.contiguous(), k_c = k.contiguous();
+  const SparseInputs in(topk, offsets, members);
+  at::Tensor grad_q = at::zeros_like(q_c);
+  at::Tensor grad_k = at::zeros_like(k_c);
+  at::Tensor blocks = at::zeros({s.batch, s.heads, s.clusters, s.slots, dim}, q.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "clustered_sparse_dot_backward", [&] {
+    sparse_dot_backward_kernel<scalar_t>(grad_c.data_ptr<scalar_t>(), q_c.data_ptr<scalar_t>(),
+                                         k_c.data_ptr<scalar_t>(), in.topk.data_ptr<int64_t>(),
+                                         in.offsets.data_ptr<int64_t>(), in.members.data_ptr<int64_t>(),
+                                         grad_q.data_ptr<scalar_t>(), blocks.data_ptr<scalar_t>(), s, dim,
+                                         static_cast<scalar_t>(scale));
+    add_cluster_blocks<scalar_t>(blocks.data_ptr<scalar_t>(), in.topk.data_ptr<int64_t>(),
+                                 grad_k.data_ptr<scalar_t>(), s, dim, scalar_t(1));
+  });
+  return {grad_q, grad_k};
+}
+
+at::Tensor clustered_sparse_weighted_sum(const at::Tensor& weights, const at::Tensor& v,
+                                         const at::Tensor& topk, const at::Tensor& offsets,
+                                         const at::Tensor& members) {
+  const SparseShape s = check_sparse(v, topk, offsets, members, "clustered_sparse_weighted_sum");
+  TORCH_CHECK(weights.dim() == 4 && weights.size(0) == s.batch && weights.size(1) == s.heads &&
+                  weights.size(2) == s.length && weights.size(3) == s.slots &&
+                  weights.scalar_type() == v.scalar_type(),
+              "clustered_sparse_weighted_sum: weights must have shape (", s.batch, ", ", s.heads, ", ",
+              s.length, ", ", s.slots, ") and v's dtype, got ", weights.sizes());
+  const at::Tensor w_c = weights.contiguous(), v_c = v.contiguous();
+  const SparseInputs in(topk, offsets, members);
+  at::Tensor out = at::zeros({s.batch, s.heads, s.length, v.size(3)}, v.options());
+  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "clustered_sparse_weighted_sum", [&] {
+    sparse_weighted_sum_kernel<scalar_t>(w_c.data_ptr<scalar_t>(), v_c.data_ptr<scalar_t>(),
+                                         in.topk.data_ptr<int64_t>(), in.offsets.data_ptr<int64_t>(),
+                                         in.members.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), s,
+                                         v.size(3));
+  });
+  return out;
+}
+
+std::tuple<at::Tensor, at::Tensor> clustered_sparse_weighted_sum_backward(
+    const at::Tensor& grad, const at::Tensor& weights, const at::Tensor& v, const at::Tensor& topk,
+    const at::Tensor& offsets, const at::Tensor& members) {
+  const SparseShape s = check_sparse(v, topk, offsets, members, "clustered_sparse_weighted_sum_backward");
+  TORCH_CHECK(grad.sizes() == v.sizes(), "clustered_sparse_weighted_sum_backward: grad must match v ",
+              v.sizes(), ", got ", grad.sizes());
+  const int64_t dim = v.size(3);
+  const at::Tensor grad_c = grad.contiguous(), w_c = weights.contiguous(), v_c = v.contiguous();
+  const SparseInputs in(topk, offsets, members);
+  at::Tensor grad_w = at::zeros_like(w_c);
+  at::Tensor grad_v = at::zeros_like(v_c);
+  at::Tensor blocks = at::zeros({s.batch, s.heads, s.clusters, s.slots, dim}, v.options());
+  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "clustered_sparse_weighted_sum_backward", [&] {
+    sparse_weighted_sum_backward_kernel<scalar_t>(
+        grad_c.data_ptr<scalar_t>(), w_c.data_ptr<scalar_t>(), v_c.data_ptr<scalar_t>(),
+        in.topk.data_ptr<int64_t>(), in.offsets.data_ptr<int64_t>(), in.members.data_ptr<int64_t>(),
+        grad_w.data_ptr<scalar_t>(), blocks.data_ptr<scalar_t>(), s, dim);
+    add_cluster_blocks<scalar_t>(blocks.data_ptr<scalar_t>(), in.topk.data_ptr<int64_t>(),
+                                 grad_v.data_ptr<scalar_t>(), s, dim, scalar_t(1));
+  });
+  return {grad_w, grad_v};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(attention_ext, m) {
+  m.def("clustered_sparse_dot(Tensor q, Tensor k, Tensor topk, Tensor offsets, Tensor members,"
+        " float scale) -> Tensor");
+  m.def("clustered_sparse_dot_backward(Tensor grad, Tensor q, Tensor k, Tensor topk, Tensor offsets,"
+        " Tensor members, float scale) -> (Tensor, Tensor)");
+  m.def("clustered_sparse_weighted_sum(Tensor weights, Tensor v, Tensor topk, Tensor offsets,"
+        " Tensor members) -> Tensor");
+  m.def("clustered_sparse_weighted_sum_backward(Tensor grad, Tensor weights, Tensor v, Tensor topk,"
+        " Tensor offsets, Tensor members) -> (Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(attention_ext, CPU, m) {
+  m.impl("clustered_sparse_dot", &clustered_sparse_dot);
+  m.impl("clustered_sparse_dot_backward", &clustered_sparse_dot_backward);
+  m.impl("clustered_sparse_weighted_sum", &clustered_sparse_weighted_sum);
+  m.impl("clustered_sparse_weighted_sum_backward", &clustered_sparse_weighted_sum_backward);
+}

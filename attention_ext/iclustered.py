@@ -1,0 +1,142 @@
+"""Improved clustered attention (Vyas et al., 2020, sec. 3.3 and supplementary A.2).
+
+    attn = build_attention("iclustered", clusters=100, topk=32)
+    out = attn(q, k, v, lengths)
+
+As clustered attention, the queries are clustered and the centroids attend to all valid
+keys, A^c = softmax(Q^c K^T / sqrt(E)). Then for each cluster j its `topk` keys T_j with
+the largest A^c_j are taken, with their mass m_j = sum_{l in T_j} A^c_jl (eq. 9), and a
+query i of cluster j attends as (eq. 10-11, 15-17)
+
+    V_i = m_j * sum_{l in T_j} softmax_{T_j}(q_i . k_l / sqrt(E)) v_l      (V^t_i)
+        + sum_{l not in T_j} A^c_jl v_l                                   (V^b_j)
+
+V^t needs two sparse products per query (csrc/sparse_product.cpp); V^b is one dense
+product per cluster. Gradients flow into q (through the centroids and the sparse dot
+products), k, v, and into m_j through A^c; only the choice of T_j is not differentiable.
+
+Decisions: the top-k are taken among the valid keys, largest first, ties to the lower
+position; `topk` larger than a sequence's valid length keeps all its valid keys (then
+m_j = 1, V^b = 0 and the result is exactly full attention). Clustering decisions are
+those of `attention_ext.clustered`.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ._ops import ops
+from .clustered import (CLUSTERING_OPTIONS, ClusterBroadcast, QueryClusters, centroid_attention,
+                        cluster_queries, computed_dtype, empty_attention)
+from .contract import check_inputs
+from .registry import Option, register_attention
+
+
+class ClusteredSparseDot(torch.autograd.Function):
+    """dots[b, h, i, s] = scale * <q_i, k_{T_j[s]}> for query i of cluster j, where
+    T = topk (B, H, C, S). A slot of -1 (no key) gives -inf; padded queries give 0."""
+
+    @staticmethod
+    def forward(ctx, q, k, topk, clusters: QueryClusters, scale: float):
+        ctx.save_for_backward(q, k, topk)
+        ctx.clusters, ctx.scale = clusters, scale
+        return ops.clustered_sparse_dot(q, k, topk, clusters.offsets, clusters.members, scale)
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, topk = ctx.saved_tensors
+        clusters = ctx.clusters
+        grad_q, grad_k = ops.clustered_sparse_dot_backward(
+            grad, q, k, topk, clusters.offsets, clusters.members, ctx.scale)
+        return grad_q, grad_k, None, None, None
+
+
+class ClusteredSparseWeightedSum(torch.autograd.Function):
+    """out[b, h, i] = sum_s weights[b, h, i, s] * v_{T_j[s]} for query i of cluster j;
+    slots of -1 add nothing and padded queries give 0."""
+
+    @staticmethod
+    def forward(ctx, weights, v, topk, clusters: QueryClusters):
+        ctx.save_for_backward(weights, v, topk)
+        ctx.clusters = clusters
+        return ops.clustered_sparse_weighted_sum(weights, v, topk, clusters.offsets, clusters.members)
+
+    @staticmethod
+    def backward(ctx, grad):
+        weights, v, topk = ctx.saved_tensors
+        clusters = ctx.clusters
+        grad_weights, grad_v = ops.clustered_sparse_weighted_sum_backward(
+            grad, weights, v, topk, clusters.offsets, clusters.members)
+        return grad_weights, grad_v, None, None
+
+
+class SplitTopMass(torch.autograd.Function):
+    """(A^c, T) -> (m, A^c with the top-k keys zeroed): m_j = sum_{l in T_j} A^c_jl (eq. 9),
+    (B, H, C, 1), and the weights of V^b (eq. 17).
+
+    One pass over the (C, N) weights each way, where gather + scatter under autograd
+    would make four (a zero-filled gradient, a scatter-add, an addition, a masked copy).
+    """
+
+    @staticmethod
+    def forward(ctx, attention, topk):
+        present = topk >= 0
+        # A slot of -1 only occurs when T_j already holds every valid key (or none, for an
+        # empty sequence): point it at slot 0's key (key 0 in a row without keys), so the
+        # scatters below write that key several times with one value, and keep it out of
+        # the mass. A row without keys writes key 0 back unchanged.
+        index = torch.where(present, topk, topk[..., :1].clamp(min=0))
+        has_top = present[..., :1]
+        ctx.save_for_backward(index, has_top)
+        mass = (attention.gather(-1, index) * present).sum(-1, keepdim=True)
+        kept = torch.where(has_top, 0.0, attention.gather(-1, index[..., :1]))
+        return mass, attention.scatter(-1, index, kept.expand(index.shape))
+
+    @staticmethod
+    def backward(ctx, grad_mass, grad_rest):
+        index, has_top = ctx.saved_tensors
+        # d rest / d A^c is 1 off T and 0 on T; d m_j / d A^c_jl is 1 on T. Every slot of
+        # a row writes one value: m_j's gradient, or the passed-through gradient of key 0
+        # in a row without keys.
+        on_top = torch.where(has_top, grad_mass, grad_rest.gather(-1, index[..., :1]))
+        return grad_rest.scatter(-1, index, on_top.expand(index.shape)), None
+
+
+def top_keys(attention: torch.Tensor, lengths: torch.Tensor, topk: int) -> torch.Tensor:
+    """(B, H, C, min(topk, N)) int64: each cluster's keys with the largest attention among
+    the valid ones, largest first; slots past a sequence's valid length are -1."""
+    return ops.cluster_topk(attention.detach(), lengths, topk)
+
+
+@register_attention("iclustered", options=CLUSTERING_OPTIONS + (
+                        Option("topk", 32, 1, help="keys per cluster attended exactly"),),
+                    summary="improved clustered attention: clustered + exact attention on each "
+                            "cluster's top-k keys (Vyas et al. 2020)")
+class ImprovedClusteredAttention(torch.nn.Module):
+    """Improved clustered attention: exact attention on each cluster's top-k keys,
+    rescaled to their clustered mass, plus the clustered attention on the other keys."""
+
+    def __init__(self, clusters: int = 100, bits: int = 63, iterations: int = 10, topk: int = 32):
+        super().__init__()
+        self.clusters, self.bits, self.iterations, self.topk = clusters, bits, iterations, topk
+
+    def extra_repr(self) -> str:
+        return (f"clusters={self.clusters}, bits={self.bits}, iterations={self.iterations}, "
+                f"topk={self.topk}")
+
+    def forward(self, q, k, v, lengths=None):
+        lengths = check_inputs(q, k, v, lengths)
+        if q.numel() == 0 or v.numel() == 0:
+            return empty_attention(q, k, v)
+        dtype = computed_dtype(q.dtype)
+        q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
+        clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
+        attention = centroid_attention(q, k, lengths, clusters)                  # A^c, eq. 4
+        topk = top_keys(attention, lengths, self.topk)                           # T
+        mass, attention_rest = SplitTopMass.apply(attention, topk)               # m_j, eq. 9
+        bottom_values = torch.matmul(attention_rest, v)                          # V^b_j, eq. 17
+        dots = ClusteredSparseDot.apply(q, k, topk, clusters, 1.0 / math.sqrt(q.shape[-1]))
+        weights = torch.softmax(dots, dim=-1) * ClusterBroadcast.apply(mass, clusters)
+        top_values = ClusteredSparseWeightedSum.apply(weights, v, topk, clusters)  # V^t_i, eq. 16
+        return (top_values + ClusterBroadcast.apply(bottom_values, clusters)).to(input_dtype)  # eq. 15
