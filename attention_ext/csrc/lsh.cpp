@@ -1,0 +1,816 @@
+// Reformer (LSH) chunked attention on CPU, forward and backward.
+//
+// Python (attention_ext/lsh.py) draws the random rotations; `lsh_hash` here projects the
+// queries onto them, takes the buckets and sorts the positions by (bucket, position), and
+// `lsh_attention_forward/backward` do the chunked attention.
+//
+// Inputs (made contiguous):
+//   q          : (B, H, N, E)  queries; the keys are the unit-normalised queries
+//                k_j = q_j / max(||q_j||, 1e-12) (torch.nn.functional.normalize), computed
+//                here on the fly, and backward includes the normalisation's gradient
+//   v          : (B, H, N, Ev) values
+//   order      : (B, H, R, N)  int64; per round, the first lengths[b] entries are
+//                the valid positions sorted by (bucket, position); the rest is ignored
+//   lengths    : (B,)          int64 valid lengths
+// For a sequence of valid length L, round r splits order[b, h, r, :L] into
+// n = ceil(L / chunk) chunks; the queries of chunk c attend to the keys of chunk c
+// and of chunk (c - 1) mod n (only when n > 1, so no key is counted twice). A query
+// never attends to itself unless it is the only key of its window (L == 1).
+//
+// Rounds are combined so that the result is exact softmax attention over the union
+// of the rounds' windows, each key counted once (Reformer, appendix "multi-round
+// LSH attention"): in round r the logit of key j for query i is lowered by
+// log(n_ij), n_ij = the number of rounds whose window of i holds j, and the round
+// outputs are merged by their log-sum-exp. out and lse (the total log-sum-exp of
+// each query, 0 for padded queries) are returned; backward recomputes the logits.
+//
+// Parallelism: one parallel region per round (torch's intra-op threads via
+// at::parallel_for), whose threads pop tasks from a shared counter. A task is a group of
+// kChunksPerTask consecutive chunks of one (batch, head). Forward: each query row is owned
+// by one task per round. Backward: a chunk also writes key/value gradients into its
+// previous chunk; the rows a group's first chunk writes into another group are buffered and
+// added after the region, so no two tasks touch the same rows.
+#include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+#include <vector>
+
+namespace {
+
+int64_t chunk_count(int64_t valid, int64_t chunk) { return (valid + chunk - 1) / chunk; }
+
+// Tasks per thread at least, so that small problems run inline: a parallel region costs
+// tens of microseconds, and far more when other processes hold the cores.
+int64_t grain_for(int64_t work_per_task, int64_t work_per_grain = 1 << 18) {
+  return std::max<int64_t>(1, work_per_grain / std::max<int64_t>(1, work_per_task));
+}
+
+int64_t previous_chunk(int64_t c, int64_t chunks) { return (c + chunks - 1) % chunks; }
+
+// Task indices 0..tasks-1 handed out one at a time to the threads of a parallel region.
+// Unlike at::parallel_for's fixed split, a thread that another process preempts does not
+// keep half the work: the others take the remaining tasks (the cores are often shared).
+class TaskQueue {
+ public:
+  explicit TaskQueue(int64_t tasks) : tasks_(tasks) {}
+  bool pop(int64_t& task) {
+    task = next_.fetch_add(1, std::memory_order_relaxed);
+    return task < tasks_;
+  }
+
+ private:
+  const int64_t tasks_;
+  std::atomic<int64_t> next_{0};
+};
+
+// Runs worker(queue) on up to tasks / grain of torch's intra-op threads (inline when that
+// is one); each worker sets up its scratch buffers once, then pops tasks until none is left.
+template <typename Worker>
+void run_tasks(int64_t tasks, int64_t grain, const Worker& worker) {
+  TaskQueue queue(tasks);
+  const int64_t workers = std::min<int64_t>(at::get_num_threads(), chunk_count(tasks, grain));
+  at::parallel_for(0, std::max<int64_t>(workers, 1), 1,
+                   [&](int64_t, int64_t) { worker(queue); });
+}
+
+// exp over an array. float: a Cephes-style polynomial the compiler vectorises (relative
+// error < 1e-7; inputs below -87 give ~1e-38 instead of 0, immaterial next to the row's
+// maximum of 1); double: std::exp, so float64 gradchecks see libm accuracy.
+inline void exp_inplace(double* x, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
+}
+
+inline void exp_inplace(float* __restrict x, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) {
+    float v = x[i];
+    v = v > -87.0f ? v : -87.0f;
+    v = v < 88.0f ? v : 88.0f;
+    // round(v / ln 2) by the 1.5 * 2^23 trick (std::floor would not vectorise)
+    const float fx = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
+    float r = v - fx * 0.693359375f;
+    r = r - fx * -2.12194440e-4f;
+    const float z = r * r;
+    float y = 1.9875691500e-4f;
+    y = y * r + 1.3981999507e-3f;
+    y = y * r + 8.3334519073e-3f;
+    y = y * r + 4.1665795894e-2f;
+    y = y * r + 1.6666665459e-1f;
+    y = y * r + 5.0000001201e-1f;
+    y = y * z + r + 1.0f;
+    const int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
+    x[i] = y * __builtin_bit_cast(float, bits);
+  }
+}
+
+template <typename T>
+inline void copy_row(T* __restrict dst, const T* __restrict src, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] = src[i];
+}
+
+// Asks the cache for rows (positions[0..count) of a (N, width) array) needed soon: a
+// chunk's rows are scattered over the sequence, so fetching the next chunk's rows while
+// this one computes hides most of the memory latency.
+template <typename T>
+inline void prefetch_rows(const T* base, const int64_t* positions, int64_t count, int64_t width) {
+  for (int64_t i = 0; i < count; ++i) {
+    const char* row = reinterpret_cast<const char*>(base + positions[i] * width);
+    for (int64_t byte = 0; byte < width * static_cast<int64_t>(sizeof(T)); byte += 64)
+      __builtin_prefetch(row + byte);
+  }
+}
+
+template <typename T>
+inline void add_row(T* __restrict dst, const T* __restrict src, int64_t n) {
+#pragma omp simd
+  for (int64_t i = 0; i < n; ++i) dst[i] += src[i];
+}
+
+// Shapes and raw pointers shared by the forward and backward passes.
+struct LshProblem {
+  int64_t batch, heads, rounds, length, dim, value_dim, chunk, max_chunks;
+  const int64_t* order;    // (B, H, R, N)
+  const int64_t* lengths;  // (B,)
+  const int32_t* chunk_of; // (B, H, R, N): chunk of each valid position per round (rounds > 1)
+
+  int64_t valid(int64_t b) const { return lengths[b]; }
+  const int64_t* round_order(int64_t bh, int64_t r) const {
+    return order + (bh * rounds + r) * length;
+  }
+  const int32_t* round_chunk_of(int64_t bh, int64_t r) const {
+    return chunk_of + (bh * rounds + r) * length;
+  }
+};
+
+// Checks that each round's first L entries are a permutation of 0..L-1 (a wrong
+// order would read out of bounds) and records every position's chunk per round.
+void index_chunks(const LshProblem& p, int32_t* chunk_of) {
+  const int64_t tasks = p.batch * p.heads * p.rounds;
+  run_tasks(tasks, grain_for(8 * p.length), [&](TaskQueue& queue) {
+    std::vector<char> seen(p.length);
+    for (int64_t t; queue.pop(t);) {
+      const int64_t bh = t / p.rounds, r = t % p.rounds, b = bh / p.heads;
+      const int64_t valid = p.valid(b);
+      const int64_t* order = p.round_order(bh, r);
+      int32_t* chunks = chunk_of + (bh * p.rounds + r) * p.length;
+      std::fill(seen.begin(), seen.end(), 0);
+      for (int64_t s = 0; s < valid; ++s) {
+        const int64_t pos = order[s];
+        TORCH_CHECK(pos >= 0 && pos < valid && !seen[pos],
+                    "lsh attention: order[", b, ", :, ", r, ", :", valid,
+                    "] must be a permutation of the valid positions 0..", valid - 1);
+        seen[pos] = 1;
+        chunks[pos] = static_cast<int32_t>(s / p.chunk);
+      }
+    }
+  });
+}
+
+// --- Small dense products on per-chunk buffers ------------------------------------------
+// A chunk's matrices are at most (2 * chunk) x max(E, chunk); a register-tiled loop
+// (ROWS x COLS accumulators, COLS a multiple of one SIMD vector) that the compiler
+// vectorises beats calling a BLAS on such sizes. The B operand and C are row-major with
+// column counts padded to kLanes; A is read one element at a time, with any strides, so a
+// transposed A costs nothing.
+template <typename T>
+constexpr int64_t kLanes = 64 / sizeof(T);  // one 512-bit vector (two 256-bit ones)
+
+inline int64_t round_up(int64_t x, int64_t multiple) {
+  return (x + multiple - 1) / multiple * multiple;
+}
+
+struct Strides {  // element (r, k) of A lives at a[r * row + k * col]
+  int64_t row, col;
+};
+
+template <typename T, int ROWS, int COLS>
+inline void gemm_tile(const T* __restrict a, Strides as, const T* __restrict b, int64_t ldb,
+                      T* __restrict c, int64_t ldc, int64_t depth) {
+  T acc[ROWS][COLS];
+  for (int r = 0; r < ROWS; ++r)
+#pragma omp simd
+    for (int j = 0; j < COLS; ++j) acc[r][j] = 0;
+  for (int64_t k = 0; k < depth; ++k) {
+    const T* b_row = b + k * ldb;
+    for (int r = 0; r < ROWS; ++r) {
+      const T a_rk = a[r * as.row + k * as.col];
+#pragma omp simd
+      for (int j = 0; j < COLS; ++j) acc[r][j] += a_rk * b_row[j];
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    T* c_row = c + r * ldc;
+#pragma omp simd
+    for (int j = 0; j < COLS; ++j) c_row[j] = acc[r][j];
+  }
+}
+
+template <typename T, int COLS>
+inline void gemm_columns(const T* a, Strides as, const T* b, int64_t ldb, T* c, int64_t ldc,
+                         int64_t rows, int64_t depth) {
+  int64_t r = 0;
+  for (; r + 4 <= rows; r += 4)
+    gemm_tile<T, 4, COLS>(a + r * as.row, as, b, ldb, c + r * ldc, ldc, depth);
+  for (; r < rows; ++r)
+    gemm_tile<T, 1, COLS>(a + r * as.row, as, b, ldb, c + r * ldc, ldc, depth);
+}
+
+// c (rows x cols) = a (rows x depth) . b (depth x cols); cols a multiple of kLanes<T>.
+template <typename T>
+void small_gemm(const T* a, Strides as, const T* b, int64_t ldb, T* c, int64_t ldc,
+                int64_t rows, int64_t depth, int64_t cols) {
+  constexpr int W = static_cast<int>(kLanes<T>);
+  int64_t j = 0;
+  for (; j + 2 * W <= cols; j += 2 * W)
+    gemm_columns<T, 2 * W>(a, as, b + j, ldb, c + j, ldc, rows, depth);
+  for (; j < cols; j += W) gemm_columns<T, W>(a, as, b + j, ldb, c + j, ldc, rows, depth);
+}
+
+// --- One chunk's window in one round ------------------------------------------------------
+// The scores are kept transposed, keys x queries ("key-major"): softmax statistics then
+// vectorise across queries, and only the chunk's query-side matrices need transposing.
+// Keys are the chunk's own positions first (in sorted order; so key qi is query qi's
+// own key), then the previous chunk's.
+template <typename T>
+constexpr T kNormEps = T(1e-12);  // torch.nn.functional.normalize's default eps
+
+template <typename T>
+struct ChunkWindow {
+  int64_t chunk, dim, value_dim, dim_pad, value_pad, query_pad;
+  bool backward;
+  std::vector<int64_t> query_pos, key_pos;
+  std::vector<T> key_inv_norm;     // (2 chunk,): 1 / max(||q_j||, eps) of each key
+  std::vector<char> key_clamped;   // (2 chunk,): ||q_j|| < eps (the norm is the constant eps)
+  std::vector<T> q_t;          // (dim, query_pad)              queries transposed
+  std::vector<T> keys_rows;    // (2 chunk, dim_pad)           unit keys
+  std::vector<T> values_rows;  // (2 chunk, value_pad)
+  std::vector<T> q_rows;       // (chunk, dim_pad)                backward only
+  std::vector<int32_t> key_chunks;    // (rounds, 2 chunk): each key's chunk in every round
+  std::vector<int32_t> query_chunks;  // (rounds, 2, query_pad): each query's own and previous chunk
+  std::vector<int32_t> counts;        // (query_pad,)
+  int64_t queries = 0, keys = 0, chunks = 0;
+
+  ChunkWindow(int64_t chunk_, int64_t dim_, int64_t value_dim_, int64_t rounds, bool backward_)
+      : chunk(chunk_), dim(dim_), value_dim(value_dim_),
+        dim_pad(round_up(dim_, kLanes<T>)), value_pad(round_up(value_dim_, kLanes<T>)),
+        query_pad(round_up(chunk_, kLanes<T>)), backward(backward_), query_pos(chunk_),
+        key_pos(2 * chunk_), key_inv_norm(2 * chunk_), key_clamped(2 * chunk_),
+        q_t(dim_ * query_pad, T(0)), keys_rows(2 * chunk_ * dim_pad, T(0)),
+        values_rows(2 * chunk_ * value_pad, T(0)),
+        q_rows(backward_ ? chunk_ * dim_pad : 0, T(0)),
+        key_chunks(rounds > 1 ? rounds * 2 * chunk_ : 0),
+        query_chunks(rounds > 1 ? rounds * 2 * query_pad : 0), counts(query_pad) {}
+
+  void gather(const LshProblem& p, int64_t bh, int64_t r, int64_t c, const T* q_bh,
+              const T* values_bh) {
+    const int64_t valid = p.valid(bh / p.heads);
+    const int64_t* order = p.round_order(bh, r);
+    chunks = chunk_count(valid, p.chunk);
+    const int64_t begin = c * p.chunk, end = std::min(begin + p.chunk, valid);
+    queries = keys = 0;
+    for (int64_t s = begin; s < end; ++s) query_pos[queries++] = key_pos[keys++] = order[s];
+    if (chunks > 1) {
+      const int64_t prev = previous_chunk(c, chunks);
+      const int64_t prev_end = std::min(prev * p.chunk + p.chunk, valid);
+      for (int64_t s = prev * p.chunk; s < prev_end; ++s) key_pos[keys++] = order[s];
+    }
+    for (int64_t i = 0; i < queries; ++i) {
+      const T* q_row = q_bh + query_pos[i] * dim;
+      for (int64_t e = 0; e < dim; ++e) q_t[e * query_pad + i] = q_row[e];
+      if (backward) copy_row(&q_rows[i * dim_pad], q_row, dim);
+    }
+    // Query columns past the last query must read as zero.
+    for (int64_t e = 0; e < dim; ++e)
+      std::fill(&q_t[e * query_pad + queries], &q_t[(e + 1) * query_pad], T(0));
+    for (int64_t j = 0; j < keys; ++j) {
+      const T* q_row = q_bh + key_pos[j] * dim;
+      T squares = 0;
+#pragma omp simd reduction(+ : squares)
+      for (int64_t e = 0; e < dim; ++e) squares += q_row[e] * q_row[e];
+      const T norm = std::sqrt(squares);
+      key_clamped[j] = norm < kNormEps<T>;
+      key_inv_norm[j] = T(1) / (key_clamped[j] ? kNormEps<T> : norm);
+      T* k_row = &keys_rows[j * dim_pad];
+      const T inv = key_inv_norm[j];
+#pragma omp simd
+      for (int64_t e = 0; e < dim; ++e) k_row[e] = q_row[e] * inv;
+      copy_row(&values_rows[j * value_pad], values_bh + key_pos[j] * value_dim, value_dim);
+    }
+    if (p.rounds > 1) {
+      for (int64_t other = 0; other < p.rounds; ++other) {
+        const int32_t* chunk_of = p.round_chunk_of(bh, other);
+        for (int64_t j = 0; j < keys; ++j) key_chunks[other * 2 * chunk + j] = chunk_of[key_pos[j]];
+        int32_t* own = &query_chunks[(other * 2) * query_pad];
+        int32_t* prev = &query_chunks[(other * 2 + 1) * query_pad];
+        for (int64_t i = 0; i < queries; ++i) {
+          own[i] = chunk_of[query_pos[i]];
+          prev[i] = chunks > 1 ? static_cast<int32_t>(previous_chunk(own[i], chunks)) : own[i];
+        }
+      }
+    }
+  }
+
+  // Turns a gradient g with respect to unit key j into one with respect to its query
+  // q_j: (g - k_j (k_j . g)) / ||q_j||, or g / eps where the norm was clamped.
+  void unit_key_backward(int64_t j, T* g) const {
+    const T inv = key_inv_norm[j];
+    if (key_clamped[j]) {
+#pragma omp simd
+      for (int64_t e = 0; e < dim; ++e) g[e] *= inv;
+      return;
+    }
+    const T* k_row = &keys_rows[j * dim_pad];
+    T dot = 0;
+#pragma omp simd reduction(+ : dot)
+    for (int64_t e = 0; e < dim; ++e) dot += k_row[e] * g[e];
+#pragma omp simd
+    for (int64_t e = 0; e < dim; ++e) g[e] = (g[e] - k_row[e] * dot) * inv;
+  }
+
+  // Turns the raw products q_i . k_j of key row j (one entry per query) into logits:
+  // times 1/sqrt(E), minus log n_ij when rounds > 1 (n_ij = the rounds whose window of
+  // query i holds key j, this round included).
+  void logits_of_key(const LshProblem& p, int64_t r, int64_t j, const T* log_table, T scale,
+                     T* row) {
+    if (p.rounds > 1) {
+      int32_t* n = counts.data();
+      for (int64_t i = 0; i < queries; ++i) n[i] = 1;
+      for (int64_t other = 0; other < p.rounds; ++other) {
+        if (other == r) continue;
+        const int32_t key_chunk = key_chunks[other * 2 * chunk + j];
+        const int32_t* own = &query_chunks[(other * 2) * query_pad];
+        const int32_t* prev = &query_chunks[(other * 2 + 1) * query_pad];
+#pragma omp simd
+        for (int64_t i = 0; i < queries; ++i) n[i] += (own[i] == key_chunk) | (prev[i] == key_chunk);
+      }
+#pragma omp simd
+      for (int64_t i = 0; i < queries; ++i) row[i] = row[i] * scale - log_table[n[i]];
+    } else {
+#pragma omp simd
+      for (int64_t i = 0; i < queries; ++i) row[i] *= scale;
+    }
+  }
+};
+
+template <typename T>
+std::vector<T> log_count_table(int64_t rounds) {
+  std::vector<T> table(rounds + 1, 0);
+  for (int64_t n = 1; n <= rounds; ++n) table[n] = static_cast<T>(std::log(double(n)));
+  return table;
+}
+
+// Tasks own groups of this many consecutive chunks of one (batch, head) and round, so a
+// task can prefetch its next chunk's rows.
+constexpr int64_t kChunksPerTask = 4;
+
+template <typename T>
+void forward_kernel(const LshProblem& p, const T* q, const T* values, T* out, T* lse) {
+  const int64_t E = p.dim, Ev = p.value_dim, N = p.length, C = p.chunk;
+  const T scale = static_cast<T>(1.0 / std::sqrt(double(E)));
+  const T infinity = std::numeric_limits<T>::infinity();
+  const auto log_table = log_count_table<T>(p.rounds);
+  const int64_t groups = chunk_count(p.max_chunks, kChunksPerTask);
+  const int64_t tasks = p.batch * p.heads * groups;
+  const int64_t grain = grain_for(4 * kChunksPerTask * C * C * (E + Ev));
+  for (int64_t r = 0; r < p.rounds; ++r) {
+    run_tasks(tasks, grain, [&](TaskQueue& queue) {
+      ChunkWindow<T> w(C, E, Ev, p.rounds, /*backward=*/false);
+      const int64_t Cp = w.query_pad;
+      std::vector<T> scores(2 * C * Cp), mixed(C * w.value_pad);
+      std::vector<T> max_logit(Cp), total(Cp);
+      for (int64_t t; queue.pop(t);) {
+        const int64_t bh = t / groups, group = t % groups;
+        const int64_t valid = p.valid(bh / p.heads), chunks = chunk_count(valid, C);
+        const int64_t first = group * kChunksPerTask;
+        const int64_t last = std::min(first + kChunksPerTask, chunks);
+        const int64_t base = bh * N * E, value_base = bh * N * Ev;
+        const int64_t* order = p.round_order(bh, r);
+        for (int64_t c = first; c < last; ++c) {
+          w.gather(p, bh, r, c, q + base, values + value_base);
+          if (c + 1 < last) {
+            const int64_t next = (c + 1) * C, count = std::min(C, valid - next);
+            prefetch_rows(q + base, order + next, count, E);
+            prefetch_rows(values + value_base, order + next, count, Ev);
+            if (r > 0) prefetch_rows(out + value_base, order + next, count, Ev);
+          }
+          const int64_t Q = w.queries, K = w.keys;
+          // scores[j][i] = q_i . k_j
+          small_gemm<T>(w.keys_rows.data(), {w.dim_pad, 1}, w.q_t.data(), Cp, scores.data(), Cp,
+                        K, E, Cp);
+          const bool mask_self = K > 1;  // key qi is query qi itself
+          std::fill(max_logit.begin(), max_logit.end(), -infinity);
+          for (int64_t j = 0; j < K; ++j) {
+            T* row = &scores[j * Cp];
+            w.logits_of_key(p, r, j, log_table.data(), scale, row);
+            if (mask_self && j < Q) row[j] = -infinity;
+#pragma omp simd
+            for (int64_t i = 0; i < Q; ++i) max_logit[i] = std::max(max_logit[i], row[i]);
+          }
+          std::fill(total.begin(), total.end(), T(0));
+          for (int64_t j = 0; j < K; ++j) {
+            T* row = &scores[j * Cp];
+#pragma omp simd
+            for (int64_t i = 0; i < Q; ++i) row[i] -= max_logit[i];
+            exp_inplace(row, Q);
+            if (mask_self && j < Q) row[j] = 0;
+#pragma omp simd
+            for (int64_t i = 0; i < Q; ++i) total[i] += row[i];
+          }
+          // mixed[i] = sum_j weight_ij v_j, weights read transposed from scores
+          small_gemm<T>(scores.data(), {1, Cp}, w.values_rows.data(), w.value_pad, mixed.data(),
+                        w.value_pad, Q, K, w.value_pad);
+          for (int64_t i = 0; i < Q; ++i) {
+            const int64_t pos = w.query_pos[i];
+            const T* o = &mixed[i * w.value_pad];
+            T* out_row = out + value_base + pos * Ev;
+            T& row_lse = lse[bh * N + pos];
+            const T round_lse = max_logit[i] + std::log(total[i]);
+            if (r == 0) {
+              const T inv = T(1) / total[i];
+              for (int64_t e = 0; e < Ev; ++e) out_row[e] = o[e] * inv;
+              row_lse = round_lse;
+            } else {  // merge with the earlier rounds by log-sum-exp
+              const T merged = std::max(row_lse, round_lse) +
+                               std::log1p(std::exp(-std::abs(row_lse - round_lse)));
+              const T keep = std::exp(row_lse - merged);
+              const T add = std::exp(round_lse - merged) / total[i];
+              for (int64_t e = 0; e < Ev; ++e) out_row[e] = out_row[e] * keep + o[e] * add;
+              row_lse = merged;
+            }
+          }
+        }
+      }
+    });
+  }
+}
+
+template <typename T>
+void backward_kernel(const LshProblem& p, const T* grad_out, const T* q, const T* values,
+                     const T* out, const T* lse, T* grad_q, T* grad_values) {
+  const int64_t E = p.dim, Ev = p.value_dim, N = p.length, C = p.chunk;
+  const T scale = static_cast<T>(1.0 / std::sqrt(double(E)));
+  const auto log_table = log_count_table<T>(p.rounds);
+  const int64_t groups = chunk_count(p.max_chunks, kChunksPerTask);
+  const int64_t tasks = p.batch * p.heads * groups;
+  // A group's first chunk also writes key/value gradients into the chunk before it,
+  // which another task owns: those rows go to the task's boundary slot and are added
+  // after the parallel region.
+  std::vector<T> boundary_dk(tasks * C * E), boundary_dv(tasks * C * Ev);
+  std::vector<int64_t> boundary_pos(tasks * C), boundary_rows(tasks);
+  const int64_t grain = grain_for(10 * kChunksPerTask * C * C * (E + Ev));
+  for (int64_t r = 0; r < p.rounds; ++r) {
+    std::fill(boundary_rows.begin(), boundary_rows.end(), 0);
+    run_tasks(tasks, grain, [&](TaskQueue& queue) {
+      ChunkWindow<T> w(C, E, Ev, p.rounds, /*backward=*/true);
+      const int64_t Cp = w.query_pad;
+      std::vector<T> prob(2 * C * Cp), dlogit(2 * C * Cp);
+      std::vector<T> go_rows(C * w.value_pad, T(0)), go_t(Ev * Cp, T(0));
+      std::vector<T> row_lse(Cp), go_dot_out(Cp);
+      std::vector<T> dq(C * w.dim_pad), dk(2 * C * w.dim_pad), dv(2 * C * w.value_pad);
+      for (int64_t t; queue.pop(t);) {
+        const int64_t bh = t / groups, group = t % groups;
+        const int64_t chunks = chunk_count(p.valid(bh / p.heads), C);
+        const int64_t first = group * kChunksPerTask;
+        const int64_t last = std::min(first + kChunksPerTask, chunks);
+        const int64_t base = bh * N * E, value_base = bh * N * Ev;
+        if (r == 0) {
+          // The gradients start uninitialised: a task zeroes the rows of its chunks before
+          // anything writes them (only their owner writes rows during the region).
+          const int64_t* order = p.round_order(bh, 0);
+          const int64_t end_slot = std::min(last * C, p.valid(bh / p.heads));
+          for (int64_t s = first * C; s < end_slot; ++s) {
+            std::fill_n(grad_q + base + order[s] * E, E, T(0));
+            std::fill_n(grad_values + value_base + order[s] * Ev, Ev, T(0));
+          }
+        }
+        for (int64_t c = first; c < last; ++c) {
+          w.gather(p, bh, r, c, q + base, values + value_base);
+          const int64_t next = (c + 1) * C, valid = p.valid(bh / p.heads);
+          if (c + 1 < last) {
+            const int64_t* next_pos = p.round_order(bh, r) + next;
+            const int64_t count = std::min(C, valid - next);
+            prefetch_rows(q + base, next_pos, count, E);
+            prefetch_rows(values + value_base, next_pos, count, Ev);
+            prefetch_rows(grad_out + value_base, next_pos, count, Ev);
+            prefetch_rows(out + value_base, next_pos, count, Ev);
+          }
+          const int64_t Q = w.queries, K = w.keys;
+          for (int64_t i = 0; i < Q; ++i) {
+            const int64_t pos = w.query_pos[i];
+            const T* go = grad_out + value_base + pos * Ev;
+            const T* o = out + value_base + pos * Ev;
+            copy_row(&go_rows[i * w.value_pad], go, Ev);
+            T dot = 0;
+            for (int64_t e = 0; e < Ev; ++e) {
+              go_t[e * Cp + i] = go[e];
+              dot += go[e] * o[e];
+            }
+            go_dot_out[i] = dot;
+            row_lse[i] = lse[bh * N + pos];
+          }
+          for (int64_t e = 0; e < Ev; ++e) std::fill(&go_t[e * Cp + Q], &go_t[(e + 1) * Cp], T(0));
+          // prob[j][i] = q_i . k_j for now; dlogit[j][i] = dO_i . v_j
+          small_gemm<T>(w.keys_rows.data(), {w.dim_pad, 1}, w.q_t.data(), Cp, prob.data(), Cp, K,
+                        E, Cp);
+          small_gemm<T>(w.values_rows.data(), {w.value_pad, 1}, go_t.data(), Cp, dlogit.data(), Cp,
+                        K, Ev, Cp);
+          const bool mask_self = K > 1;
+          for (int64_t j = 0; j < K; ++j) {
+            // prob: this entry's share of the total softmax (lse holds all rounds);
+            // dlogit = prob * (dO_i . v_j - dO_i . o_i), times 1/sqrt(E) for d/d(q_i . k_j).
+            T* p_row = &prob[j * Cp];
+            T* d_row = &dlogit[j * Cp];
+            w.logits_of_key(p, r, j, log_table.data(), scale, p_row);
+#pragma omp simd
+            for (int64_t i = 0; i < Q; ++i) p_row[i] -= row_lse[i];
+            exp_inplace(p_row, Q);
+            if (mask_self && j < Q) p_row[j] = 0;
+#pragma omp simd
+            for (int64_t i = 0; i < Q; ++i) d_row[i] = p_row[i] * (d_row[i] - go_dot_out[i]) * scale;
+          }
+          // dq = dlogit^T keys, dk = dlogit q (then through the key normalisation), dv = prob dO
+          small_gemm<T>(dlogit.data(), {1, Cp}, w.keys_rows.data(), w.dim_pad, dq.data(), w.dim_pad,
+                        Q, K, w.dim_pad);
+          small_gemm<T>(dlogit.data(), {Cp, 1}, w.q_rows.data(), w.dim_pad, dk.data(), w.dim_pad, K,
+                        Q, w.dim_pad);
+          small_gemm<T>(prob.data(), {Cp, 1}, go_rows.data(), w.value_pad, dv.data(), w.value_pad,
+                        K, Q, w.value_pad);
+          for (int64_t i = 0; i < Q; ++i)
+            add_row(grad_q + base + w.query_pos[i] * E, &dq[i * w.dim_pad], E);
+          // Keys 0..Q-1 are this chunk's own; keys Q..K-1 the previous chunk's.
+          const int64_t prev = previous_chunk(c, chunks);
+          const bool prev_owned = prev >= first && prev < last;
+          for (int64_t j = 0; j < K; ++j) {
+            w.unit_key_backward(j, &dk[j * w.dim_pad]);
+            if (j >= Q && !prev_owned) {
+              const int64_t slot = t * C + boundary_rows[t]++;
+              boundary_pos[slot] = w.key_pos[j];
+              copy_row(&boundary_dk[slot * E], &dk[j * w.dim_pad], E);
+              copy_row(&boundary_dv[slot * Ev], &dv[j * w.value_pad], Ev);
+              continue;
+            }
+            add_row(grad_q + base + w.key_pos[j] * E, &dk[j * w.dim_pad], E);
+            add_row(grad_values + value_base + w.key_pos[j] * Ev, &dv[j * w.value_pad], Ev);
+          }
+        }
+      }
+    });
+    for (int64_t t = 0; t < tasks; ++t) {
+      const int64_t bh = t / groups;
+      for (int64_t row = 0; row < boundary_rows[t]; ++row) {
+        const int64_t slot = t * C + row, pos = boundary_pos[slot];
+        add_row(grad_q + bh * N * E + pos * E, &boundary_dk[slot * E], E);
+        add_row(grad_values + bh * N * Ev + pos * Ev, &boundary_dv[slot * Ev], Ev);
+      }
+    }
+  }
+}
+
+struct PreparedInputs {
+  at::Tensor order, lengths, chunk_of;
+  LshProblem problem;
+};
+
+PreparedInputs prepare(const at::Tensor& q, const at::Tensor& v, const at::Tensor& order_in,
+                       const at::Tensor& lengths_in, int64_t chunk_size) {
+  TORCH_CHECK(q.dim() == 4, "lsh attention: q must be (B, H, N, E), got ", q.sizes());
+  TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) &&
+                  v.size(2) == q.size(2),
+              "lsh attention: v must share (B, H, N) with q; got ", q.sizes(), ", ", v.sizes());
+  TORCH_CHECK(v.scalar_type() == q.scalar_type(), "lsh attention: q and v must share one dtype");
+  TORCH_CHECK(chunk_size >= 1, "lsh attention: chunk_size must be >= 1, got ", chunk_size);
+  TORCH_CHECK(order_in.dim() == 4 && order_in.size(0) == q.size(0) &&
+                  order_in.size(1) == q.size(1) && order_in.size(3) == q.size(2) &&
+                  order_in.size(2) >= 1,
+              "lsh attention: order must be (B, H, rounds, N) for q ", q.sizes(), ", got ",
+              order_in.sizes());
+  TORCH_CHECK(lengths_in.dim() == 1 && lengths_in.size(0) == q.size(0),
+              "lsh attention: lengths must be (B,), got ", lengths_in.sizes());
+  PreparedInputs prepared;
+  prepared.order = order_in.to(at::kLong).contiguous();
+  prepared.lengths = lengths_in.to(at::kLong).contiguous();
+  LshProblem& p = prepared.problem;
+  p.batch = q.size(0);
+  p.heads = q.size(1);
+  p.rounds = order_in.size(2);
+  p.length = q.size(2);
+  p.dim = q.size(3);
+  p.value_dim = v.size(3);
+  p.order = prepared.order.data_ptr<int64_t>();
+  p.lengths = prepared.lengths.data_ptr<int64_t>();
+  int64_t longest = 0;
+  for (int64_t b = 0; b < p.batch; ++b) {
+    TORCH_CHECK(p.lengths[b] >= 0 && p.lengths[b] <= p.length, "lsh attention: lengths[", b,
+                "] = ", p.lengths[b], " is outside [0, ", p.length, "]");
+    longest = std::max(longest, p.lengths[b]);
+  }
+  // A chunk longer than the longest sequence behaves like one of exactly that length
+  // (one chunk per sequence); clamping keeps the per-thread buffers small.
+  p.chunk = std::min(chunk_size, std::max<int64_t>(longest, 1));
+  p.max_chunks = chunk_count(longest, p.chunk);
+  prepared.chunk_of = at::empty({p.batch, p.heads, p.rounds, p.length}, at::kInt);
+  index_chunks(p, prepared.chunk_of.data_ptr<int32_t>());
+  p.chunk_of = prepared.chunk_of.data_ptr<int32_t>();
+  return prepared;
+}
+
+// Zeroes the rows of padded positions (b, :, lengths[b]:) of a (B, H, N, ...) tensor;
+// the kernels write every valid row.
+void zero_padded_rows(at::Tensor& t, const LshProblem& p) {
+  for (int64_t b = 0; b < p.batch; ++b)
+    if (p.lengths[b] < p.length) t.select(0, b).narrow(1, p.lengths[b], p.length - p.lengths[b]).zero_();
+}
+
+std::tuple<at::Tensor, at::Tensor> lsh_attention_forward_cpu(const at::Tensor& q_in,
+                                                             const at::Tensor& v_in,
+                                                             const at::Tensor& order,
+                                                             const at::Tensor& lengths,
+                                                             int64_t chunk_size) {
+  const PreparedInputs prepared = prepare(q_in, v_in, order, lengths, chunk_size);
+  const at::Tensor q = q_in.contiguous(), v = v_in.contiguous();
+  at::Tensor out = at::empty_like(v, at::MemoryFormat::Contiguous);
+  at::Tensor lse = at::empty({q.size(0), q.size(1), q.size(2)}, q.options());
+  zero_padded_rows(out, prepared.problem);
+  zero_padded_rows(lse, prepared.problem);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "lsh_attention_forward", [&] {
+    forward_kernel<scalar_t>(prepared.problem, q.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                             out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>());
+  });
+  return {out, lse};
+}
+
+std::tuple<at::Tensor, at::Tensor> lsh_attention_backward_cpu(
+    const at::Tensor& grad_out_in, const at::Tensor& q_in, const at::Tensor& v_in,
+    const at::Tensor& order, const at::Tensor& lengths, const at::Tensor& out_in,
+    const at::Tensor& lse_in, int64_t chunk_size) {
+  const PreparedInputs prepared = prepare(q_in, v_in, order, lengths, chunk_size);
+  TORCH_CHECK(grad_out_in.sizes() == v_in.sizes() && out_in.sizes() == v_in.sizes(),
+              "lsh attention backward: grad_out and out must have the shape of v");
+  const at::Tensor q = q_in.contiguous(), v = v_in.contiguous();
+  const at::Tensor grad_out = grad_out_in.to(q.scalar_type()).contiguous();
+  const at::Tensor out = out_in.contiguous(), lse = lse_in.contiguous();
+  // Valid rows are zeroed by the kernel's first round, next to their first use.
+  at::Tensor grad_q = at::empty_like(q, at::MemoryFormat::Contiguous);
+  at::Tensor grad_v = at::empty_like(v, at::MemoryFormat::Contiguous);
+  zero_padded_rows(grad_q, prepared.problem);
+  zero_padded_rows(grad_v, prepared.problem);
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "lsh_attention_backward", [&] {
+    backward_kernel<scalar_t>(prepared.problem, grad_out.data_ptr<scalar_t>(),
+                              q.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
+                              out.data_ptr<scalar_t>(), lse.data_ptr<scalar_t>(),
+                              grad_q.data_ptr<scalar_t>(), grad_v.data_ptr<scalar_t>());
+  });
+  return {grad_q, grad_v};
+}
+
+// --- Bucketing ------------------------------------------------------------------------
+// rotations (B, H, E, R, P): per round the element's random rotation in its first
+// half_buckets[b] columns (P >= that, a multiple of kLanes; the rest is ignored). The bucket
+// of a valid position is argmax([x, -x]) with x = q R (the unit key's argmax is the same),
+// ties to the first index as torch.argmax. A counting sort then lists the valid positions
+// by (bucket, position), the padded positions after them.
+constexpr int64_t kHashRows = 32;  // positions projected at once
+
+// Index of the largest of x[0..n) (first on ties) and of the smallest; lane-wise first.
+template <typename T>
+inline void arg_extremes(const T* x, int64_t n, int64_t& largest, int64_t& smallest) {
+  constexpr int W = static_cast<int>(kLanes<T>);
+  if (n < W) {
+    largest = smallest = 0;
+    for (int64_t j = 1; j < n; ++j) {
+      if (x[j] > x[largest]) largest = j;
+      if (x[j] < x[smallest]) smallest = j;
+    }
+    return;
+  }
+  T up[W], down[W];
+  int32_t up_at[W], down_at[W];
+  for (int l = 0; l < W; ++l) {
+    up[l] = down[l] = x[l];
+    up_at[l] = down_at[l] = l;
+  }
+  int64_t j = W;
+  for (; j + W <= n; j += W) {
+#pragma omp simd
+    for (int l = 0; l < W; ++l) {
+      const T value = x[j + l];
+      const bool above = value > up[l], below = value < down[l];
+      up[l] = above ? value : up[l];
+      up_at[l] = above ? static_cast<int32_t>(j + l) : up_at[l];
+      down[l] = below ? value : down[l];
+      down_at[l] = below ? static_cast<int32_t>(j + l) : down_at[l];
+    }
+  }
+  largest = up_at[0];
+  smallest = down_at[0];
+  for (int l = 1; l < W; ++l) {
+    if (up[l] > x[largest] || (up[l] == x[largest] && up_at[l] < largest)) largest = up_at[l];
+    if (down[l] < x[smallest] || (down[l] == x[smallest] && down_at[l] < smallest))
+      smallest = down_at[l];
+  }
+  for (; j < n; ++j) {  // tail past the last full vector: later indices, strict comparison
+    if (x[j] > x[largest]) largest = j;
+    if (x[j] < x[smallest]) smallest = j;
+  }
+}
+
+template <typename T>
+void hash_kernel(const T* q, const T* rotations, const int64_t* lengths,
+                 const int64_t* half_buckets, int64_t batch, int64_t heads, int64_t length,
+                 int64_t dim, int64_t rounds, int64_t columns, int64_t* buckets, int64_t* order) {
+  // One task per (batch, head, round): project, take buckets, counting-sort.
+  run_tasks(batch * heads * rounds, grain_for(length * dim * columns), [&](TaskQueue& queue) {
+    std::vector<T> projected(kHashRows * columns);
+    std::vector<int64_t> starts;
+    for (int64_t t; queue.pop(t);) {
+      const int64_t bh = t / rounds, r = t % rounds, b = bh / heads;
+      const int64_t valid = lengths[b], half = half_buckets[b];
+      const T* rotation = rotations + bh * dim * rounds * columns + r * columns;
+      int64_t* bucket = buckets + t * length;
+      int64_t* sorted = order + t * length;
+      for (int64_t first = 0; first < valid; first += kHashRows) {
+        const int64_t rows = std::min(kHashRows, valid - first);
+        small_gemm<T>(q + (bh * length + first) * dim, {dim, 1}, rotation, rounds * columns,
+                      projected.data(), columns, rows, dim, columns);
+        for (int64_t i = 0; i < rows; ++i) {
+          const T* x = &projected[i * columns];
+          int64_t up, down;
+          arg_extremes(x, half, up, down);
+          bucket[first + i] = x[up] >= -x[down] ? up : half + down;
+        }
+      }
+      starts.assign(2 * half + 1, 0);
+      for (int64_t n = 0; n < valid; ++n) ++starts[bucket[n] + 1];
+      for (int64_t k = 0; k < 2 * half; ++k) starts[k + 1] += starts[k];
+      for (int64_t n = 0; n < valid; ++n) sorted[starts[bucket[n]]++] = n;
+      for (int64_t n = valid; n < length; ++n) {
+        bucket[n] = -1;
+        sorted[n] = n;
+      }
+    }
+  });
+}
+
+std::tuple<at::Tensor, at::Tensor> lsh_hash_cpu(const at::Tensor& q_in,
+                                                const at::Tensor& rotations_in,
+                                                const at::Tensor& lengths_in,
+                                                const at::Tensor& half_buckets_in) {
+  TORCH_CHECK(q_in.dim() == 4, "lsh_hash: q must be (B, H, N, E), got ", q_in.sizes());
+  const int64_t batch = q_in.size(0), heads = q_in.size(1), length = q_in.size(2),
+                dim = q_in.size(3);
+  TORCH_CHECK(rotations_in.dim() == 5 && rotations_in.size(0) == batch &&
+                  rotations_in.size(1) == heads && rotations_in.size(2) == dim &&
+                  rotations_in.size(4) % kLanes<float> == 0,
+              "lsh_hash: rotations must be (B, H, E, R, P) with P a multiple of ",
+              kLanes<float>, " for q ", q_in.sizes(), ", got ", rotations_in.sizes());
+  TORCH_CHECK(rotations_in.scalar_type() == q_in.scalar_type(),
+              "lsh_hash: rotations must have the dtype of q");
+  const int64_t rounds = rotations_in.size(3), columns = rotations_in.size(4);
+  TORCH_CHECK(lengths_in.dim() == 1 && lengths_in.size(0) == batch &&
+                  half_buckets_in.dim() == 1 && half_buckets_in.size(0) == batch,
+              "lsh_hash: lengths and half_buckets must be (B,) = (", batch, ",)");
+  const at::Tensor q = q_in.contiguous(), rotations = rotations_in.contiguous();
+  const at::Tensor lengths = lengths_in.to(at::kLong).contiguous();
+  const at::Tensor half_buckets = half_buckets_in.to(at::kLong).contiguous();
+  for (int64_t b = 0; b < batch; ++b) {
+    const int64_t valid = lengths.data_ptr<int64_t>()[b], half = half_buckets.data_ptr<int64_t>()[b];
+    TORCH_CHECK(valid >= 0 && valid <= length, "lsh_hash: lengths[", b, "] = ", valid,
+                " is outside [0, ", length, "]");
+    TORCH_CHECK(half >= 1 && half <= columns, "lsh_hash: half_buckets[", b, "] = ", half,
+                " is outside [1, ", columns, "]");
+  }
+  at::Tensor buckets = at::empty({batch, heads, rounds, length}, lengths.options());
+  at::Tensor order = at::empty({batch, heads, rounds, length}, lengths.options());
+  AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "lsh_hash", [&] {
+    TORCH_CHECK(columns % kLanes<scalar_t> == 0, "lsh_hash: P must be a multiple of ",
+                kLanes<scalar_t>);
+    hash_kernel<scalar_t>(q.data_ptr<scalar_t>(), rotations.data_ptr<scalar_t>(),
+                          lengths.data_ptr<int64_t>(), half_buckets.data_ptr<int64_t>(), batch,
+                          heads, length, dim, rounds, columns, buckets.data_ptr<int64_t>(),
+                          order.data_ptr<int64_t>());
+  });
+  return {buckets, order};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(attention_ext, m) {
+  m.def("lsh_hash(Tensor q, Tensor rotations, Tensor lengths, Tensor half_buckets) "
+        "-> (Tensor buckets, Tensor order)");
+  m.def("lsh_attention_forward(Tensor q, Tensor v, Tensor order, Tensor lengths, int chunk_size) "
+        "-> (Tensor out, Tensor lse)");
+  m.def("lsh_attention_backward(Tensor grad_out, Tensor q, Tensor v, Tensor order, "
+        "Tensor lengths, Tensor out, Tensor lse, int chunk_size) -> (Tensor grad_q, Tensor grad_v)");
+}
+
+TORCH_LIBRARY_IMPL(attention_ext, CPU, m) {
+  m.impl("lsh_hash", &lsh_hash_cpu);
+  m.impl("lsh_attention_forward", &lsh_attention_forward_cpu);
+  m.impl("lsh_attention_backward", &lsh_attention_backward_cpu);
+}

@@ -1,0 +1,158 @@
+"""Reformer LSH attention (Kitaev et al. 2020) for shared queries and keys.
+
+    attn = build_attention("lsh", rounds=4, chunk_size=32)
+    out = attn(q, q, v, lengths)          # k must be q: a model with shared QK projections
+
+What one call does, per sequence b of valid length L and per head:
+
+1. Keys are the unit-normalised queries (see `shared_full`: the Reformer conventions,
+   including "no attention to self unless nothing else is there").
+2. Hashing, `rounds` times independently: draw a random rotation R of shape
+   (E, n_buckets / 2) and put each valid key x in bucket argmax([xR, -xR]).
+   n_buckets = `lsh_bucket_count(L, chunk_size)`: the smallest even number >= L / chunk_size,
+   at least 2, so a bucket holds about one chunk. It depends on the sequence's own
+   length, not on the padded length.
+3. The valid positions are sorted by (bucket, position) and the sorted order is cut into
+   chunks of chunk_size (the last one may be shorter). Each chunk's queries attend to the
+   keys of their own chunk and of the previous chunk, cyclically (chunk 0 looks at the
+   last chunk); with a single chunk only the chunk itself, so no key is counted twice.
+   Padded positions take no part.
+4. Rounds are combined by their log-sum-exp, o = sum_r exp(lse_r - logsumexp_r lse_r) o_r,
+   with duplicates removed as in the paper's multi-round attention (its appendix): in round
+   r the logit of key j is lowered by log(n_ij), n_ij being the number of rounds whose
+   window of query i holds j. The result is exactly softmax attention over the union of
+   the rounds' windows, every key counted once.
+
+Randomness: one seed is drawn from torch's default generator per call
+(`contract.draw_seed`); the rotations of batch element b come from a generator seeded
+with (seed, b). So `torch.manual_seed(s)` makes a call repeatable, and a sequence gets the
+same rotations, buckets and output alone and at index 0 of a padded batch.
+
+Hashing (projection, bucket, sort) and the chunked attention (forward and backward) are
+C++ kernels in csrc/lsh.cpp (`lsh_hash`, `lsh_attention_forward`, `lsh_attention_backward`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from ._ops import ops
+from .contract import check_inputs, draw_seed
+from .registry import Option, register_attention
+from .shared_full import require_shared_qk
+
+_SEED_STRIDE = 0x9E3779B97F4A7C15  # spreads consecutive batch indices over the seed space
+
+
+def lsh_bucket_count(length: int, chunk_size: int) -> int:
+    """Buckets for a sequence of `length` valid positions: even, >= 2, about length / chunk_size."""
+    return 2 * max(1, math.ceil(length / (2 * chunk_size)))
+
+
+def lsh_rotations(seed: int, batch_index: int, heads: int, rounds: int, dim: int,
+                  n_buckets: int) -> torch.Tensor:
+    """The random rotations of one batch element: (heads, rounds, dim, n_buckets // 2) float32.
+
+    Drawn from a CPU generator seeded with (seed, batch_index) only, so a sequence's
+    rotations do not depend on what else is in the batch.
+    """
+    generator = torch.Generator().manual_seed((seed + _SEED_STRIDE * (batch_index + 1)) % 2**63)
+    return torch.randn(heads, rounds, dim, n_buckets // 2, generator=generator)
+
+
+@dataclass
+class LSHHashing:
+    """The outcome of hashing one batch: what the chunked attention needs, plus the rotations."""
+    rotations: list[torch.Tensor]  # per batch element: (H, R, E, n_buckets_b / 2)
+    n_buckets: list[int]           # per batch element
+    buckets: torch.Tensor          # (B, H, R, N) int64; -1 at padded positions
+    # (B, H, R, N) int64: the valid positions sorted by (bucket, position), then the padded ones
+    order: torch.Tensor
+
+
+def lsh_hash(queries: torch.Tensor, lengths: torch.Tensor, rounds: int, chunk_size: int,
+             seed: int) -> LSHHashing:
+    """Buckets and sorted order of the keys of `queries` (B, H, N, E) for every round (no gradient).
+
+    The bucket of a unit key k = q / ||q|| is argmax([kR, -kR]); a positive scale does not
+    change the argmax, so the queries are projected as they are.
+    """
+    batch, heads, length, dim = queries.shape
+    n_buckets = [lsh_bucket_count(valid, chunk_size) for valid in lengths.tolist()]
+    rotations = [lsh_rotations(seed, b, heads, rounds, dim, n_buckets[b]) for b in range(batch)]
+    # The kernel takes every element's rotations zero-padded to one width, a multiple of 16
+    # columns (its SIMD tiles), and uses the first n_buckets[b] / 2 of them.
+    width = -(-max(n_buckets, default=2) // 32) * 16
+    padded = queries.new_zeros(batch, heads, dim, rounds, width)
+    for b, rotation in enumerate(rotations):
+        padded[b, :, :, :, :rotation.shape[-1]] = rotation.permute(0, 2, 1, 3)
+    half_buckets = torch.tensor([n // 2 for n in n_buckets], device=lengths.device)
+    buckets, order = ops.lsh_hash(queries.detach(), padded, lengths, half_buckets)
+    return LSHHashing(rotations, n_buckets, buckets, order)
+
+
+class _LSHChunkedAttentionFunction(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, v, order, lengths, chunk_size):
+        out, lse = ops.lsh_attention_forward(q, v, order, lengths, chunk_size)
+        ctx.save_for_backward(q, v, order, lengths, out, lse)
+        ctx.chunk_size = chunk_size
+        return out
+
+    @staticmethod
+    @torch.autograd.function.once_differentiable
+    def backward(ctx, grad_out):
+        q, v, order, lengths, out, lse = ctx.saved_tensors
+        grad_q, grad_v = ops.lsh_attention_backward(
+            grad_out, q, v, order, lengths, out, lse, ctx.chunk_size)
+        return grad_q, grad_v, None, None, None
+
+
+def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The kernels compute in float32 or float64; half-precision inputs run in float32."""
+    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
+
+
+def lsh_chunked_attention(q: torch.Tensor, v: torch.Tensor, order: torch.Tensor,
+                          lengths: torch.Tensor, chunk_size: int) -> torch.Tensor:
+    """The attention step of LSH for a given sorted order (B, H, R, N), differentiable in q and v.
+
+    The keys are q / ||q|| (computed inside the kernel, gradient included); the self mask,
+    the chunk windows and the multi-round combination are those of the module doc. Any
+    permutation of each sequence's valid positions is accepted as a round's order.
+    """
+    return _LSHChunkedAttentionFunction.apply(q, v, order, lengths, chunk_size)
+
+
+@register_attention("lsh", options=(
+    Option("rounds", 1, 1, help="independent hashing rounds, combined by log-sum-exp"),
+    Option("chunk_size", 32, 1, help="positions per chunk of the sorted buckets"),
+), summary="Reformer LSH attention (needs shared QK: k = q)")
+class LSHAttention(torch.nn.Module):
+    """Reformer LSH attention: `rounds` hashing rounds, chunks of `chunk_size` (see module doc)."""
+
+    def __init__(self, rounds: int = 1, chunk_size: int = 32):
+        super().__init__()
+        self.rounds = rounds
+        self.chunk_size = chunk_size
+
+    def extra_repr(self) -> str:
+        return f"rounds={self.rounds}, chunk_size={self.chunk_size}"
+
+    def hash(self, q: torch.Tensor, lengths: torch.Tensor | None = None,
+             seed: int | None = None) -> LSHHashing:
+        """The buckets and sorted order a call with these queries would use (seed drawn if None)."""
+        lengths = check_inputs(q, q, q, lengths)
+        seed = draw_seed() if seed is None else seed
+        return lsh_hash(q.detach().to(kernel_dtype(q.dtype)), lengths, self.rounds,
+                        self.chunk_size, seed)
+
+    def forward(self, q, k, v, lengths=None):
+        lengths = check_inputs(q, k, v, lengths)
+        require_shared_qk(q, k, self.attention_name)
+        q_kernel, v_kernel = q.to(kernel_dtype(q.dtype)), v.to(kernel_dtype(q.dtype))
+        hashing = lsh_hash(q_kernel.detach(), lengths, self.rounds, self.chunk_size, draw_seed())
+        out = lsh_chunked_attention(q_kernel, v_kernel, hashing.order, lengths, self.chunk_size)
+        return out.to(v.dtype)

@@ -1,0 +1,67 @@
+"""Full softmax attention with shared queries and keys (the Reformer conventions).
+
+A model with shared query/key projections (`model.shared_qk`) calls an attention
+with k = q, the very same tensor. `shared_full` and `lsh` then use the Reformer
+conventions (Kitaev et al. 2020, sec. 2):
+
+* keys are the unit-normalised queries, k_j = q_j / ||q_j|| (differentiable; a zero
+  query gives a zero key), logits are q_i . k_j / sqrt(E);
+* a position does not attend to itself: its own key gets zero weight whenever any
+  other valid key is available to it. Only a query with no other key (a sequence
+  of valid length 1) attends to itself, so its output is its own value.
+
+`shared_full` is the exact reference for `lsh`: it attends to every other valid key.
+"""
+import torch
+import torch.nn.functional as F
+
+from .contract import check_inputs, is_shared_qk
+from .registry import register_attention
+
+
+def require_shared_qk(q: torch.Tensor, k: torch.Tensor, attention: str) -> None:
+    """Raises ValueError unless k is q (the same tensor): these attentions only make sense
+    for a model whose queries and keys come from one projection."""
+    if not is_shared_qk(q, k):
+        raise ValueError(
+            f"attention '{attention}' needs a model with shared query/key projections: call it "
+            "with k = q (the same tensor), e.g. build the model with shared_qk=True; it got a "
+            "separate key tensor. Use 'full', 'clustered' or 'iclustered' for separate keys.")
+
+
+@register_attention("shared_full",
+                    summary="full attention with shared QK: unit keys, no attention to self")
+class SharedFullAttention(torch.nn.Module):
+    """softmax(Q K^T / sqrt(E)) V with K = Q / ||Q|| and the diagonal masked (see module doc).
+
+    Requires k to be q. Sequences of equal valid length are computed together with
+    torch's scaled_dot_product_attention on their valid rows only.
+    """
+
+    def forward(self, q, k, v, lengths=None):
+        lengths = check_inputs(q, k, v, lengths)
+        require_shared_qk(q, k, self.attention_name)
+        keys = F.normalize(q, dim=-1)  # x / max(||x||, 1e-12)
+        batch, _, length, _ = q.shape
+        groups = {}
+        for index, valid in enumerate(lengths.tolist()):
+            groups.setdefault(valid, []).append(index)
+        if len(groups) == 1 and length in groups:  # every sequence full: one call, no copies
+            return self._attend(q, keys, v)
+        out = v.new_zeros(batch, q.shape[1], length, v.shape[3])
+        for valid, indices in groups.items():
+            if valid == 0:
+                continue
+            rows = torch.tensor(indices, device=q.device)
+            out[rows, :, :valid] = self._attend(
+                q[rows, :, :valid], keys[rows, :, :valid], v[rows, :, :valid])
+        return out  # padded query rows were never written: they stay 0
+
+    @staticmethod
+    def _attend(q, keys, v):
+        """Attention over one group of sequences that are all valid up to their end."""
+        length = q.shape[2]
+        if length == 1:  # nothing but itself to attend to
+            return v.clone()
+        not_self = ~torch.eye(length, dtype=torch.bool, device=q.device)
+        return F.scaled_dot_product_attention(q, keys, v, attn_mask=not_self)

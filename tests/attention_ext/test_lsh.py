@@ -1,0 +1,298 @@
+"""Reformer LSH attention against a dense computation built here from the same rotations.
+
+The test re-derives everything but the random rotations: the buckets (argmax of
+[xR, -xR] over the unit keys), the sort by (bucket, position), the chunks, each query's
+window (own chunk + previous chunk, cyclic, self excluded unless alone), and the
+multi-round combination, then compares with dense masked softmax attention.
+"""
+import math
+
+import pytest
+import torch
+
+from attention_ext import AttentionConfigError, build_attention
+from attention_ext.contract import draw_seed
+from attention_ext.lsh import lsh_bucket_count, lsh_chunked_attention, lsh_rotations
+
+
+def reference_buckets(q, length, rotation):
+    """Buckets of the first `length` unit keys of one (batch, head) under rotation (E, P)."""
+    unit = q[:length] / q[:length].norm(dim=-1, keepdim=True)
+    projected = unit @ rotation.to(q.dtype)
+    return torch.cat([projected, -projected], dim=-1).argmax(dim=-1)
+
+
+def reference_windows(buckets, chunk_size):
+    """(L, L) bool: key j lies in the window of query i for this round (self excluded unless alone)."""
+    length = len(buckets)
+    order = sorted(range(length), key=lambda position: (int(buckets[position]), position))
+    chunks = [order[start:start + chunk_size] for start in range(0, length, chunk_size)]
+    allowed = torch.zeros(length, length, dtype=torch.bool)
+    for index, members in enumerate(chunks):
+        keys = set(members)
+        if len(chunks) > 1:
+            keys |= set(chunks[index - 1])  # index - 1 = -1 wraps to the last chunk
+        for query in members:
+            allowed[query, sorted(keys)] = True
+    if length > 1:
+        allowed.fill_diagonal_(False)
+    return allowed
+
+
+def reference_lsh(q, v, lengths, rounds, chunk_size, seed):
+    """Dense LSH attention: per round the allowed-key masks, combined by log-sum-exp with
+    each key's logit lowered by log(number of rounds holding it), as the module doc says.
+    Returns (output, per-(b, h) list of per-round masks)."""
+    batch, heads, length, dim = q.shape
+    out = torch.zeros(batch, heads, length, v.shape[-1], dtype=q.dtype)
+    masks = {}
+    for b, valid in enumerate(lengths.tolist()):
+        if valid == 0:
+            continue
+        n_buckets = lsh_bucket_count(valid, chunk_size)
+        rotations = lsh_rotations(seed, b, heads, rounds, dim, n_buckets)
+        for h in range(heads):
+            round_masks = [reference_windows(reference_buckets(q[b, h], valid, rotations[h, r]),
+                                             chunk_size) for r in range(rounds)]
+            masks[b, h] = round_masks
+            counts = torch.stack(round_masks).sum(0)
+            unit = q[b, h, :valid] / q[b, h, :valid].norm(dim=-1, keepdim=True)
+            scores = q[b, h, :valid] @ unit.T / math.sqrt(dim)
+            round_out, round_lse = [], []
+            for mask in round_masks:
+                logits = (scores - counts.clamp(min=1).to(q.dtype).log()).masked_fill(~mask, -math.inf)
+                round_lse.append(torch.logsumexp(logits, dim=-1))
+                round_out.append(torch.softmax(logits, dim=-1) @ v[b, h, :valid])
+            weights = torch.softmax(torch.stack(round_lse), dim=0)  # exp(lse_r - logsumexp lse)
+            out[b, h, :valid] = (weights[..., None] * torch.stack(round_out)).sum(0)
+    return out, masks
+
+
+def union_attention(q, v, lengths, masks):
+    """Softmax over the union of the rounds' windows, each key once."""
+    out = torch.zeros(q.shape[:3] + v.shape[3:], dtype=q.dtype)
+    for (b, h), round_masks in masks.items():
+        valid = int(lengths[b])
+        union = torch.stack(round_masks).any(0)
+        unit = q[b, h, :valid] / q[b, h, :valid].norm(dim=-1, keepdim=True)
+        scores = (q[b, h, :valid] @ unit.T / math.sqrt(q.shape[-1])).masked_fill(~union, -math.inf)
+        out[b, h, :valid] = torch.softmax(scores, dim=-1) @ v[b, h, :valid]
+    return out
+
+
+def shared_full_reference(q, v, lengths):
+    out = torch.zeros(q.shape[:3] + v.shape[3:], dtype=q.dtype)
+    for b, valid in enumerate(lengths.tolist()):
+        if valid == 0:
+            continue
+        unit = q[b, :, :valid] / q[b, :, :valid].norm(dim=-1, keepdim=True)
+        scores = q[b, :, :valid] @ unit.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        if valid > 1:
+            scores = scores.masked_fill(torch.eye(valid, dtype=torch.bool), -math.inf)
+        out[b, :, :valid] = torch.softmax(scores, dim=-1) @ v[b, :, :valid]
+    return out
+
+
+@pytest.mark.parametrize("rounds,chunk_size,length", [(1, 4, 23), (3, 4, 23), (2, 3, 9), (4, 5, 30),
+                                                      (2, 8, 16), (1, 1, 6)])
+def test_lsh_matches_dense_reference_from_the_same_rotations(rounds, chunk_size, length):
+    torch.manual_seed(rounds * 100 + chunk_size)
+    q = torch.randn(3, 2, length, 6, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(3, 2, length, 5, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([length, length - 5, 2])
+    attention = build_attention("lsh", rounds=rounds, chunk_size=chunk_size)
+
+    torch.manual_seed(7)
+    seed = draw_seed()
+    hashing = attention.hash(q, lengths, seed=seed)
+    for b, valid in enumerate(lengths.tolist()):
+        for h in range(2):
+            for r in range(rounds):
+                expected = reference_buckets(q[b, h].detach(), valid, hashing.rotations[b][h, r])
+                assert torch.equal(hashing.buckets[b, h, r, :valid], expected)
+                assert torch.all(hashing.buckets[b, h, r, valid:] == -1)
+
+    torch.manual_seed(7)  # the call draws the same seed
+    out = attention(q, q, v, lengths)
+    expected, masks = reference_lsh(q, v, lengths, rounds, chunk_size, seed)
+    torch.testing.assert_close(out, expected)
+    # The log-sum-exp combination with duplicates removed is softmax over the union.
+    torch.testing.assert_close(expected, union_attention(q, v, lengths, masks))
+    assert torch.all(out[1, :, length - 5:] == 0) and torch.all(out[2, :, 2:] == 0)
+
+    grad = torch.randn_like(out)
+    got = torch.autograd.grad(out, (q, v), grad)
+    want = torch.autograd.grad(expected, (q, v), grad)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w)
+
+
+def test_lsh_float32_matches_reference():
+    torch.manual_seed(3)
+    q = torch.randn(2, 2, 160, 16)
+    v = torch.randn(2, 2, 160, 16)
+    lengths = torch.tensor([160, 77])
+    torch.manual_seed(11)
+    seed = draw_seed()
+    torch.manual_seed(11)
+    out = build_attention("lsh", rounds=2, chunk_size=16)(q, q, v, lengths)
+    expected, _ = reference_lsh(q.double(), v.double(), lengths, 2, 16, seed)
+    torch.testing.assert_close(out, expected.float(), rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_single_chunk_equals_shared_full(rounds):
+    torch.manual_seed(5)
+    q = torch.randn(3, 2, 12, 4, dtype=torch.float64)
+    v = torch.randn(3, 2, 12, 4, dtype=torch.float64)
+    lengths = torch.tensor([12, 7, 1])
+    out = build_attention("lsh", rounds=rounds, chunk_size=12)(q, q, v, lengths)
+    torch.testing.assert_close(out, shared_full_reference(q, v, lengths))
+    torch.testing.assert_close(out, build_attention("shared_full")(q, q, v, lengths))
+
+
+def test_chunked_attention_gradcheck_with_arbitrary_orders():
+    """gradcheck of the custom autograd function (float64), several chunks and rounds."""
+    torch.manual_seed(0)
+    batch, heads, length, rounds = 2, 2, 7, 2
+    q = torch.randn(batch, heads, length, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(batch, heads, length, 2, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([7, 5])
+    order = torch.empty(batch, heads, rounds, length, dtype=torch.long)
+    for b, valid in enumerate(lengths.tolist()):
+        for h in range(heads):
+            for r in range(rounds):
+                order[b, h, r] = torch.cat([torch.randperm(valid), torch.arange(valid, length)])
+    for chunk_size in (2, 3):
+        assert torch.autograd.gradcheck(
+            lambda q, v: lsh_chunked_attention(q, v, order, lengths, chunk_size), (q, v))
+
+
+def test_module_gradcheck_with_a_fixed_seed():
+    torch.manual_seed(1)
+    q = torch.randn(2, 1, 9, 3, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 1, 9, 3, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([9, 6])
+    attention = build_attention("lsh", rounds=2, chunk_size=2)
+
+    def call(q, v):
+        torch.manual_seed(4)
+        return attention(q, q, v, lengths)
+    assert torch.autograd.gradcheck(call, (q, v))
+
+
+def test_padding_invariance_and_seeded_repeatability():
+    torch.manual_seed(2)
+    q = torch.randn(2, 2, 40, 8)
+    v = torch.randn(2, 2, 40, 8)
+    attention = build_attention("lsh", rounds=2, chunk_size=4)
+    torch.manual_seed(9)
+    alone = attention(q[:1, :, :25], q[:1, :, :25], v[:1, :, :25])
+    torch.manual_seed(9)
+    batched = attention(q, q, v, torch.tensor([25, 40]))
+    torch.testing.assert_close(batched[:1, :, :25], alone)
+    assert torch.all(batched[0, :, 25:] == 0)
+
+    torch.manual_seed(9)
+    again = attention(q, q, v, torch.tensor([25, 40]))
+    assert torch.equal(again, batched)
+    torch.manual_seed(10)
+    other = attention.hash(q, torch.tensor([25, 40]))
+    torch.manual_seed(9)
+    first = attention.hash(q, torch.tensor([25, 40]))
+    assert not torch.equal(other.buckets, first.buckets)
+
+
+def test_edge_lengths_give_finite_outputs_and_gradients():
+    torch.manual_seed(6)
+    attention = build_attention("lsh", rounds=2, chunk_size=32)
+    # a batch mixing 5 and 5000 frames, a length-1 sequence and an empty one
+    q = torch.randn(4, 1, 5000, 8, requires_grad=True)
+    v = torch.randn(4, 1, 5000, 8, requires_grad=True)
+    lengths = torch.tensor([5, 5000, 1, 0])
+    out = attention(q, q, v, lengths)
+    out.sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(q.grad).all() and torch.isfinite(v.grad).all()
+    torch.testing.assert_close(out[2, :, 0], v[2, :, 0].detach())  # alone: attends to itself
+    assert torch.all(out[3] == 0) and torch.all(out[0, :, 5:] == 0)
+    torch.testing.assert_close(out[0], shared_full_reference(q[:1].detach(), v[:1].detach(),
+                                                             torch.tensor([5]))[0])
+    # all but one position padded
+    short = attention(q[:1, :, :4], q[:1, :, :4], v[:1, :, :4], torch.tensor([1]))
+    torch.testing.assert_close(short[0, :, 0], v[0, :, 0].detach())
+    assert torch.all(short[0, :, 1:] == 0)
+    # lengths=None
+    assert torch.isfinite(attention(q[:1, :, :50], q[:1, :, :50], v[:1, :, :50])).all()
+    # half precision runs through the float32 kernels
+    half = q[:1, :, :64].detach().to(torch.bfloat16)
+    torch.manual_seed(3)
+    out_half = attention(half, half, v[:1, :, :64].detach().to(torch.bfloat16))
+    torch.manual_seed(3)
+    single = half.float()
+    out_single = attention(single, single, v[:1, :, :64].detach().to(torch.bfloat16).float())
+    assert out_half.dtype == torch.bfloat16
+    torch.testing.assert_close(out_half.float(), out_single, rtol=2e-2, atol=2e-2)
+
+
+def test_lsh_requires_shared_queries_and_keys():
+    q = torch.randn(1, 1, 5, 4)
+    with pytest.raises(ValueError, match="shared query/key projections"):
+        build_attention("lsh")(q, q.clone(), q)
+
+
+@pytest.mark.parametrize("options", [{"rounds": 0}, {"chunk_size": 0}, {"buckets": 4}])
+def test_bad_options_fail_at_build_time(options):
+    with pytest.raises(AttentionConfigError, match=next(iter(options))):
+        build_attention("lsh", **options)
+
+
+def test_bucket_count_follows_the_sequence_length():
+    assert lsh_bucket_count(1, 32) == 2
+    assert lsh_bucket_count(64, 32) == 2
+    assert lsh_bucket_count(65, 32) == 4
+    assert lsh_bucket_count(4096, 32) == 128
+
+
+def test_buckets_and_order_of_long_sequences():
+    """Many buckets (the kernel's vectorised argmax and its tail) and the counting sort."""
+    torch.manual_seed(8)
+    q = torch.randn(2, 2, 700, 8, dtype=torch.float64)
+    lengths = torch.tensor([700, 333])
+    attention = build_attention("lsh", rounds=2, chunk_size=8)
+    hashing = attention.hash(q, lengths, seed=123)
+    assert hashing.n_buckets == [88, 42]
+    for b, valid in enumerate(lengths.tolist()):
+        for h in range(2):
+            for r in range(2):
+                buckets = reference_buckets(q[b, h], valid, hashing.rotations[b][h, r])
+                assert torch.equal(hashing.buckets[b, h, r, :valid], buckets)
+                order = sorted(range(valid), key=lambda position: (int(buckets[position]), position))
+                assert hashing.order[b, h, r, :valid].tolist() == order
+                assert hashing.order[b, h, r, valid:].tolist() == list(range(valid, 700))
+    # float32 hashing agrees except, at most, on rare near-ties
+    single = attention.hash(q.float(), lengths, seed=123)
+    assert (single.buckets == hashing.buckets).float().mean() > 0.99
+
+
+def test_kernel_rejects_an_order_that_is_not_a_permutation():
+    q = torch.randn(1, 1, 4, 3)
+    order = torch.tensor([0, 1, 1, 3]).view(1, 1, 1, 4)  # position 1 twice, 2 missing
+    with pytest.raises(RuntimeError, match="permutation of the valid positions"):
+        lsh_chunked_attention(q, q, order, torch.tensor([4]), 2)
+
+
+def test_many_chunks_in_parallel_match_the_reference():
+    """Enough chunks for several parallel tasks per sequence (and their boundary rows)."""
+    torch.manual_seed(12)
+    q = torch.randn(2, 2, 600, 8, dtype=torch.float64, requires_grad=True)
+    v = torch.randn(2, 2, 600, 8, dtype=torch.float64, requires_grad=True)
+    lengths = torch.tensor([600, 333])
+    torch.manual_seed(13)
+    seed = draw_seed()
+    torch.manual_seed(13)
+    out = build_attention("lsh", rounds=2, chunk_size=8)(q, q, v, lengths)
+    expected, _ = reference_lsh(q, v, lengths, 2, 8, seed)
+    torch.testing.assert_close(out, expected)
+    grad = torch.randn_like(out)
+    for g, w in zip(torch.autograd.grad(out, (q, v), grad), torch.autograd.grad(expected, (q, v), grad)):
+        torch.testing.assert_close(g, w)
