@@ -8,12 +8,20 @@ The package knows nothing about speech. See README.md for the list of attention
 types and their options.
 """
 from .registry import (AttentionConfigError, Option, available_attentions, build_attention,
-                       describe_attentions, register_attention, resolve_options)
+                       describe_attentions, parse_attention_spec, register_attention,
+                       resolve_options)
 
 # Importing the modules registers their attention types.
 from .full import FullAttention  # noqa: E402
+from .shared_full import SharedFullAttention  # noqa: E402
+from .lsh import LSHAttention  # noqa: E402
+from .oracle_top import OracleTopAttention  # noqa: E402
+from .clustered import ClusteredAttention  # noqa: E402
+from .iclustered import ImprovedClusteredAttention  # noqa: E402
 
 __all__ = [
     "AttentionConfigError", "Option", "available_attentions", "build_attention",
-    "describe_attentions", "register_attention", "resolve_options", "FullAttention",
+    "describe_attentions", "parse_attention_spec", "register_attention", "resolve_options",
+    "FullAttention", "SharedFullAttention", "LSHAttention", "OracleTopAttention",
+    "ClusteredAttention", "ImprovedClusteredAttention",
 ]

@@ -9,6 +9,7 @@ into an attention module.
 """
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from typing import Callable
 
@@ -108,3 +109,95 @@ def build_attention(name: str, **options) -> torch.nn.Module:
     """Builds the attention module `name` with validated `options`."""
     resolved = resolve_options(name, **options)
     return _REGISTRY[name].cls(**resolved)
+
+
+# The option that the number in a short spec sets ("lsh-4" -> rounds=4). A new
+# attention type that wants a short numeric form adds its entry here.
+SPEC_NUMBER_OPTION: dict[str, str] = {
+    "clustered": "clusters",
+    "iclustered": "clusters",
+    "lsh": "rounds",
+    "oracle_top": "topk",
+}
+
+# Spellings people use for a registered name, after lower-casing and "-" -> "_".
+SPEC_NAME_ALIASES: dict[str, str] = {
+    "i_clustered": "iclustered",
+    "improved_clustered": "iclustered",
+}
+
+_SPEC_PATTERN = re.compile(
+    r"^(?P<name>[a-z][a-z0-9_-]*?)(?:[-_](?P<number>\d+))?(?::(?P<settings>.*))?$")
+
+
+def accepted_spec_forms() -> str:
+    """The spec grammar and the forms of the registered attentions, for help and errors."""
+    lines = ["  spec = name[-number][:option=<int>,...]; '-' and '_' are interchangeable"]
+    for name, entry in _REGISTRY.items():
+        forms = [name]
+        number_option = SPEC_NUMBER_OPTION.get(name)
+        if number_option and any(option.name == number_option for option in entry.options):
+            forms.append(f"{name}-<{number_option}>")
+        aliases = [alias.replace("_", "-") for alias, target in SPEC_NAME_ALIASES.items()
+                   if target == name]
+        also = f" (also written {', '.join(aliases)})" if aliases else ""
+        options = ", ".join(option.name for option in entry.options) or "none"
+        lines.append(f"  {', '.join(forms)}{also}; options: {options}")
+    return "\n".join(lines)
+
+
+def parse_attention_spec(spec: str) -> tuple[str, dict[str, int]]:
+    """Turns a short attention spec into a registered name and its full, validated options.
+
+    Grammar (case-insensitive, surrounding spaces ignored):
+
+        spec     := name [ "-" number ] [ ":" setting { "," setting } ]
+        setting  := option "=" integer
+
+    - `name` is a registered name; "-" and "_" are interchangeable ("shared-full" is
+      "shared_full", "oracle-top" is "oracle_top"), and "i-clustered" (or
+      "improved-clustered") is "iclustered".
+    - `number` sets the attention's main option (SPEC_NUMBER_OPTION): clusters for
+      clustered and iclustered ("clustered-100", "i-clustered-200"), rounds for lsh
+      ("lsh-4"), topk for oracle_top ("oracle-top-16"). Attentions without a main
+      option (full, shared_full) take no number.
+    - `setting`s set any other option: "iclustered-100:topk=16,bits=32",
+      "lsh-4:chunk_size=64". A setting may not repeat the option the number set.
+    - Options not given keep the registered defaults (the paper's settings).
+
+    Returns (name, options) with every option of the type filled in, so
+    `build_attention(name, **options)` builds it and a caller can print exactly
+    what runs. An unknown spec, option or value raises AttentionConfigError that
+    lists the accepted forms.
+    """
+    text = spec.strip().lower() if isinstance(spec, str) else ""
+    match = _SPEC_PATTERN.match(text)
+    name = None
+    if match:
+        name = match["name"].replace("-", "_")
+        name = SPEC_NAME_ALIASES.get(name, name)
+    if name not in _REGISTRY:
+        raise AttentionConfigError(
+            f"unknown attention spec {spec!r}; accepted forms:\n{accepted_spec_forms()}")
+
+    options: dict[str, int] = {}
+    if match["number"] is not None:
+        number_option = SPEC_NUMBER_OPTION.get(name)
+        known = {option.name for option in _REGISTRY[name].options}
+        if number_option is None or number_option not in known:
+            raise AttentionConfigError(
+                f"attention spec {spec!r}: '{name}' takes no number; accepted forms:\n"
+                f"{accepted_spec_forms()}")
+        options[number_option] = int(match["number"])
+    if match["settings"] is not None:
+        for setting in match["settings"].split(","):
+            key, equals, value = (part.strip() for part in setting.partition("="))
+            if not equals or not key or not re.fullmatch(r"[+-]?\d+", value):
+                raise AttentionConfigError(
+                    f"attention spec {spec!r}: setting {setting.strip()!r} is not option=<integer>; "
+                    f"accepted forms:\n{accepted_spec_forms()}")
+            if key in options:
+                raise AttentionConfigError(
+                    f"attention spec {spec!r}: option {key} is given twice")
+            options[key] = int(value)
+    return name, resolve_options(name, **options)

@@ -1,0 +1,248 @@
+"""The benchmark entry point: peak-memory method, a tiny run's CSV/PNG, ratios and targets."""
+import csv
+import math
+import sys
+
+import matplotlib.image
+import pytest
+import torch
+
+from attention_ext import benchmark, registry
+from attention_ext.benchmark import (CSV_COLUMNS, BenchmarkCase, Measurement, cpu_peak_memory_bytes,
+                                     evaluate_targets)
+from attention_ext.registry import Option, register_attention
+
+MIB = 2 ** 20
+FLOAT = 4  # bytes
+
+
+def test_cpu_peak_memory_of_known_allocations():
+    def allocate():
+        first = torch.empty(MIB)                # 4 MiB live
+        del first                               # 0
+        second = torch.empty(2 * MIB)           # 8
+        third = torch.empty(MIB // 4)           # 9  <- peak
+        del third                               # 8
+        fourth = torch.empty(MIB // 8)          # 8.5
+        return second, fourth
+
+    assert cpu_peak_memory_bytes(allocate) == pytest.approx(9 * MIB, abs=4096)
+
+
+def test_cpu_peak_memory_excludes_what_was_live_before_and_counts_backward():
+    already_live = torch.empty(16 * MIB)  # noqa: F841  (64 MiB, must not be counted)
+    assert cpu_peak_memory_bytes(lambda: torch.empty(MIB // 4)) == pytest.approx(MIB, abs=4096)
+
+    x = torch.randn(MIB, requires_grad=True)
+    grad = torch.randn(MIB)
+
+    def forward_backward():
+        y = x * 3          # 4 MiB output, alive during backward
+        y.backward(grad)   # x.grad = grad * 3: another 4 MiB
+
+    assert cpu_peak_memory_bytes(forward_backward) == pytest.approx(8 * MIB, abs=4096)
+
+
+def test_cpu_peak_memory_sees_allocations_inside_a_compiled_operator():
+    a = torch.randn(512, 256)
+    b = torch.randn(256, 1024)
+    # matmul's output is allocated in C++ (512 x 1024 floats = 2 MiB).
+    assert cpu_peak_memory_bytes(lambda: a @ b) == pytest.approx(2 * MIB, abs=4096)
+
+
+SCRATCH_BYTES = 8 * MIB
+
+
+class ScratchAttention(torch.nn.Module):
+    """out = 2 v, plus an 8 MiB scratch buffer allocated and freed while out is live.
+
+    Its forward+backward peak is therefore exactly |out| + 8 MiB (backward only
+    allocates grad_v = 2 grad, |out| bytes, after the scratch is gone).
+    """
+
+    def forward(self, q, k, v, lengths=None):
+        out = v * 2.0
+        scratch = torch.empty(SCRATCH_BYTES // FLOAT)
+        scratch.fill_(0.0)
+        del scratch
+        return out
+
+
+class SharedKeyProbe(torch.nn.Module):
+    """Records whether it was called with k = q, as lsh must be."""
+    calls_with_shared_qk: list = []
+
+    def __init__(self, rounds, chunk_size):
+        super().__init__()
+
+    def forward(self, q, k, v, lengths=None):
+        SharedKeyProbe.calls_with_shared_qk.append(k is q)
+        return v * 1.0 + q.sum() * 0.0
+
+
+class RunsOutOfMemory(torch.nn.Module):
+    """Plain attention (out = v) below N = 128; from 128 on, the allocator refuses."""
+
+    def forward(self, q, k, v, lengths=None):
+        if q.shape[2] >= 128:
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 64.00 GiB")
+        return v * 1.0
+
+
+class Broken(torch.nn.Module):
+    def forward(self, q, k, v, lengths=None):
+        raise ValueError("a bug in the attention")
+
+
+@pytest.fixture
+def test_registry(monkeypatch):
+    """The real full attention plus two test attentions, in a registry restored afterwards."""
+    monkeypatch.setattr(registry, "_REGISTRY", {"full": registry.available_attentions()["full"]})
+    register_attention("scratch_test")(ScratchAttention)
+    register_attention("oom_test")(RunsOutOfMemory)
+    register_attention("broken_test")(Broken)
+    register_attention("lsh", (Option("rounds", 1, 1), Option("chunk_size", 32, 1)))(SharedKeyProbe)
+    SharedKeyProbe.calls_with_shared_qk.clear()
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def read_rows(path):
+    with open(path, newline="") as handle:
+        reader = csv.DictReader(handle)
+        return reader.fieldnames, list(reader)
+
+
+def test_tiny_benchmark_writes_csv_png_ratios_and_memory(test_registry, tmp_path, capsys):
+    batch, heads, dim = 1, 2, 16
+    benchmark.main(["--lengths", "64", "128", "--attentions", "full", "scratch-test", "lsh-2",
+                    "--repeats", "1", "--warmup", "1", "--batch", str(batch), "--heads", str(heads),
+                    "--dim", str(dim), "--threads", "1", "--out", str(tmp_path)])
+    stdout = capsys.readouterr().out
+
+    columns, rows = read_rows(tmp_path / "benchmark_cpu.csv")
+    assert tuple(columns) == CSV_COLUMNS
+    assert [(row["length"], row["attention"]) for row in rows] == [
+        ("64", "full"), ("64", "scratch-test"), ("64", "lsh-2"),
+        ("128", "full"), ("128", "scratch-test"), ("128", "lsh-2")]
+    assert all(row["status"] == "ok" and row["repeats"] == "1" for row in rows)
+    assert [row["options"] for row in rows[:3]] == ["", "", "rounds=2 chunk_size=32"]
+
+    full = {row["length"]: row for row in rows if row["name"] == "full"}
+    for row in rows:
+        length, median = int(row["length"]), float(row["median_ms"])
+        reference = full[row["length"]]
+        expected_speedup = float(reference["median_ms"]) / median
+        assert float(row["speedup_vs_full"]) == pytest.approx(expected_speedup, rel=1e-4)
+        peak_bytes = int(row["peak_memory_bytes"])
+        expected_saving = int(reference["peak_memory_bytes"]) / peak_bytes
+        assert float(row["memory_saving_vs_full"]) == pytest.approx(expected_saving, rel=1e-4)
+        assert float(row["peak_memory_mib"]) == pytest.approx(peak_bytes / MIB, rel=1e-4)
+        assert float(row["time_per_element_us"]) == pytest.approx(
+            median * 1e3 / (batch * length), rel=1e-4)
+        assert float(row["memory_per_element_kib"]) == pytest.approx(
+            peak_bytes / 1024 / (batch * length), rel=1e-4)
+        if row["name"] == "scratch_test":
+            out_bytes = batch * heads * length * dim * FLOAT
+            assert peak_bytes == pytest.approx(out_bytes + SCRATCH_BYTES, abs=4096)
+
+    # lsh is called with k = q: 2 lengths x (1 warm-up + 1 repeat + 1 memory pass).
+    assert SharedKeyProbe.calls_with_shared_qk == [True] * 6
+
+    image = matplotlib.image.imread(tmp_path / "benchmark_cpu.png")
+    assert image.ndim == 3 and image.shape[0] > 200 and image.shape[1] > 400
+
+    assert "lsh-2 = lsh(rounds=2 chunk_size=32)  [k = q]" in stdout
+    assert "speedup vs full" in stdout and "none apply" in stdout
+
+
+def test_max_length_skips_an_attention_and_leaves_its_ratio_empty(test_registry, tmp_path, capsys):
+    benchmark.main(["--lengths", "32,64", "--attentions", "full,scratch-test", "--repeats", "1",
+                    "--warmup", "0", "--heads", "1", "--dim", "8", "--max-length", "full=32",
+                    "--out", str(tmp_path)])
+    _, rows = read_rows(tmp_path / "benchmark_cpu.csv")
+    by_key = {(row["length"], row["attention"]): row for row in rows}
+    assert by_key[("64", "full")]["status"] == "skipped (--max-length 32)"
+    assert by_key[("64", "full")]["median_ms"] == ""
+    assert by_key[("64", "scratch-test")]["status"] == "ok"
+    assert by_key[("64", "scratch-test")]["speedup_vs_full"] == ""
+    assert by_key[("32", "scratch-test")]["speedup_vs_full"] != ""
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--attentions", "nonsense"], "unknown attention spec 'nonsense'"),
+    (["--attentions", "full", "full"], "listed twice"),
+    (["--attentions", "full", "--max-length", "lsh=10"], "'lsh' is none of the benchmarked attentions"),
+    (["--max-length", "full:10"], "expected SPEC=N"),
+    (["--lengths", "abc"], "'abc' is not an integer"),
+    (["--device", "tpu"], "--device 'tpu'"),
+])
+def test_bad_arguments_name_the_value(test_registry, tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit):
+        benchmark.main(argv + ["--out", str(tmp_path)])
+    assert message in capsys.readouterr().err
+
+
+def fake_case(label, name, **options):
+    return BenchmarkCase(label, name, options, torch.nn.Identity(), shared_qk=False)
+
+
+def cells(case, times_by_length):
+    return [Measurement(length, case, times_ms=[time_ms]) for length, time_ms in times_by_length.items()]
+
+
+def test_targets_pass_fail_on_measured_ratios_only():
+    full = fake_case("full", "full")
+    clustered = fake_case("clustered-100", "clustered", clusters=100)
+    lsh4 = fake_case("lsh-4", "lsh", rounds=4, chunk_size=32)
+    measurements = (
+        cells(full, {2048: 100.0, 4096: 400.0, 8192: 1600.0})
+        # 400/25 = 16x >= 12 at 4096; 1600/100 = 16x < 20 at 8192.
+        # per element (ms/N): 12.5/2048, 25/4096, 100/8192 -> spread 2.0 > 1.3.
+        + cells(clustered, {2048: 12.5, 4096: 25.0, 8192: 100.0})
+        # 400/200 = 2x < 3 at 4096; per element constant -> spread 1.0.
+        + cells(lsh4, {2048: 100.0, 4096: 200.0, 8192: 400.0}))
+    benchmark.add_ratios_to_full(measurements)
+    results = {result.text.split(" (target")[0]: result for result in evaluate_targets(measurements, 1)}
+    assert set(results) == {
+        "clustered-100: speedup vs full at N=4096 >= 12x",
+        "clustered-100: speedup vs full at N=8192 >= 20x",
+        "clustered-100: time per element within 1.3x over N=2048..8192",
+        "lsh-4: speedup vs full at N=4096 >= 3x",
+        "lsh-4: time per element within 1.3x over N=2048..8192",
+    }  # no lsh-1 or iclustered target: those were not measured
+    assert results["clustered-100: speedup vs full at N=4096 >= 12x"].passed
+    assert "16.00x" in results["clustered-100: speedup vs full at N=4096 >= 12x"].text
+    assert not results["clustered-100: speedup vs full at N=8192 >= 20x"].passed
+    assert not results["clustered-100: time per element within 1.3x over N=2048..8192"].passed
+    assert "max/min = 2.00" in results["clustered-100: time per element within 1.3x over N=2048..8192"].text
+    assert not results["lsh-4: speedup vs full at N=4096 >= 3x"].passed
+    assert results["lsh-4: time per element within 1.3x over N=2048..8192"].passed
+
+
+def test_targets_need_full_at_the_same_length():
+    clustered = fake_case("clustered-100", "clustered", clusters=100)
+    measurements = cells(fake_case("full", "full"), {2048: 10.0}) + cells(clustered, {4096: 1.0})
+    benchmark.add_ratios_to_full(measurements)
+    assert evaluate_targets(measurements, 1) == []
+    assert math.isclose(measurements[0].time_per_element_us(1), 10.0 * 1e3 / 2048)
+
+
+def test_out_of_memory_retires_an_attention_for_longer_sequences(test_registry, tmp_path, capsys):
+    benchmark.main(["--lengths", "64", "128", "256", "--attentions", "full", "oom-test",
+                    "--repeats", "1", "--heads", "1", "--dim", "8", "--out", str(tmp_path)])
+    _, rows = read_rows(tmp_path / "benchmark_cpu.csv")
+    status = {row["length"]: row["status"] for row in rows if row["name"] == "oom_test"}
+    assert status == {"64": "ok", "128": "out of memory",
+                      "256": "skipped (out of memory at N=128)"}
+    assert all(row["status"] == "ok" for row in rows if row["name"] == "full")
+    assert "out of memory" in capsys.readouterr().out
+
+
+def test_an_attention_bug_is_raised_with_the_attention_and_length(test_registry, tmp_path):
+    with pytest.raises(ValueError, match="a bug in the attention") as error:
+        benchmark.main(["--lengths", "16", "--attentions", "full", "broken-test", "--repeats", "1",
+                        "--heads", "1", "--dim", "8", "--out", str(tmp_path)])
+    if sys.version_info >= (3, 11):  # exception notes
+        assert "while benchmarking broken-test = broken_test() at N=16" in error.value.__notes__
