@@ -1,0 +1,163 @@
+"""The typed schema of `python -m asr.train`'s Hydra config, and its start-up checks.
+
+The dataclasses below are registered in Hydra's ConfigStore as `train_schema`; conf/config.yaml
+lists it first in its defaults, so every group file, preset and command-line override is merged
+onto typed, closed (struct) nodes: an unknown key or a value of the wrong type fails while Hydra
+composes the config, before anything runs. `validate_config` then checks what types cannot say
+(ranges, attention names and options through attention_ext's registry, combinations) and raises
+ConfigError with the offending key, its value and what is allowed.
+
+`attention` is the one open node: its keys are `name` plus that attention's options, checked by
+attention_ext.resolve_options (the group files in conf/attention/ list every option, so
+`attention.clusters=200` is an ordinary override).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+from hydra.core.config_store import ConfigStore
+from omegaconf import DictConfig, OmegaConf
+
+from asr.data.datamodule import DataConfig, as_data_config, validate_data_config
+from attention_ext import AttentionConfigError, resolve_options
+
+
+class ConfigError(ValueError):
+    """A config value that is out of range or does not fit with another one."""
+
+
+@dataclass
+class ModelConfig:
+    """The encoder (asr/model/encoder.py) and its CTC heads. Defaults: the paper's WSJ model."""
+    layers: int = 9
+    heads: int = 6
+    head_dim: int = 32                 # model width = heads * head_dim (192 in the paper)
+    ff_dim: int = 768
+    dropout: float = 0.1
+    subsampling: int = 1               # 1, 2 or 4 (convolutional, stride 2 per factor of 2)
+    subsampling_channels: int = 32
+    shared_qk: bool = False            # one query/key projection; needed by shared_full and lsh
+    # CTC loss weight per target kind (data.targets); a kind not named weighs 1.0.
+    loss_weights: Dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class OptimConfig:
+    """RAdam + gradient clipping + lr reduced on a validation-loss plateau (paper, sup. C.3.1)."""
+    lr: float = 1e-4
+    weight_decay: float = 0.01         # decoupled, as in the RAdam code the paper used
+    clip_norm: float = 10.0            # max global gradient norm; 0 disables clipping
+    plateau_factor: float = 0.5        # lr *= factor when val/loss has not improved ...
+    plateau_patience: int = 1          # ... for this many validations
+    min_lr: float = 1e-6
+    warmup_steps: int = 0              # linear warm-up, on top of the plateau schedule
+
+
+@dataclass
+class TrainerConfig:
+    """Passed to lightning.Trainer (and the callbacks train.py adds)."""
+    max_epochs: int = 100
+    max_steps: int = -1                # -1: no step limit
+    max_minutes: Optional[float] = None  # wall-clock budget for training; None: none
+    accelerator: str = "auto"
+    devices: Any = "auto"
+    strategy: str = "auto"
+    precision: str = "32-true"
+    log_every_n_steps: int = 10
+    val_check_interval: Optional[int] = None  # validate every N training batches; None: once per epoch
+    check_val_every_n_epoch: int = 1
+    limit_train_batches: Optional[float] = None  # <= 1: fraction of the batches; > 1: a count
+    limit_val_batches: Optional[float] = None
+    limit_test_batches: Optional[float] = None
+    num_sanity_val_steps: int = 0
+    enable_progress_bar: bool = True
+    deterministic: bool = False
+    early_stopping_patience: Optional[int] = None  # validations without a better primary error
+    torch_threads: Optional[int] = None  # torch.set_num_threads; None: torch's default
+
+
+@dataclass
+class SynthCorpusConfig:
+    """How big a corpus to generate when data.corpus=synth and its manifests are missing."""
+    train_utterances: int = 3000
+    dev_utterances: int = 200
+    test_utterances: int = 200
+    seed: int = 0
+    jobs: Optional[int] = None
+
+
+@dataclass
+class TrainConfig:
+    attention: Dict[str, Any] = field(default_factory=lambda: {"name": "full"})
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    synth_corpus: SynthCorpusConfig = field(default_factory=SynthCorpusConfig)
+    seed: int = 0
+    run_root: str = "runs"             # runs go to <run_root>/<preset>/<timestamp> ...
+    run_dir: Optional[str] = None      # ... unless this names the folder
+    ckpt_path: Optional[str] = None    # "last": resume the newest run of this preset; or a .ckpt path
+    test: bool = True                  # evaluate the best checkpoint on the test split at the end
+
+
+def register_schema() -> None:
+    ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+
+
+def _require(ok: bool, key: str, value: Any, rule: str) -> None:
+    if not ok:
+        raise ConfigError(f"{key}={value!r} is not allowed: {rule}")
+
+
+def attention_settings(attention: Any) -> tuple[str, dict[str, int]]:
+    """(name, options) of an attention node, validated by attention_ext's registry."""
+    attention = dict(OmegaConf.to_container(attention, resolve=True) if isinstance(attention, DictConfig)
+                     else attention)
+    if "name" not in attention:
+        raise ConfigError("attention has no name; choose one with attention=NAME (e.g. attention=full)")
+    name = attention.pop("name")
+    return name, resolve_options(name, **attention)
+
+
+def validate_config(cfg: Any) -> None:
+    """Checks ranges and combinations; raises ConfigError / AttentionConfigError with the fix."""
+    model, optim, trainer = cfg.model, cfg.optim, cfg.trainer
+    try:
+        name, _ = attention_settings(cfg.attention)
+    except AttentionConfigError as error:
+        raise AttentionConfigError(f"attention: {error}") from None
+    from asr.model.encoder import check_attention_fits
+    check_attention_fits(name, model.shared_qk)
+    for key in ("layers", "heads", "head_dim", "ff_dim", "subsampling_channels"):
+        _require(getattr(model, key) >= 1, f"model.{key}", getattr(model, key), "must be >= 1")
+    _require(model.subsampling in (1, 2, 4), "model.subsampling", model.subsampling, "must be 1, 2 or 4")
+    _require(0.0 <= model.dropout < 1.0, "model.dropout", model.dropout, "must lie in [0, 1)")
+    targets = list(cfg.data.targets)
+    for kind, weight in model.loss_weights.items():
+        _require(kind in targets, f"model.loss_weights.{kind}", weight,
+                 f"names no target; the targets (data.targets) are {targets}")
+        _require(weight >= 0.0, f"model.loss_weights.{kind}", weight, "must be >= 0")
+    _require(len(set(targets)) == len(targets) and targets, "data.targets", targets,
+             "must be a non-empty list of distinct tokenizer kinds")
+    try:
+        validate_data_config(as_data_config(cfg.data))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    _require(optim.lr > 0, "optim.lr", optim.lr, "must be > 0")
+    _require(optim.weight_decay >= 0, "optim.weight_decay", optim.weight_decay, "must be >= 0")
+    _require(optim.clip_norm >= 0, "optim.clip_norm", optim.clip_norm, "must be >= 0 (0 disables clipping)")
+    _require(0 < optim.plateau_factor < 1, "optim.plateau_factor", optim.plateau_factor, "must lie in (0, 1)")
+    _require(optim.plateau_patience >= 0, "optim.plateau_patience", optim.plateau_patience, "must be >= 0")
+    _require(optim.warmup_steps >= 0, "optim.warmup_steps", optim.warmup_steps, "must be >= 0")
+    _require(trainer.max_epochs >= 1 or trainer.max_epochs == -1, "trainer.max_epochs", trainer.max_epochs,
+             "must be >= 1 (or -1 for no limit)")
+    _require(trainer.max_minutes is None or trainer.max_minutes > 0, "trainer.max_minutes",
+             trainer.max_minutes, "must be > 0 or null")
+    for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
+        value = getattr(trainer, key)
+        _require(value is None or (value > 0 and (value <= 1 or float(value).is_integer())),
+                 f"trainer.{key}", value, "must be a fraction in (0, 1], a whole number of batches, or null")
+    _require(trainer.val_check_interval is None or trainer.val_check_interval >= 1, "trainer.val_check_interval",
+             trainer.val_check_interval, "must be a number of training batches >= 1, or null (once per epoch)")

@@ -1,0 +1,73 @@
+"""Error rates over a whole set of utterances, with jiwer's edit-distance alignment.
+
+Every rate is corpus-level: (substitutions + deletions + insertions) summed over all
+utterances, divided by the number of reference tokens summed over all utterances
+(not a mean of per-utterance rates). Rates are fractions (0.12 = 12 %) and can exceed 1
+when the hypotheses insert much. Tokens are:
+
+- phone_error_rate: whitespace-separated phones ("DH AH K AE T");
+- word_error_rate:  whitespace-separated words;
+- char_error_rate:  characters, spaces included (jiwer's convention), after collapsing
+  runs of whitespace to one space and stripping both ends.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jiwer
+
+
+def _check(references: Sequence[str], hypotheses: Sequence[str]) -> tuple[list[str], list[str]]:
+    references, hypotheses = list(references), list(hypotheses)
+    if len(references) != len(hypotheses):
+        raise ValueError(f"got {len(references)} references but {len(hypotheses)} hypotheses; "
+                         "they must pair up one to one")
+    return references, hypotheses
+
+
+def _rate(output, what: str) -> float:
+    reference_tokens = output.hits + output.substitutions + output.deletions
+    if reference_tokens == 0:
+        raise ValueError(f"the references hold no {what}s, so the {what} error rate is undefined")
+    return (output.substitutions + output.deletions + output.insertions) / reference_tokens
+
+
+def _token_error_rate(references: Sequence[str], hypotheses: Sequence[str], what: str) -> float:
+    references, hypotheses = _check(references, hypotheses)
+    if not references:
+        raise ValueError(f"no utterances to compute a {what} error rate on")
+    # jiwer refuses an empty *reference* string; an utterance with no reference tokens
+    # still counts its hypothesis tokens as insertions, so score those by hand.
+    insertions = sum(len(h.split()) for r, h in zip(references, hypotheses) if not r.split())
+    kept = [(r, h) for r, h in zip(references, hypotheses) if r.split()]
+    if not kept:
+        raise ValueError(f"the references hold no {what}s, so the {what} error rate is undefined")
+    output = jiwer.process_words([r for r, _ in kept], [h for _, h in kept])
+    output.insertions += insertions
+    return _rate(output, what)
+
+
+def phone_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> float:
+    """PER over space-separated phone strings."""
+    return _token_error_rate(references, hypotheses, "phone")
+
+
+def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> float:
+    """WER over space-separated word strings."""
+    return _token_error_rate(references, hypotheses, "word")
+
+
+def char_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> float:
+    """CER over characters (spaces count as characters)."""
+    references, hypotheses = _check(references, hypotheses)
+    if not references:
+        raise ValueError("no utterances to compute a character error rate on")
+    references = [" ".join(r.split()) for r in references]
+    hypotheses = [" ".join(h.split()) for h in hypotheses]
+    insertions = sum(len(h) for r, h in zip(references, hypotheses) if not r)
+    kept = [(r, h) for r, h in zip(references, hypotheses) if r]
+    if not kept:
+        raise ValueError("the references hold no characters, so the character error rate is undefined")
+    output = jiwer.process_characters([r for r, _ in kept], [h for _, h in kept])
+    output.insertions += insertions
+    return _rate(output, "character")

@@ -1,0 +1,179 @@
+"""The CTC transformer encoder: subsampling front end, fixed sinusoidal positions, pre-norm layers.
+
+    encoder = TransformerEncoder(feature_dim=40, layers=9, heads=6, head_dim=32, ff_dim=768,
+                                 attention="iclustered", attention_options={"clusters": 100})
+    states, lengths = encoder(features, feature_lengths)   # normalised (B, T, F) -> (B, T', D)
+    encoder.set_attention("full")                           # same weights, other attention
+
+Each layer owns its query/key/value/output projections; the attention itself
+(attention_ext.build_attention) is parameter-free, so a state dict runs under any attention.
+With `shared_qk` the layer has one query/key projection and passes the very same tensor as
+q and k (what lsh and shared_full need, and what lets clustered attention approximate
+shared-full).
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from attention_ext import AttentionConfigError, build_attention
+
+# Attentions that are only defined when queries and keys are the same tensor.
+SHARED_QK_ATTENTIONS = frozenset({"shared_full", "lsh"})
+
+
+def check_attention_fits(name: str, shared_qk: bool) -> None:
+    """Refuses an attention that needs shared query/key projections on a model without them."""
+    if name in SHARED_QK_ATTENTIONS and not shared_qk:
+        raise AttentionConfigError(
+            f"attention '{name}' needs shared query/key projections, but this model has "
+            "model.shared_qk=false; train with model.shared_qk=true (a model trained without "
+            f"them cannot run '{name}')")
+
+
+def valid_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
+    """(B, N) bool, True inside each sequence."""
+    return torch.arange(length, device=lengths.device) < lengths[:, None]
+
+
+class ConvSubsampling(nn.Module):
+    """Shortens time by `factor` (1, 2 or 4) and projects features to the model width.
+
+    factor 1 is a linear projection (the paper's setup). factor 2 and 4 are two 3x3 Conv2d
+    layers over (time, frequency), each followed by ReLU, with strides (2, 1) and (2, 2) as in
+    ESPnet's Conv2dSubsampling2 / Conv2dSubsampling: the second convolution gives every encoder
+    position 70 ms (factor 2) or 110 ms (factor 4) of local context before the first attention,
+    which shortens CTC's initial all-blank plateau a lot on our CPU budgets. Padding 1 keeps a
+    stride-2 convolution at ceil(T / 2) frames. Padded frames are zeroed before every
+    convolution, so a sequence gives the same output alone or inside a padded batch.
+    """
+
+    def __init__(self, feature_dim: int, d_model: int, factor: int, channels: int):
+        super().__init__()
+        if factor not in (1, 2, 4):
+            raise ValueError(f"model.subsampling must be 1, 2 or 4, got {factor}")
+        self.factor = factor
+        self.strides = {1: (), 2: (2, 1), 4: (2, 2)}[factor]
+        self.convs = nn.ModuleList(
+            nn.Conv2d(1 if i == 0 else channels, channels, kernel_size=3, stride=stride, padding=1)
+            for i, stride in enumerate(self.strides))
+        freq = feature_dim
+        for stride in self.strides:
+            freq = (freq - 1) // stride + 1
+        self.projection = nn.Linear((channels if self.strides else 1) * freq, d_model)
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        for stride in self.strides:
+            lengths = (lengths - 1) // stride + 1 if stride > 1 else lengths
+        return lengths
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        x = x.unsqueeze(1)                                         # (B, 1, T, F)
+        for conv, stride in zip(self.convs, self.strides):
+            x = x * valid_mask(lengths, x.shape[2])[:, None, :, None]
+            x = F.relu(conv(x))
+            if stride > 1:
+                lengths = (lengths - 1) // stride + 1
+        batch, channels, time, freq = x.shape
+        x = x.transpose(1, 2).reshape(batch, time, channels * freq)
+        return self.projection(x), lengths
+
+
+def sinusoidal_positions(length: int, d_model: int, device=None) -> torch.Tensor:
+    """(length, d_model) fixed encodings of Vaswani et al.: sin on even, cos on odd dims."""
+    position = torch.arange(length, device=device, dtype=torch.float32)[:, None]
+    frequency = torch.exp(torch.arange(0, d_model, 2, device=device, dtype=torch.float32)
+                          * (-math.log(10000.0) / d_model))
+    table = torch.zeros(length, d_model, device=device)
+    table[:, 0::2] = torch.sin(position * frequency)
+    table[:, 1::2] = torch.cos(position * frequency[: d_model // 2])
+    return table
+
+
+class EncoderLayer(nn.Module):
+    """x + Attn(LN(x)), then x + FF(LN(x)); the projections live here, the attention is swappable."""
+
+    def __init__(self, d_model: int, heads: int, ff_dim: int, dropout: float, shared_qk: bool,
+                 attention: nn.Module):
+        super().__init__()
+        self.heads, self.shared_qk = heads, shared_qk
+        self.attention_norm = nn.LayerNorm(d_model)
+        self.query = nn.Linear(d_model, d_model)
+        self.key = None if shared_qk else nn.Linear(d_model, d_model)
+        self.value = nn.Linear(d_model, d_model)
+        self.output = nn.Linear(d_model, d_model)
+        self.attention = attention
+        self.ff_norm = nn.LayerNorm(d_model)
+        self.ff = nn.Sequential(nn.Linear(d_model, ff_dim), nn.ReLU(), nn.Dropout(dropout),
+                                nn.Linear(ff_dim, d_model))
+        self.dropout = nn.Dropout(dropout)
+
+    def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
+        batch, length, width = x.shape
+        return x.view(batch, length, self.heads, width // self.heads).transpose(1, 2)
+
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+        h = self.attention_norm(x)
+        q = self._split_heads(self.query(h))
+        k = q if self.shared_qk else self._split_heads(self.key(h))   # the same object when shared
+        v = self._split_heads(self.value(h))
+        attended = self.attention(q, k, v, lengths)                    # (B, H, N, E)
+        batch, heads, length, dim = attended.shape
+        attended = attended.transpose(1, 2).reshape(batch, length, heads * dim)
+        x = x + self.dropout(self.output(attended))
+        return x + self.dropout(self.ff(self.ff_norm(x)))
+
+
+class TransformerEncoder(nn.Module):
+    """Normalised filter-bank features -> encoder states for the CTC heads."""
+
+    def __init__(self, feature_dim: int, layers: int = 9, heads: int = 6, head_dim: int = 32,
+                 ff_dim: int = 768, dropout: float = 0.1, subsampling: int = 1,
+                 subsampling_channels: int = 32, shared_qk: bool = False,
+                 attention: str = "full", attention_options: dict | None = None):
+        super().__init__()
+        self.d_model = heads * head_dim
+        self.input_scale = math.sqrt(self.d_model)
+        self.shared_qk = shared_qk
+        self.frontend = ConvSubsampling(feature_dim, self.d_model, subsampling, subsampling_channels)
+        self.input_dropout = nn.Dropout(dropout)
+        check_attention_fits(attention, shared_qk)
+        options = dict(attention_options or {})
+        self.layers = nn.ModuleList(
+            EncoderLayer(self.d_model, heads, ff_dim, dropout, shared_qk,
+                         build_attention(attention, **options))
+            for _ in range(layers))
+        self.final_norm = nn.LayerNorm(self.d_model)
+        self.attention_name, self.attention_options = attention, options
+
+    @property
+    def subsampling(self) -> int:
+        return self.frontend.factor
+
+    def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
+        return self.frontend.output_lengths(lengths)
+
+    def set_attention(self, name: str, **options) -> None:
+        """Replaces every layer's attention by `build_attention(name, **options)` (weights unchanged).
+
+        Raises attention_ext.AttentionConfigError for an unknown name or a bad option, and
+        for an attention that needs shared query/key projections the model does not have.
+        """
+        check_attention_fits(name, self.shared_qk)
+        modules = [build_attention(name, **options) for _ in self.layers]   # validate before changing
+        for layer, module in zip(self.layers, modules):
+            layer.attention = module
+        self.attention_name, self.attention_options = name, dict(options)
+
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, T, F) normalised features, (B,) frame counts -> (B, T', D) states, (B,) lengths T'."""
+        x, lengths = self.frontend(features, lengths)
+        # sqrt(d_model) keeps the content well above the unit-amplitude positions (as in ESPnet)
+        x = x * self.input_scale + sinusoidal_positions(x.shape[1], self.d_model, x.device)
+        x = self.input_dropout(x)
+        for layer in self.layers:
+            x = layer(x, lengths)
+        return self.final_norm(x), lengths

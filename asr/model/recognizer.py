@@ -1,0 +1,311 @@
+"""The LightningModule: features -> normalisation -> encoder -> CTC heads -> loss, decoding, error rates.
+
+    recognizer = SpeechRecognizer(model=dict(layers=9, ...), attention=dict(name="full"),
+                                  optim=dict(lr=1e-4, ...), feature_dim=40,
+                                  tokenizers={kind: tokenizer.state_dict()})
+    recognizer.set_feature_stats(datamodule.feature_mean, datamodule.feature_std)
+
+Everything needed to use a checkpoint alone is inside it: the model, attention and optimiser
+configs and the token tables as hyper-parameters, the feature mean/std as buffers.
+
+Several target kinds (data.targets, e.g. phones and chars) get one CTC head each on the same
+encoder; the loss is sum_k w_k * CTC_k with w_k = model.loss_weights[k] (default 1 for every
+kind). The first kind is the primary one: its error rate (PER for phones, WER for chars or
+sentencepiece) is `<stage>/primary_error`, which selects the best checkpoint.
+"""
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass, field
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch import nn
+
+from asr.data.tokenizers import Tokenizer, tokenizer_from_state_dict
+from asr.metrics import char_error_rate, phone_error_rate, word_error_rate
+from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode
+from asr.model.encoder import TransformerEncoder
+
+# The batch field holding each tokenizer field's reference strings (see asr.data's Batch).
+REFERENCE_FIELD = {"phones": "phones", "text": "texts"}
+ENCODER_ARGUMENTS = ("layers", "heads", "head_dim", "ff_dim", "dropout", "subsampling",
+                     "subsampling_channels", "shared_qk")
+
+
+def warmup_factor(step: int, warmup_steps: int) -> float:
+    """Linear warm-up: (step + 1) / warmup_steps for the first steps, then 1 (0 steps: always 1)."""
+    return 1.0 if warmup_steps <= 0 else min(1.0, (step + 1) / warmup_steps)
+
+
+@dataclass
+class EvaluationTally:
+    """What a validation or test pass collects: transcripts per head, encoder frames, summed loss."""
+    references: dict[str, list[str]] = field(default_factory=dict)
+    hypotheses: dict[str, list[str]] = field(default_factory=dict)
+    encoder_frames: int = 0
+    utterances: int = 0
+    loss_sum: float = 0.0
+
+    def error_rates(self, tokenizers: dict[str, Tokenizer]) -> dict[str, float]:
+        """PER/WER/CER per head and headline, the primary error and the mean encoder length.
+
+        Per head: `per_phones`, `wer_chars`, `cer_chars`, ... The headline names `per`, `wer`,
+        `cer` come from the phone head and the first word-level head; `primary_error` is the
+        first target kind's PER (phones) or WER (chars, sentencepiece).
+        """
+        rates: dict[str, float] = {}
+        for kind in self.references:
+            references, hypotheses = self.references[kind], self.hypotheses[kind]
+            if tokenizers[kind].field == "phones":
+                rates[f"per_{kind}"] = phone_error_rate(references, hypotheses)
+                rates.setdefault("per", rates[f"per_{kind}"])
+            else:
+                rates[f"wer_{kind}"] = word_error_rate(references, hypotheses)
+                rates[f"cer_{kind}"] = char_error_rate(references, hypotheses)
+                rates.setdefault("wer", rates[f"wer_{kind}"])
+                rates.setdefault("cer", rates[f"cer_{kind}"])
+        if self.references:
+            primary = next(iter(tokenizers))
+            rates["primary_error"] = rates[f"per_{primary}" if f"per_{primary}" in rates else f"wer_{primary}"]
+        if self.utterances:
+            rates["encoder_length"] = self.encoder_frames / self.utterances
+        return rates
+
+
+class CheckpointMismatchError(RuntimeError):
+    """A checkpoint whose tensors do not fit the model built from the current config."""
+
+
+def check_state_dict_fits(model: nn.Module, state_dict: dict[str, torch.Tensor], source: str) -> None:
+    """Raises CheckpointMismatchError naming every tensor whose shape differs, is missing or is extra."""
+    own = model.state_dict()
+    differing = [f"  {name}: {tuple(state_dict[name].shape)} in the checkpoint, {tuple(tensor.shape)} here"
+                 for name, tensor in own.items() if name in state_dict and state_dict[name].shape != tensor.shape]
+    missing = [name for name in own if name not in state_dict]
+    extra = [name for name in state_dict if name not in own]
+    if not (differing or missing or extra):
+        return
+    lines = [f"{source} holds a model of another shape than the one this config builds:"]
+    if differing:
+        lines += ["shapes that differ:"] + differing[:20] + ([f"  ... and {len(differing) - 20} more"]
+                                                              if len(differing) > 20 else [])
+    if missing:
+        lines.append(f"not in the checkpoint ({len(missing)}): {', '.join(missing[:8])}"
+                     + (" ..." if len(missing) > 8 else ""))
+    if extra:
+        lines.append(f"only in the checkpoint ({len(extra)}): {', '.join(extra[:8])}"
+                     + (" ..." if len(extra) > 8 else ""))
+    lines.append("Use the preset/model/data settings the checkpoint was trained with (its run folder "
+                 "holds config.yaml), or start a new run without ckpt_path.")
+    raise CheckpointMismatchError("\n".join(lines))
+
+
+class SpeechRecognizer(L.LightningModule):
+    def __init__(self, model: dict, attention: dict, optim: dict, feature_dim: int,
+                 tokenizers: dict[str, dict]):
+        super().__init__()
+        self.save_hyperparameters()
+        self.tokenizers: dict[str, Tokenizer] = {kind: tokenizer_from_state_dict(state)
+                                                 for kind, state in tokenizers.items()}
+        options = {key: value for key, value in attention.items() if key != "name"}
+        self.encoder = TransformerEncoder(feature_dim, **{key: model[key] for key in ENCODER_ARGUMENTS},
+                                          attention=attention["name"], attention_options=options)
+        self.heads = CTCHeads(self.encoder.d_model, {kind: t.vocab_size for kind, t in self.tokenizers.items()})
+        unknown = sorted(set(model.get("loss_weights") or {}) - set(self.tokenizers))
+        if unknown:
+            raise ValueError(f"model.loss_weights names {unknown}, which are not targets; the targets "
+                             f"(data.targets) are {list(self.tokenizers)}")
+        self.loss_weights = {kind: float((model.get("loss_weights") or {}).get(kind, 1.0))
+                             for kind in self.tokenizers}
+        self.register_buffer("feature_mean", torch.zeros(feature_dim))
+        self.register_buffer("feature_std", torch.ones(feature_dim))
+        self._tallies: dict[str, EvaluationTally] = {}
+        self._restored_plateau: dict | None = None
+        self.last_error_rates: dict[str, dict[str, float]] = {}
+
+    # ---- model -------------------------------------------------------------------------------
+    def set_feature_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
+        """Global per-bin mean/std of the training features (stored with the weights)."""
+        self.feature_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
+        self.feature_std.copy_(torch.as_tensor(std, dtype=torch.float32).clamp(min=1e-5))
+
+    def set_attention(self, name: str, **options) -> None:
+        """Runs the same weights under another attention (see TransformerEncoder.set_attention)."""
+        self.encoder.set_attention(name, **options)
+
+    def forward(self, features: torch.Tensor, lengths: torch.Tensor
+                ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
+        """Raw fbank (B, T, F), (B,) -> {kind: (B, T', V) log-probs}, (B,) lengths T'."""
+        features = (features - self.feature_mean) / self.feature_std
+        features = features * (torch.arange(features.shape[1], device=features.device)
+                               < lengths[:, None])[..., None]   # padding stays exactly 0
+        states, lengths = self.encoder(features, lengths)
+        return self.heads(states), lengths
+
+    def transcribe(self, features: torch.Tensor, lengths: torch.Tensor) -> dict[str, list[str]]:
+        """Greedy CTC transcripts per target kind."""
+        log_probs, out_lengths = self(features, lengths)
+        return {kind: [self.tokenizers[kind].decode(ids) for ids in greedy_decode(lp, out_lengths)]
+                for kind, lp in log_probs.items()}
+
+    # ---- training ----------------------------------------------------------------------------
+    def _losses(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict, torch.Tensor]:
+        log_probs, lengths = self(batch["features"], batch["feature_lengths"])
+        losses = {kind: ctc_loss(lp, lengths, batch["targets"][kind], batch["target_lengths"][kind])
+                  for kind, lp in log_probs.items()}
+        total = sum(self.loss_weights[kind] * loss for kind, loss in losses.items())
+        return total, losses, log_probs, lengths
+
+    def training_step(self, batch: dict, batch_index: int) -> torch.Tensor:
+        total, losses, _, _ = self._losses(batch)
+        size = len(batch["ids"])
+        self.log("train/loss", total, prog_bar=True, batch_size=size)
+        for kind, loss in losses.items():
+            self.log(f"train/loss_{kind}", loss, batch_size=size)
+        return total
+
+    def on_train_batch_start(self, batch: dict, batch_index: int) -> None:
+        # the lr this step uses (outside optimizer_step, where the warm-up scaling is applied)
+        self.log("train/lr", self.optimizers().param_groups[0]["lr"] * self._warmup_factor(),
+                 batch_size=len(batch["ids"]))
+
+    def _evaluation_step(self, batch: dict, stage: str) -> None:
+        total, losses, log_probs, lengths = self._losses(batch)
+        size = len(batch["ids"])
+        self.log(f"{stage}/loss", total, batch_size=size, sync_dist=True)
+        for kind, loss in losses.items():
+            self.log(f"{stage}/loss_{kind}", loss, batch_size=size, sync_dist=True)
+        tally = self._tallies.setdefault(stage, EvaluationTally())
+        for kind, lp in log_probs.items():
+            tokenizer = self.tokenizers[kind]
+            tally.references.setdefault(kind, []).extend(batch[REFERENCE_FIELD[tokenizer.field]])
+            tally.hypotheses.setdefault(kind, []).extend(tokenizer.decode(ids) for ids in greedy_decode(lp, lengths))
+        tally.encoder_frames += int(lengths.sum())
+        tally.utterances += size
+        tally.loss_sum += float(total) * size
+
+    def validation_step(self, batch: dict, batch_index: int) -> None:
+        self._evaluation_step(batch, "val")
+
+    def test_step(self, batch: dict, batch_index: int) -> None:
+        self._evaluation_step(batch, "test")
+
+    def _gathered(self, stage: str) -> EvaluationTally:
+        """This stage's tally, merged over all processes when training runs on several devices."""
+        tally = self._tallies.get(stage, EvaluationTally())
+        if self.trainer.world_size == 1:
+            return tally
+        parts = [None] * self.trainer.world_size
+        torch.distributed.all_gather_object(parts, tally)
+        merged = EvaluationTally()
+        for part in parts:
+            for kind in part.references:
+                merged.references.setdefault(kind, []).extend(part.references[kind])
+                merged.hypotheses.setdefault(kind, []).extend(part.hypotheses[kind])
+            merged.encoder_frames += part.encoder_frames
+            merged.utterances += part.utterances
+            merged.loss_sum += part.loss_sum
+        return merged
+
+    def _evaluation_epoch_end(self, stage: str) -> None:
+        if self.trainer.sanity_checking:
+            self._tallies.pop(stage, None)
+            return
+        tally = self._gathered(stage)
+        self._tallies.pop(stage, None)
+        if not tally.utterances:
+            return
+        rates = tally.error_rates(self.tokenizers)
+        for name, value in rates.items():
+            self.log(f"{stage}/{name}", value, prog_bar=name in ("per", "wer"))
+        self.last_error_rates[stage] = rates
+        if stage == "val":
+            self._step_plateau(tally.loss_sum / tally.utterances)
+
+    def on_validation_epoch_start(self) -> None:
+        self._tallies.pop("val", None)
+
+    def on_test_epoch_start(self) -> None:
+        self._tallies.pop("test", None)
+
+    def on_validation_epoch_end(self) -> None:
+        self._evaluation_epoch_end("val")
+
+    def on_test_epoch_end(self) -> None:
+        self._evaluation_epoch_end("test")
+
+    # ---- optimisation ------------------------------------------------------------------------
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        """RAdam with decoupled weight decay (as in the RAdam authors' code the paper used).
+
+        The plateau schedule (lr *= plateau_factor when the validation loss has not improved for
+        plateau_patience validations) is stepped here in on_validation_epoch_end, not by Lightning:
+        Lightning steps it after the checkpoint of that epoch is written and skips that step on
+        resume, so a resumed run would follow another schedule than an uninterrupted one.
+        """
+        optim = self.hparams.optim
+        optimizer = torch.optim.RAdam(self.parameters(), lr=optim["lr"], weight_decay=optim["weight_decay"],
+                                      decoupled_weight_decay=True)
+        self.plateau = torch.optim.lr_scheduler.ReduceLROnPlateau(
+            optimizer, mode="min", factor=optim["plateau_factor"], patience=optim["plateau_patience"],
+            min_lr=optim["min_lr"])
+        if self._restored_plateau is not None:
+            self.plateau.load_state_dict(self._restored_plateau)
+        return optimizer
+
+    def _step_plateau(self, validation_loss: float) -> None:
+        if getattr(self, "plateau", None) is not None and self.trainer.state.fn == "fit":
+            self.plateau.step(validation_loss)
+
+    def _warmup_factor(self) -> float:
+        return warmup_factor(self.global_step, self.hparams.optim.get("warmup_steps", 0))
+
+    def optimizer_step(self, epoch, batch_index, optimizer, optimizer_closure=None) -> None:
+        """Linear warm-up over `optim.warmup_steps`, applied on top of the plateau schedule:
+        the group's lr (what the plateau schedule lowers and the checkpoint stores) is scaled only
+        for the duration of this step."""
+        factor = self._warmup_factor()
+        if factor >= 1.0:
+            optimizer.step(closure=optimizer_closure)
+            return
+        saved = [group["lr"] for group in optimizer.param_groups]
+        for group in optimizer.param_groups:
+            group["lr"] *= factor
+        optimizer.step(closure=optimizer_closure)
+        for group, lr in zip(optimizer.param_groups, saved):
+            group["lr"] = lr
+
+    def on_train_batch_end(self, outputs, batch, batch_index) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is not None and not math.isfinite(float(loss)):
+            raise FloatingPointError(
+                f"training loss became {float(loss)} at step {self.global_step}; lower optim.lr or "
+                "raise optim.warmup_steps")
+
+    # ---- checkpoints: the schedule and the random state travel with the weights ---------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        if getattr(self, "plateau", None) is not None:
+            checkpoint["plateau"] = self.plateau.state_dict()
+        name, keys, position, has_gauss, cached = np.random.get_state()
+        # plain tensors and numbers only, so torch.load(weights_only=True) can read the checkpoint
+        checkpoint["rng_states"] = {"torch": torch.get_rng_state(), "python": random.getstate(),
+                                    "numpy": [name, torch.from_numpy(keys.copy()), position, has_gauss, cached]}
+        if torch.cuda.is_available():
+            checkpoint["rng_states"]["cuda"] = torch.cuda.get_rng_state_all()
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        """Resuming continues the plateau schedule and the random streams (dropout, hashing)
+        exactly where the checkpoint left them."""
+        self._restored_plateau = checkpoint.get("plateau")
+        states = checkpoint.get("rng_states")
+        if states:
+            torch.set_rng_state(states["torch"])
+            random.setstate(states["python"])
+            name, keys, position, has_gauss, cached = states["numpy"]
+            np.random.set_state((name, keys.numpy(), position, has_gauss, cached))
+            if "cuda" in states and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
+                torch.cuda.set_rng_state_all(states["cuda"])

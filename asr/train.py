@@ -1,0 +1,244 @@
+"""Train a CTC transformer: `python -m asr.train [conf=PRESET] [overrides ...]`.
+
+    python -m asr.train                                    # preset synth_iclustered, built-in corpus
+    python -m asr.train conf=synth_full trainer.max_epochs=5
+    python -m asr.train conf=synth_full ckpt_path=last     # resume the newest synth_full run
+
+One run = one folder (<run_root>/<preset>/<timestamp>, or run_dir=...):
+    config.yaml             the resolved config (.hydra/ holds Hydra's own record and the overrides)
+    checkpoints/best.ckpt   lowest validation error of the primary target; checkpoints/last.ckpt
+    logs/version_N/         TensorBoard events and metrics.csv (one version per start or resume)
+    results.json            test and best-validation PER/WER/CER, time per epoch, parameters, ...
+    train.log               what was printed
+
+The flow, top to bottom: check the config -> make the corpus if it is the built-in one and
+missing -> data module (tokenizers, feature stats) -> model -> Lightning fit -> test the best
+checkpoint -> results.json.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from datetime import datetime
+from pathlib import Path
+
+import hydra
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from omegaconf import DictConfig, OmegaConf
+
+from asr.config import ConfigError, attention_settings, register_schema, validate_config
+from asr.data.datamodule import SpeechDataModule
+from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
+from attention_ext import AttentionConfigError
+
+log = logging.getLogger("asr.train")
+SPLITS = ("train_split", "dev_split", "test_split")
+
+
+# ---- the run folder ------------------------------------------------------------------------------
+def run_folder(run_root: str, preset: str | None, run_dir: str | None, ckpt_path: str | None) -> str:
+    """Hydra's run directory: run_dir if given; with ckpt_path=last the newest earlier run of
+    this preset that has checkpoints/last.ckpt (so a resumed run continues in its own folder);
+    otherwise a new <run_root>/<preset>/<timestamp>."""
+    if run_dir not in (None, "", "None", "null"):
+        return str(run_dir)
+    folder = Path(run_root) / (preset or "custom")
+    if ckpt_path == "last":
+        earlier = sorted(folder.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
+        if earlier:
+            return str(earlier[-1].parent.parent)
+    return str(folder / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+
+
+# use_cache: Hydra may resolve hydra.run.dir more than once; the timestamp must not change.
+OmegaConf.register_new_resolver("asr_run_dir", run_folder, use_cache=True, replace=True)
+register_schema()
+
+
+def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:
+    """The checkpoint to resume from, or None for a fresh run; a clear error if it is not there."""
+    if ckpt_path in (None, ""):
+        return None
+    if ckpt_path == "last":
+        path = run_dir / "checkpoints" / "last.ckpt"
+        if not path.is_file():
+            raise ConfigError(
+                f"ckpt_path=last: no earlier run with checkpoints/last.ckpt under {run_dir.parent}; "
+                "start a fresh run (no ckpt_path), or give run_dir=FOLDER or ckpt_path=FILE.ckpt")
+        return path
+    path = Path(ckpt_path)
+    if not path.is_file():
+        raise ConfigError(f"ckpt_path={ckpt_path!r}: no such checkpoint file; give a .ckpt file or 'last'")
+    return path
+
+
+# ---- the corpus ----------------------------------------------------------------------------------
+def ensure_corpus(cfg: DictConfig) -> None:
+    """Generates the built-in synthetic corpus when its manifests are missing."""
+    data = cfg.data
+    root = Path(data.root)
+    missing = [split for split in (data.train_split, data.dev_split, data.test_split)
+               if not (root / f"{data.corpus}_cuts_{split}.jsonl.gz").is_file()]
+    if not missing:
+        return
+    if data.corpus != "synth":
+        raise ConfigError(
+            f"data.root={str(root)!r} has no manifests for split(s) {missing} of corpus {data.corpus!r} "
+            f"(expected {data.corpus}_cuts_<split>.jsonl.gz); prepare them with the corpus's recipe "
+            f"(recipes/{data.corpus}/README.md) or point data.root at the folder that holds them")
+    from recipes.synth.prepare import prepare_synth
+    log.info("corpus synth: manifests missing in %s, generating them (once)", root)
+    corpus = cfg.synth_corpus
+    report = prepare_synth(root, train_utterances=corpus.train_utterances,
+                           dev_utterances=corpus.dev_utterances, test_utterances=corpus.test_utterances,
+                           seed=corpus.seed, jobs=corpus.jobs, progress=True)
+    log.info("corpus synth: %s", report)
+
+
+# ---- callbacks -----------------------------------------------------------------------------------
+class EpochTimer(Callback):
+    """Wall-clock seconds of each training epoch, with and without its validation."""
+
+    def __init__(self):
+        self.epochs: list[dict[str, float]] = []
+        self._start = self._validation_start = None
+
+    def on_train_epoch_start(self, trainer, module) -> None:
+        self._start, self._validation_start = time.perf_counter(), None
+
+    def on_validation_start(self, trainer, module) -> None:
+        if self._start is not None and not trainer.sanity_checking and self._validation_start is None:
+            self._validation_start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer, module) -> None:
+        end = time.perf_counter()
+        self.epochs.append({"epoch": trainer.current_epoch,
+                            "train_seconds": (self._validation_start or end) - self._start,
+                            "seconds": end - self._start})
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer) -> tuple[L.Trainer, ModelCheckpoint]:
+    t = cfg.trainer
+    tensorboard = TensorBoardLogger(save_dir=str(run_dir), name="logs", default_hp_metric=False)
+    csv = CSVLogger(save_dir=str(run_dir), name="logs", version=tensorboard.version)
+    best = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor="val/primary_error",
+                           mode="min", save_top_k=1, save_last=True, enable_version_counter=False)
+    callbacks: list[Callback] = [best, timer]
+    if t.early_stopping_patience:
+        callbacks.append(EarlyStopping(monitor="val/primary_error", mode="min",
+                                       patience=t.early_stopping_patience))
+    limits = {key: (int(value) if value > 1 else float(value))
+              for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches")
+              if (value := t[key]) is not None}
+    trainer = L.Trainer(
+        # CSV first: it warns about a non-empty folder if TensorBoard has written there before it
+        default_root_dir=str(run_dir), logger=[csv, tensorboard], callbacks=callbacks,
+        max_epochs=t.max_epochs, max_steps=t.max_steps,
+        max_time=None if t.max_minutes is None else {"minutes": float(t.max_minutes)},
+        accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=t.precision,
+        gradient_clip_val=cfg.optim.clip_norm or None, gradient_clip_algorithm="norm",
+        log_every_n_steps=t.log_every_n_steps,
+        val_check_interval=1.0 if t.val_check_interval is None else t.val_check_interval,
+        check_val_every_n_epoch=t.check_val_every_n_epoch, num_sanity_val_steps=t.num_sanity_val_steps,
+        enable_progress_bar=t.enable_progress_bar, deterministic=t.deterministic,
+        use_distributed_sampler=False,   # the data module's lhotse samplers shard by rank themselves
+        **limits)
+    return trainer, best
+
+
+# ---- the run -------------------------------------------------------------------------------------
+def train(cfg: DictConfig, run_dir: Path) -> dict:
+    """Trains (or resumes) one run in `run_dir`, tests its best checkpoint, writes results.json."""
+    started = time.perf_counter()
+    validate_config(cfg)
+    if cfg.trainer.torch_threads:
+        torch.set_num_threads(cfg.trainer.torch_threads)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    resume_from = resolve_checkpoint(cfg.ckpt_path, run_dir)
+    L.seed_everything(cfg.seed, workers=True)
+    ensure_corpus(cfg)
+
+    datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
+    checkpoint = None
+    if resume_from is not None:
+        checkpoint = torch.load(resume_from, map_location="cpu", weights_only=False)
+        datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
+    datamodule.setup("fit")
+    attention_name, attention_options = attention_settings(cfg.attention)
+    model = SpeechRecognizer(
+        model=OmegaConf.to_container(cfg.model, resolve=True),
+        attention={"name": attention_name, **attention_options},
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        feature_dim=datamodule.feature_dim,
+        tokenizers={kind: tokenizer.state_dict() for kind, tokenizer in datamodule.tokenizers.items()})
+    model.set_feature_stats(datamodule.feature_mean, datamodule.feature_std)
+    if checkpoint is not None:
+        check_state_dict_fits(model, checkpoint["state_dict"], f"checkpoint {resume_from}")
+        log.info("resuming from %s (epoch %s, step %s)", resume_from, checkpoint.get("epoch"),
+                 checkpoint.get("global_step"))
+        del checkpoint
+    parameters = sum(p.numel() for p in model.parameters())
+    log.info("model: %d parameters, attention %s %s, targets %s", parameters, attention_name,
+             attention_options, list(datamodule.tokenizers))
+
+    timer = EpochTimer()
+    trainer, best = build_trainer(cfg, run_dir, timer)
+    trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+
+    best_path = best.best_model_path or best.last_model_path
+    results = {
+        "preset": _preset_name(), "run_dir": str(run_dir), "attention": attention_name,
+        "attention_options": attention_options, "parameters": parameters,
+        "epochs": trainer.current_epoch, "steps": trainer.global_step,
+        "seconds_per_epoch": _mean([e["seconds"] for e in timer.epochs]),
+        "train_seconds_per_epoch": _mean([e["train_seconds"] for e in timer.epochs]),
+        "epoch_times": timer.epochs, "best_checkpoint": best_path,
+        "best_val_primary_error": None if best.best_model_score is None else float(best.best_model_score),
+        "val": getattr(model, "last_error_rates", {}).get("val", {}),
+    }
+    if cfg.test and best_path:
+        trainer.test(model, datamodule=datamodule, ckpt_path=best_path)
+        results["test"] = model.last_error_rates.get("test", {})
+    results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
+    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _preset_name() -> str | None:
+    try:
+        return HydraConfig.get().runtime.choices.get("conf")
+    except ValueError:   # called outside Hydra (tests)
+        return None
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.2f}%"
+
+
+@hydra.main(config_path="../conf", config_name="config", version_base="1.3")
+def main(cfg: DictConfig) -> None:
+    run_dir = Path(HydraConfig.get().runtime.output_dir)
+    try:
+        results = train(cfg, run_dir)
+    except (ConfigError, AttentionConfigError, CheckpointMismatchError) as error:
+        sys.exit(f"asr.train: error: {error}")
+    test = results.get("test", {})
+    print(f"\nrun folder: {run_dir}")
+    if test:
+        print(f"test: PER {_percent(test.get('per'))}  WER {_percent(test.get('wer'))}  "
+              f"CER {_percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})")
+
+
+if __name__ == "__main__":
+    main()

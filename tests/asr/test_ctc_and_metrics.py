@@ -1,0 +1,84 @@
+"""Greedy CTC decoding and the error rates, against hand-worked answers."""
+import math
+
+import pytest
+import torch
+
+from asr.metrics import char_error_rate, phone_error_rate, word_error_rate
+from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode
+
+
+def one_hot_scores(paths, vocab=5):
+    """(B, T, V) scores whose argmax per frame is the given path (padded with -1 -> blank)."""
+    length = max(len(p) for p in paths)
+    scores = torch.full((len(paths), length, vocab), -5.0)
+    for b, path in enumerate(paths):
+        for t, token in enumerate(path):
+            scores[b, t, token] = 0.0
+    return scores
+
+
+def test_greedy_decode_merges_repeats_then_drops_blanks():
+    # frames:  a a _ a b b _ _ c   -> a a b c  (the blank separates the two a's)
+    # frames:  _ _ _               -> nothing
+    # frames:  c c c | padding b b (length 3: frames past the length are ignored) -> c
+    paths = [[1, 1, 0, 1, 2, 2, 0, 0, 3], [0, 0, 0], [3, 3, 3, 2, 2]]
+    scores = one_hot_scores(paths)
+    decoded = greedy_decode(scores, torch.tensor([9, 3, 3]))
+    assert decoded == [[1, 1, 2, 3], [], [3]]
+
+
+def test_greedy_decode_of_zero_length_utterance_is_empty():
+    assert greedy_decode(one_hot_scores([[1, 2]]), torch.tensor([0])) == [[]]
+
+
+def test_ctc_loss_matches_hand_computed_probability():
+    # T=2 frames, vocabulary {blank, a}, target "a": alignments a_, _a, aa.
+    p = torch.tensor([[0.6, 0.4], [0.3, 0.7]])           # p[t, token]
+    expected = p[0, 1] * p[1, 0] + p[0, 0] * p[1, 1] + p[0, 1] * p[1, 1]
+    loss = ctc_loss(p.log()[None], torch.tensor([2]), torch.tensor([[1]]), torch.tensor([1]))
+    # reduction "mean": divided by the target length (1)
+    assert loss.item() == pytest.approx(-math.log(expected.item()), rel=1e-5)
+
+
+def test_ctc_loss_zeroes_impossible_alignments():
+    # 3 targets cannot be aligned to 2 frames: zero_infinity makes that utterance contribute 0.
+    log_probs = torch.log_softmax(torch.randn(1, 2, 4), dim=-1)
+    loss = ctc_loss(log_probs, torch.tensor([2]), torch.tensor([[1, 2, 3]]), torch.tensor([3]))
+    assert loss.item() == 0.0
+
+
+def test_heads_give_log_probabilities_per_kind_in_order():
+    heads = CTCHeads(8, {"phones": 40, "chars": 29})
+    out = heads(torch.randn(2, 5, 8))
+    assert list(out) == ["phones", "chars"] == heads.kinds
+    assert out["phones"].shape == (2, 5, 40) and out["chars"].shape == (2, 5, 29)
+    torch.testing.assert_close(out["chars"].exp().sum(-1), torch.ones(2, 5))
+
+
+def test_phone_error_rate_counts_edits_over_all_reference_phones():
+    # utt 1: "AH B K" vs "AH K" -> 1 deletion; utt 2: "S T" vs "S T IY OW" -> 2 insertions;
+    # utt 3: "N" vs "M" -> 1 substitution. 4 edits / 6 reference phones.
+    refs = ["AH B K", "S T", "N"]
+    hyps = ["AH K", "S T IY OW", "M"]
+    assert phone_error_rate(refs, hyps) == pytest.approx(4 / 6)
+
+
+def test_word_error_rate_and_empty_cases():
+    assert word_error_rate(["the cat sat", "a dog"], ["the cat sat", "a dog"]) == 0.0
+    # "the cat sat" -> "cat sat down": delete "the", insert "down" = 2 edits over 3 words
+    assert word_error_rate(["the cat sat"], ["cat sat down"]) == pytest.approx(2 / 3)
+    # an empty hypothesis deletes every word; an empty reference counts hypothesis words as insertions
+    assert word_error_rate(["one two", ""], ["", "extra"]) == pytest.approx(3 / 2)
+    with pytest.raises(ValueError, match="2 references but 1 hypotheses"):
+        word_error_rate(["a", "b"], ["a"])
+    with pytest.raises(ValueError, match="no words"):
+        word_error_rate([""], ["x"])
+
+
+def test_char_error_rate_counts_spaces_as_characters():
+    # "ab cd" (5 chars) vs "abcd": one deleted space -> 1/5; "xy" vs "xz": 1 substitution / 2.
+    assert char_error_rate(["ab cd"], ["abcd"]) == pytest.approx(1 / 5)
+    assert char_error_rate(["ab cd", "xy"], ["abcd", "xz"]) == pytest.approx(2 / 7)
+    # runs of spaces collapse before scoring
+    assert char_error_rate(["ab  cd "], [" ab cd"]) == 0.0

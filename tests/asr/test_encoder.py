@@ -1,0 +1,172 @@
+"""The encoder: its layer against a brute-force transformer layer, subsampling, shared QK, attention swap."""
+import math
+
+import pytest
+import torch
+
+from attention_ext import AttentionConfigError
+from asr.model.encoder import ConvSubsampling, EncoderLayer, TransformerEncoder, sinusoidal_positions
+from asr.model.recognizer import CheckpointMismatchError, check_state_dict_fits
+
+
+def tiny_encoder(**overrides):
+    settings = dict(feature_dim=12, layers=2, heads=2, head_dim=4, ff_dim=16, dropout=0.0)
+    settings.update(overrides)
+    return TransformerEncoder(**settings).eval()
+
+
+def brute_force_layer(layer: EncoderLayer, x: torch.Tensor, length: int) -> torch.Tensor:
+    """One pre-norm layer for ONE sequence written out with explicit loops over heads."""
+    x = x[:length]
+    h = torch.nn.functional.layer_norm(x, (x.shape[-1],), layer.attention_norm.weight, layer.attention_norm.bias)
+    q = h @ layer.query.weight.T + layer.query.bias
+    k = q if layer.key is None else h @ layer.key.weight.T + layer.key.bias
+    v = h @ layer.value.weight.T + layer.value.bias
+    dim = x.shape[-1] // layer.heads
+    heads = []
+    for i in range(layer.heads):
+        part = slice(i * dim, (i + 1) * dim)
+        scores = q[:, part] @ k[:, part].T / math.sqrt(dim)
+        heads.append(torch.softmax(scores, dim=-1) @ v[:, part])
+    x = x + torch.cat(heads, dim=-1) @ layer.output.weight.T + layer.output.bias
+    h = torch.nn.functional.layer_norm(x, (x.shape[-1],), layer.ff_norm.weight, layer.ff_norm.bias)
+    first, second = layer.ff[0], layer.ff[3]
+    return x + torch.relu(h @ first.weight.T + first.bias) @ second.weight.T + second.bias
+
+
+@pytest.mark.parametrize("shared_qk", [False, True])
+def test_layer_equals_brute_force_transformer_layer_on_valid_positions(shared_qk):
+    torch.manual_seed(0)
+    encoder = tiny_encoder(shared_qk=shared_qk, attention="full")
+    layer = encoder.layers[0]
+    x = torch.randn(2, 7, 8)
+    lengths = torch.tensor([7, 4])
+    with torch.no_grad():
+        out = layer(x, lengths)
+        for b, length in enumerate(lengths.tolist()):
+            torch.testing.assert_close(out[b, :length], brute_force_layer(layer, x[b], length),
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_shared_qk_passes_the_same_tensor_as_queries_and_keys():
+    seen = []
+
+    class Spy(torch.nn.Module):
+        def forward(self, q, k, v, lengths):
+            seen.append(k is q)
+            return v
+
+    for shared in (True, False):
+        encoder = tiny_encoder(shared_qk=shared)
+        encoder.layers[0].attention = Spy()
+        encoder(torch.randn(1, 5, 12), torch.tensor([5]))
+    assert seen == [True, False]
+    assert tiny_encoder(shared_qk=True).layers[0].key is None   # one projection, no key weights
+
+
+@pytest.mark.parametrize("factor", [1, 2, 4])
+def test_subsampling_lengths_and_padding_independence(factor):
+    torch.manual_seed(0)
+    encoder = tiny_encoder(subsampling=factor, subsampling_channels=3)
+    lengths = torch.tensor([23, 9, 1])
+    features = torch.randn(3, 23, 12)
+    with torch.no_grad():
+        out, out_lengths = encoder(features, lengths)
+        expected = [math.ceil(n / factor) for n in lengths.tolist()]   # ceil per stride-2 stage
+        assert out_lengths.tolist() == expected and out.shape[1] == expected[0]
+        assert encoder.output_lengths(lengths).tolist() == expected
+        for b, n in enumerate(lengths.tolist()):   # alone == inside the padded batch
+            alone, _ = encoder(features[b:b + 1, :n], torch.tensor([n]))
+            torch.testing.assert_close(alone[0], out[b, :expected[b]], rtol=1e-5, atol=1e-5)
+
+
+def test_subsampling_rejects_other_factors():
+    with pytest.raises(ValueError, match="must be 1, 2 or 4, got 3"):
+        ConvSubsampling(40, 8, 3, 4)
+
+
+def test_sinusoidal_positions_follow_the_formula():
+    table = sinusoidal_positions(3, 4)
+    # dims (sin, cos) at frequencies 1 and 1/10000^(2/4) = 0.01
+    expected = torch.tensor([[0.0, 1.0, 0.0, 1.0],
+                             [math.sin(1), math.cos(1), math.sin(0.01), math.cos(0.01)],
+                             [math.sin(2), math.cos(2), math.sin(0.02), math.cos(0.02)]])
+    torch.testing.assert_close(table, expected)
+
+
+def test_set_attention_swaps_every_layer_and_keeps_the_weights():
+    encoder = tiny_encoder()
+    before = {k: v.clone() for k, v in encoder.state_dict().items()}
+
+    encoder.set_attention("full")
+    assert all(type(layer.attention).__name__ == "FullAttention" for layer in encoder.layers)
+    assert len({id(layer.attention) for layer in encoder.layers}) == len(encoder.layers)
+    after = encoder.state_dict()
+    assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
+
+
+def test_set_attention_rejects_unknown_names_and_unshared_models():
+    encoder = tiny_encoder()
+    original = encoder.layers[0].attention
+    with pytest.raises(AttentionConfigError, match="unknown attention 'fancy'"):
+        encoder.set_attention("fancy")
+    with pytest.raises(AttentionConfigError, match="model.shared_qk=true"):
+        encoder.set_attention("lsh")
+    assert encoder.layers[0].attention is original        # nothing changed on failure
+    with pytest.raises(AttentionConfigError, match="needs shared query/key"):
+        tiny_encoder(attention="shared_full")
+
+
+def test_state_dict_runs_under_another_attention_instance():
+    torch.manual_seed(0)
+    first, second = tiny_encoder(), tiny_encoder()
+    second.load_state_dict(first.state_dict())
+    features, lengths = torch.randn(2, 6, 12), torch.tensor([6, 3])
+    with torch.no_grad():
+        torch.testing.assert_close(first(features, lengths)[0], second(features, lengths)[0])
+
+
+def test_checkpoint_of_another_shape_names_the_differing_tensors():
+    small, wide = tiny_encoder(), tiny_encoder(head_dim=8)
+    with pytest.raises(CheckpointMismatchError) as error:
+        check_state_dict_fits(small, wide.state_dict(), "checkpoint x.ckpt")
+    message = str(error.value)
+    assert "layers.0.query.weight: (16, 16) in the checkpoint, (8, 8) here" in message
+    shared = tiny_encoder(shared_qk=True)
+    with pytest.raises(CheckpointMismatchError, match=r"only in the checkpoint \(4\): layers.0.key.weight"):
+        check_state_dict_fits(shared, small.state_dict(), "checkpoint x.ckpt")
+    check_state_dict_fits(small, tiny_encoder().state_dict(), "same shape")   # no error
+
+
+@pytest.mark.parametrize("name, options", [("clustered", {"clusters": 64}), ("iclustered", {"clusters": 64, "topk": 4}),
+                                           ("oracle_top", {"topk": 64})])
+def test_swapped_in_attention_is_what_runs(name, options):
+    """With more clusters (or top keys) than positions these attentions are exact (DESIGN.md), so the
+    swapped model must reproduce the full-attention output; with few clusters it must not."""
+    torch.manual_seed(0)
+    encoder = tiny_encoder(layers=2)
+    features, lengths = torch.randn(2, 20, 12), torch.tensor([20, 13])
+    with torch.no_grad():
+        reference, _ = encoder(features, lengths)
+        encoder.set_attention(name, **options)
+        assert all(layer.attention.attention_name == name for layer in encoder.layers)
+        exact, _ = encoder(features, lengths)
+        torch.testing.assert_close(exact[0], reference[0], rtol=1e-4, atol=1e-4)
+        torch.testing.assert_close(exact[1, :13], reference[1, :13], rtol=1e-4, atol=1e-4)
+        if name == "clustered":
+            encoder.set_attention(name, clusters=2)
+            approximate, _ = encoder(features, lengths)
+            assert not torch.allclose(approximate[0], reference[0], atol=1e-3)
+
+
+@pytest.mark.parametrize("name, options", [("shared_full", {}), ("lsh", {"rounds": 2, "chunk_size": 4}),
+                                           ("clustered", {"clusters": 3}), ("iclustered", {"clusters": 3, "topk": 2})])
+def test_shared_qk_model_runs_under_every_attention_with_gradients(name, options):
+    torch.manual_seed(0)
+    encoder = tiny_encoder(shared_qk=True).train()
+    encoder.set_attention(name, **options)
+    features, lengths = torch.randn(2, 17, 12, requires_grad=True), torch.tensor([17, 9])
+    out, _ = encoder(features, lengths)
+    out[0].sum().backward()
+    assert torch.isfinite(out).all() and torch.isfinite(features.grad).all()
+    assert encoder.layers[0].query.weight.grad.abs().sum() > 0

@@ -1,0 +1,200 @@
+"""python -m asr.train: presets, config errors, run folders, resume; on a tiny generated corpus, tiny models."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from hydra import compose, initialize_config_dir
+from hydra.errors import ConfigCompositionException, MissingConfigException
+
+from asr.config import ConfigError, validate_config
+from asr.model.recognizer import CheckpointMismatchError
+from asr.train import ensure_corpus, train
+from attention_ext import AttentionConfigError
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "conf"
+PRESETS = sorted(p.stem for p in (CONF / "conf").glob("*.yaml"))
+# A model and a run small enough for a few seconds on a CPU; every preset keeps its attention.
+TINY = ["model.layers=1", "model.heads=2", "model.head_dim=8", "model.ff_dim=32", "model.subsampling_channels=4",
+        "data.max_duration=25", "data.progress=false", "data.feature_jobs=1", "data.num_buckets=2",
+        "trainer.max_epochs=1", "trainer.max_minutes=null", "trainer.enable_progress_bar=false",
+        "trainer.log_every_n_steps=1", "trainer.early_stopping_patience=null"]
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+@pytest.fixture(scope="module")
+def tiny_synth(tmp_path_factory) -> Path:
+    """The built-in corpus at its smallest (6 / 2 / 2 utterances), made the way asr.train makes it."""
+    root = tmp_path_factory.mktemp("synth")
+    cfg = compose_config(f"data.root={root}", "synth_corpus.train_utterances=6", "synth_corpus.dev_utterances=2",
+                         "synth_corpus.test_utterances=2", "synth_corpus.jobs=1")
+    ensure_corpus(cfg)   # the manifests are missing: generates them
+    for split in ("train", "dev", "test"):
+        assert (root / f"synth_cuts_{split}.jsonl.gz").is_file()
+    return root
+
+
+def tiny_config(corpus: Path, *overrides: str):
+    return compose_config(*TINY, f"data.root={corpus}", *overrides)
+
+
+def metrics_rows(run_dir: Path) -> list[dict]:
+    rows = []
+    for path in sorted(run_dir.glob("logs/version_*/metrics.csv")):
+        with open(path) as f:
+            rows += list(csv.DictReader(f))
+    return rows
+
+
+def train_losses(run_dir: Path) -> dict[int, float]:
+    return {int(r["step"]): float(r["train/loss"]) for r in metrics_rows(run_dir) if r.get("train/loss")}
+
+
+# ---- every preset ------------------------------------------------------------------------------
+@pytest.mark.parametrize("preset", PRESETS)
+def test_every_preset_trains_validates_and_tests(preset, tiny_synth, tmp_path):
+    cfg = tiny_config(tiny_synth, f"conf={preset}")
+    results = train(cfg, tmp_path / "run")
+    run = tmp_path / "run"
+    assert results["attention"] == cfg.attention.name and results["steps"] >= 1
+    assert (run / "checkpoints" / "best.ckpt").is_file() and (run / "checkpoints" / "last.ckpt").is_file()
+    assert (run / "config.yaml").is_file() and metrics_rows(run)
+    saved = json.loads((run / "results.json").read_text())
+    assert set(saved["test"]) >= {"per", "wer", "cer", "encoder_length"} and saved["parameters"] > 0
+    assert saved["seconds_per_epoch"] > 0
+    # the encoder really ran with the preset's attention, and the checkpoint says so
+    checkpoint = torch.load(run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["hyper_parameters"]["attention"]["name"] == cfg.attention.name
+    assert checkpoint["hyper_parameters"]["model"]["shared_qk"] == (preset in
+                                                                   ("synth_shared_full", "synth_lsh1", "synth_lsh4"))
+
+
+def test_presets_cover_the_attention_types():
+    assert {"synth_full", "synth_shared_full", "synth_lsh1", "synth_lsh4", "synth_clustered",
+            "synth_iclustered"} <= set(PRESETS)
+    default = compose_config()
+    assert default.attention.name == "iclustered"          # python -m asr.train with no argument
+
+
+def test_default_preset_uses_at_most_a_quarter_as_many_clusters_as_encoder_positions():
+    """The synth utterances last ~7.8 s on average (recipes/synth/README.md): 780 frames, 390 positions
+    after the stride-2 front end."""
+    cfg = compose_config()
+    positions = 780 / cfg.model.subsampling
+    assert positions >= 250 and cfg.attention.clusters <= positions / 4
+
+
+# ---- resume ------------------------------------------------------------------------------------
+def test_resume_continues_with_the_same_steps_and_losses(tiny_synth, tmp_path):
+    common = ("conf=synth_full", "data.specaugment=false")
+    whole = tmp_path / "whole"
+    train(tiny_config(tiny_synth, *common, "trainer.max_epochs=2"), whole)
+    interrupted = tmp_path / "interrupted"
+    train(tiny_config(tiny_synth, *common, "trainer.max_epochs=1", "test=false"), interrupted)
+    first_part = train_losses(interrupted)
+    resumed = train(tiny_config(tiny_synth, *common, "trainer.max_epochs=2", "ckpt_path=last"), interrupted)
+    expected, got = train_losses(whole), train_losses(interrupted)
+    assert len(list(interrupted.glob("logs/version_*"))) == 2     # one log version per start
+    assert set(got) == set(expected) and max(got) > max(first_part)   # the same steps, and it went on
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], rel=1e-5), step
+    assert resumed["steps"] == json.loads((whole / "results.json").read_text())["steps"]
+
+
+def test_resume_from_a_model_of_another_shape_names_the_tensors(tiny_synth, tmp_path):
+    run = tmp_path / "run"
+    train(tiny_config(tiny_synth, "conf=synth_full", "trainer.max_steps=1", "test=false"), run)
+    with pytest.raises(CheckpointMismatchError) as error:
+        train(tiny_config(tiny_synth, "conf=synth_full", "model.ff_dim=48", "ckpt_path=last"), run)
+    assert "encoder.layers.0.ff.0.weight: (32, 16) in the checkpoint, (48, 16) here" in str(error.value)
+
+
+def test_resume_without_an_earlier_run_says_what_to_do(tiny_synth, tmp_path):
+    with pytest.raises(ConfigError, match="ckpt_path=last: no earlier run"):
+        train(tiny_config(tiny_synth, "conf=synth_full", "ckpt_path=last"), tmp_path / "new")
+    with pytest.raises(ConfigError, match="no such checkpoint file"):
+        train(tiny_config(tiny_synth, "conf=synth_full", f"ckpt_path={tmp_path}/nope.ckpt"), tmp_path / "new")
+
+
+# ---- config errors -----------------------------------------------------------------------------
+def test_unknown_keys_and_wrong_types_fail_while_composing():
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_config("model.nonsense=1")
+    assert "model.nonsense" in str(error.value)
+    assert "Key 'nonsense' not in 'ModelConfig'" in str(error.value.__cause__)
+    with pytest.raises(ConfigCompositionException) as error:
+        compose_config("model.layers=many")
+    assert "could not be converted to Integer" in str(error.value.__cause__)
+    with pytest.raises(MissingConfigException, match="synth_iclustered"):   # lists the presets
+        compose_config("conf=no_such_preset")
+
+
+@pytest.mark.parametrize("overrides, error, message", [
+    (["model.subsampling=3"], ConfigError, "model.subsampling=3 is not allowed: must be 1, 2 or 4"),
+    (["model.dropout=1.5"], ConfigError, r"model.dropout=1.5 is not allowed: must lie in \[0, 1\)"),
+    (["optim.lr=0"], ConfigError, "optim.lr=0.0 is not allowed"),
+    (["+model.loss_weights.words=2"], ConfigError, r"model.loss_weights.words=2.0 is not allowed: names no target"),
+    (["data.num_mel_bins=41"], ConfigError, "data.num_mel_bins=41; choose 40"),
+    (["attention.name=fancy"], AttentionConfigError, "unknown attention 'fancy'; allowed names and options"),
+    (["attention=full", "+attention.clusters=3"], AttentionConfigError, "attention 'full' has no option clusters"),
+    (["attention=full"], None, None),   # a preset's attention can be swapped for one without options
+    (["attention.clusters=0"], AttentionConfigError, "clusters=0 is out of range"),
+    (["conf=synth_full", "attention=lsh"], AttentionConfigError, "needs shared query/key projections"),
+])
+def test_bad_values_are_refused_at_start_up_with_the_fix(overrides, error, message):
+    if error is None:
+        validate_config(compose_config(*overrides))
+        return
+    with pytest.raises(error, match=message):
+        validate_config(compose_config(*overrides))
+
+
+def test_every_preset_passes_validation():
+    for preset in PRESETS:
+        validate_config(compose_config(f"conf={preset}"))
+
+
+# ---- the command line --------------------------------------------------------------------------
+def run_cli(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.run([sys.executable, "-m", "asr.train", *arguments], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=600)
+
+
+def test_cli_reports_config_errors_without_a_traceback(tmp_path):
+    unknown = run_cli("model.nonsense=1", cwd=tmp_path)
+    assert unknown.returncode != 0
+    assert "Could not override 'model.nonsense'" in unknown.stderr
+    assert "Key 'nonsense' not in 'ModelConfig'" in unknown.stderr
+    bad = run_cli("model.subsampling=3", f"run_root={tmp_path}/runs", cwd=tmp_path)
+    assert bad.returncode != 0
+    assert "asr.train: error: model.subsampling=3 is not allowed: must be 1, 2 or 4" in bad.stderr
+    assert "Traceback" not in bad.stderr
+
+
+def test_cli_trains_tests_prints_and_resumes_in_the_run_folder(tiny_synth, tmp_path):
+    arguments = ["conf=synth_full", *TINY, f"data.root={tiny_synth}", f"run_root={tmp_path}/runs"]
+    first = run_cli(*arguments, cwd=tmp_path)
+    assert first.returncode == 0, first.stderr[-3000:]
+    runs = list((tmp_path / "runs" / "synth_full").iterdir())
+    assert len(runs) == 1
+    run = runs[0]
+    results = json.loads((run / "results.json").read_text())
+    per, wer = 100 * results["test"]["per"], 100 * results["test"]["wer"]
+    assert f"test: PER {per:.2f}%  WER {wer:.2f}%" in first.stdout
+    assert (run / ".hydra" / "overrides.yaml").is_file() and (run / "train.log").is_file()
+    second = run_cli(*arguments, "trainer.max_epochs=2", "ckpt_path=last", cwd=tmp_path)
+    assert second.returncode == 0, second.stderr[-3000:]
+    assert list((tmp_path / "runs" / "synth_full").iterdir()) == [run]    # continued in the same folder
+    assert json.loads((run / "results.json").read_text())["epochs"] == 2
