@@ -34,12 +34,13 @@ from __future__ import annotations
 import json
 import os
 import re
+import sys
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from math import gcd
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
 
 import numpy as np
 import soundfile
@@ -48,6 +49,7 @@ from lhotse.audio import AudioSource as LhotseAudioSource
 from tqdm.auto import tqdm
 
 from recipes.audio_source import AudioMissingError, AudioSource, AudioSourceError
+from recipes.lexicon import LexiconError
 
 SAMPLE_RATE = 16000
 SPLITS = ("train", "dev", "test")  # every recipe writes these; some add more (librispeech: dev_other, ...)
@@ -383,6 +385,36 @@ def format_report(report: dict) -> str:
         top = list(report["oov_words"].items())[:10]
         lines.append("most frequent out-of-lexicon words: " + ", ".join(f"{w} ({c})" for w, c in top))
     return "\n".join(lines)
+
+
+def add_preparation_arguments(parser, lexicon: str | None = None, lexicon_help: str = "") -> None:
+    """Adds the options every recipe's command line shares: the lexicon options (when the
+    corpus takes one: lexicon="optional" or "required"), the problem policies, --jobs and
+    --no-progress."""
+    if lexicon is not None:
+        parser.add_argument("--lexicon", required=lexicon == "required",
+                            help=lexicon_help or "CMUdict-format lexicon for phone targets")
+        parser.add_argument("--extra-lexicon", nargs="*", default=[],
+                            help="more CMUdict-format files, e.g. pronunciations for out-of-lexicon words")
+        parser.add_argument("--oov", choices=POLICIES, default="error",
+                            help="utterances with words missing from the lexicon: stop with a report, "
+                                 "or leave them out")
+    parser.add_argument("--bad-data", choices=POLICIES, default="error",
+                        help="missing/unreadable audio or transcripts: stop with a report, or leave them out")
+    parser.add_argument("--jobs", type=int, default=None, help="parallel audio conversions and checks")
+    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def run_preparation(prepare: Callable[[], dict], layout_errors: tuple[type[Exception], ...] = ()) -> int:
+    """Runs a recipe's preparation for its command line: prints the report table and returns 0,
+    or prints the error a user can fix (no traceback) and returns 1."""
+    try:
+        report = prepare()
+    except (PreparationError, LexiconError, *layout_errors) as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 1
+    print(format_report(report))
+    return 0
 
 
 def _ordered_splits(names) -> list[str]:

@@ -27,16 +27,16 @@ import sys
 from pathlib import Path
 
 from recipes.audio_source import AudioSource
-from recipes.lexicon import Lexicon, LexiconError
+from recipes.lexicon import Lexicon
 from recipes.manifest_builder import (
-    PreparationError,
     Problem,
     RecordingSpec,
     UtteranceSpec,
     build_manifests,
     file_identity,
-    format_report,
+    add_preparation_arguments,
     previous_complete_report,
+    run_preparation,
 )
 from recipes.text_normalisation import normalise_transcript
 
@@ -135,24 +135,14 @@ def main(argv=None) -> int:
     parser.add_argument("--corpus-dir", required=True, help="the LibriSpeech folder (holding train-clean-100/ ...)")
     parser.add_argument("--out", default="data/librispeech", help="where the manifests go (default data/librispeech)")
     parser.add_argument("--train-subsets", nargs="+", default=list(TRAIN_SUBSETS), choices=TRAIN_SUBSETS)
-    parser.add_argument("--lexicon", help="CMUdict-format lexicon for phone targets (e.g. librispeech-lexicon.txt)")
-    parser.add_argument("--extra-lexicon", nargs="*", default=[], help="more CMUdict-format files")
-    parser.add_argument("--oov", choices=("error", "drop"), default="error",
-                        help="with --lexicon: utterances with words missing from it: stop with a report, or leave them out")
-    parser.add_argument("--bad-data", choices=("error", "drop"), default="error",
-                        help="missing/unreadable audio or transcripts: stop with a report, or leave them out")
-    parser.add_argument("--jobs", type=int, default=None, help="parallel audio checks")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_preparation_arguments(parser, lexicon="optional",
+                              lexicon_help="CMUdict-format lexicon for phone targets (e.g. librispeech-lexicon.txt)")
     args = parser.parse_args(argv)
-    try:
-        report = prepare_librispeech(args.corpus_dir, args.out, train_subsets=args.train_subsets,
-                                     lexicon=args.lexicon, extra_lexicon=args.extra_lexicon, oov_policy=args.oov,
-                                     bad_data_policy=args.bad_data, jobs=args.jobs, progress=not args.no_progress)
-    except (PreparationError, LibriSpeechLayoutError, LexiconError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(format_report(report))
-    return 0
+    return run_preparation(
+        lambda: prepare_librispeech(args.corpus_dir, args.out, train_subsets=args.train_subsets,
+                                    lexicon=args.lexicon, extra_lexicon=args.extra_lexicon, oov_policy=args.oov,
+                                    bad_data_policy=args.bad_data, jobs=args.jobs, progress=not args.no_progress),
+        (LibriSpeechLayoutError,))
 
 
 if __name__ == "__main__":

@@ -44,16 +44,16 @@ from collections import defaultdict
 from pathlib import Path
 
 from recipes.audio_source import AudioSource
-from recipes.lexicon import Lexicon, LexiconError
+from recipes.lexicon import Lexicon
 from recipes.manifest_builder import (
-    PreparationError,
     Problem,
     RecordingSpec,
     UtteranceSpec,
     build_manifests,
     file_identity,
-    format_report,
+    add_preparation_arguments,
     previous_complete_report,
+    run_preparation,
 )
 from recipes.text_normalisation import normalise_transcript
 
@@ -178,26 +178,15 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default="data/switchboard", help="where the manifests and audio go")
     parser.add_argument("--dev-conversations", type=int, default=40, help="held-out conversations for dev")
     parser.add_argument("--test-conversations", type=int, default=40, help="held-out conversations for test")
-    parser.add_argument("--lexicon", help="CMUdict-format lexicon, for phone targets (optional)")
-    parser.add_argument("--extra-lexicon", nargs="*", default=[], help="more CMUdict-format files")
-    parser.add_argument("--oov", choices=("error", "drop"), default="error",
-                        help="with --lexicon: utterances with words missing from it: stop with a report, or leave them out")
-    parser.add_argument("--bad-data", choices=("error", "drop"), default="error",
-                        help="missing/unreadable audio or transcripts: stop with a report, or leave them out")
-    parser.add_argument("--jobs", type=int, default=None, help="parallel audio conversions")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_preparation_arguments(parser, lexicon="optional", lexicon_help="CMUdict-format lexicon, for phone targets")
     args = parser.parse_args(argv)
-    try:
-        report = prepare_switchboard(args.corpus_dir, args.out, transcripts_dir=args.transcripts_dir,
-                                     dev_conversations=args.dev_conversations,
-                                     test_conversations=args.test_conversations, lexicon=args.lexicon,
-                                     extra_lexicon=args.extra_lexicon, oov_policy=args.oov,
-                                     bad_data_policy=args.bad_data, jobs=args.jobs, progress=not args.no_progress)
-    except (PreparationError, SwitchboardLayoutError, LexiconError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(format_report(report))
-    return 0
+    return run_preparation(
+        lambda: prepare_switchboard(args.corpus_dir, args.out, transcripts_dir=args.transcripts_dir,
+                                    dev_conversations=args.dev_conversations,
+                                    test_conversations=args.test_conversations, lexicon=args.lexicon,
+                                    extra_lexicon=args.extra_lexicon, oov_policy=args.oov,
+                                    bad_data_policy=args.bad_data, jobs=args.jobs, progress=not args.no_progress),
+        (SwitchboardLayoutError,))
 
 
 if __name__ == "__main__":

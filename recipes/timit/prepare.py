@@ -30,13 +30,13 @@ from pathlib import Path
 from asr.data.phones import TIMIT_61
 from recipes.audio_source import AudioSource
 from recipes.manifest_builder import (
-    PreparationError,
     Problem,
     RecordingSpec,
     UtteranceSpec,
     build_manifests,
-    format_report,
+    add_preparation_arguments,
     previous_complete_report,
+    run_preparation,
 )
 from recipes.text_normalisation import normalise_transcript
 
@@ -149,20 +149,12 @@ def main(argv=None) -> int:
     parser.add_argument("--corpus-dir", required=True, help="the TIMIT folder (holding TRAIN/ and TEST/)")
     parser.add_argument("--out", default="data/timit", help="where the manifests and audio go (default data/timit)")
     parser.add_argument("--include-sa", action="store_true", help="keep the SA1/SA2 sentences in train")
-    parser.add_argument("--bad-data", choices=("error", "drop"), default="error",
-                        help="missing/unreadable audio or transcripts: stop with a report, or leave them out")
-    parser.add_argument("--jobs", type=int, default=None, help="parallel audio conversions")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_preparation_arguments(parser)
     args = parser.parse_args(argv)
-    try:
-        report = prepare_timit(args.corpus_dir, args.out, include_sa=args.include_sa,
-                               bad_data_policy=args.bad_data, jobs=args.jobs,
-                               progress=not args.no_progress)
-    except (PreparationError, TimitLayoutError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(format_report(report))
-    return 0
+    return run_preparation(
+        lambda: prepare_timit(args.corpus_dir, args.out, include_sa=args.include_sa,
+                              bad_data_policy=args.bad_data, jobs=args.jobs, progress=not args.no_progress),
+        (TimitLayoutError,))
 
 
 if __name__ == "__main__":

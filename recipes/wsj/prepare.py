@@ -52,16 +52,16 @@ from pathlib import Path
 
 from recipes.audio_source import AudioSource
 from recipes.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
-from recipes.lexicon import Lexicon, LexiconError
+from recipes.lexicon import Lexicon
 from recipes.manifest_builder import (
-    PreparationError,
     Problem,
     RecordingSpec,
     UtteranceSpec,
     build_manifests,
     file_identity,
-    format_report,
+    add_preparation_arguments,
     previous_complete_report,
+    run_preparation,
 )
 from recipes.text_normalisation import normalise_transcript
 
@@ -300,26 +300,14 @@ def main(argv=None) -> int:
     parser.add_argument("--corpus-dir", nargs="+", required=True,
                         help="a Kaldi data/ folder, or the folders holding the WSJ0 and WSJ1 LDC discs")
     parser.add_argument("--out", default="data/wsj", help="where the manifests and audio go (default data/wsj)")
-    parser.add_argument("--lexicon", required=True, help="CMUdict-format lexicon (e.g. cmudict-0.7b)")
-    parser.add_argument("--extra-lexicon", nargs="*", default=[],
-                        help="more CMUdict-format files, e.g. pronunciations for out-of-lexicon words")
     parser.add_argument("--train-set", choices=TRAIN_SETS, default="si284")
-    parser.add_argument("--oov", choices=("error", "drop"), default="error",
-                        help="utterances with words missing from the lexicon: stop with a report, or leave them out")
-    parser.add_argument("--bad-data", choices=("error", "drop"), default="error",
-                        help="missing/unreadable audio or transcripts: stop with a report, or leave them out")
-    parser.add_argument("--jobs", type=int, default=None, help="parallel audio conversions")
-    parser.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_preparation_arguments(parser, lexicon="required", lexicon_help="CMUdict-format lexicon (e.g. cmudict-0.7b)")
     args = parser.parse_args(argv)
-    try:
-        report = prepare_wsj(args.corpus_dir, args.out, args.lexicon, extra_lexicon=args.extra_lexicon,
-                             train_set=args.train_set, oov_policy=args.oov, bad_data_policy=args.bad_data,
-                             jobs=args.jobs, progress=not args.no_progress)
-    except (PreparationError, WsjLayoutError, LexiconError, KaldiDataDirError) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(format_report(report))
-    return 0
+    return run_preparation(
+        lambda: prepare_wsj(args.corpus_dir, args.out, args.lexicon, extra_lexicon=args.extra_lexicon,
+                            train_set=args.train_set, oov_policy=args.oov, bad_data_policy=args.bad_data,
+                            jobs=args.jobs, progress=not args.no_progress),
+        (WsjLayoutError, KaldiDataDirError))
 
 
 if __name__ == "__main__":
