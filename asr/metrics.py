@@ -5,7 +5,9 @@ utterances, divided by the number of reference tokens summed over all utterances
 (not a mean of per-utterance rates). Rates are fractions (0.12 = 12 %) and can exceed 1
 when the hypotheses insert much. Tokens are:
 
-- phone_error_rate: whitespace-separated phones ("DH AH K AE T");
+- phone_error_rate: whitespace-separated phones ("DH AH K AE T"); with phone_set="timit61" both
+  sides are first folded from TIMIT's 61 symbols to Lee & Hon's 39 classes (the standard TIMIT
+  scoring: models train on 61, PER is reported on 39);
 - word_error_rate:  whitespace-separated words;
 - char_error_rate:  characters, spaces included (jiwer's convention), after collapsing
   runs of whitespace to one space and stripping both ends.
@@ -15,6 +17,8 @@ from __future__ import annotations
 from typing import Sequence
 
 import jiwer
+
+from asr.data.phones import fold_timit_61_to_39
 
 
 def _check(references: Sequence[str], hypotheses: Sequence[str]) -> tuple[list[str], list[str]]:
@@ -47,8 +51,23 @@ def _token_error_rate(references: Sequence[str], hypotheses: Sequence[str], what
     return _rate(output, what)
 
 
-def phone_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> float:
-    """PER over space-separated phone strings."""
+# How each phone set is scored: TIMIT's 61 symbols are folded to 39 classes on both sides first.
+PHONE_SCORING_FOLDS = {"arpabet39": None, "timit61": fold_timit_61_to_39}
+
+
+def phone_error_rate(references: Sequence[str], hypotheses: Sequence[str], phone_set: str = "arpabet39") -> float:
+    """PER over space-separated phone strings of `phone_set` (the phones tokenizer's `.phone_set`).
+
+    For "timit61" references and hypotheses are folded to Lee & Hon's 39 classes before the
+    alignment (closures/pauses -> SIL, Q deleted, AO -> AA, ...), so e.g. a hypothesis IX for a
+    reference IH is no error. A symbol outside TIMIT's 61 is a ValueError naming it.
+    """
+    if phone_set not in PHONE_SCORING_FOLDS:
+        raise ValueError(f"phone_set={phone_set!r} has no PER scoring; known: {', '.join(PHONE_SCORING_FOLDS)}")
+    fold = PHONE_SCORING_FOLDS[phone_set]
+    if fold is not None:
+        references, hypotheses = _check(references, hypotheses)
+        references, hypotheses = [fold(r) for r in references], [fold(h) for h in hypotheses]
     return _token_error_rate(references, hypotheses, "phone")
 
 

@@ -3,6 +3,7 @@
     python -m asr.train                                    # preset synth_iclustered, built-in corpus
     python -m asr.train conf=synth_full trainer.max_epochs=5
     python -m asr.train conf=synth_full ckpt_path=last     # resume the newest synth_full run
+    python -m asr.train conf=wsj_iclustered data.root=data/wsj   # a corpus prepared by recipes/wsj
 
 One run = one folder (<run_root>/<preset>/<timestamp>, or run_dir=...):
     config.yaml             the resolved config (.hydra/ holds Hydra's own record and the overrides)
@@ -34,6 +35,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from asr.config import ConfigError, attention_settings, register_schema, validate_config
 from asr.data.datamodule import SpeechDataModule
+from asr.data.manifests import ManifestError, preparation_hint
 from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
 from attention_ext import AttentionConfigError
 
@@ -80,18 +82,20 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:
 
 # ---- the corpus ----------------------------------------------------------------------------------
 def ensure_corpus(cfg: DictConfig) -> None:
-    """Generates the built-in synthetic corpus when its manifests are missing."""
+    """Generates the built-in synthetic corpus when its manifests are missing; for any other corpus
+    (the user's copy of WSJ, TIMIT, ...) missing manifests are a ConfigError naming the recipe command."""
     data = cfg.data
     root = Path(data.root)
     missing = [split for split in (data.train_split, data.dev_split, data.test_split)
                if not (root / f"{data.corpus}_cuts_{split}.jsonl.gz").is_file()]
     if not missing:
         return
-    if data.corpus != "synth":
-        raise ConfigError(
-            f"data.root={str(root)!r} has no manifests for split(s) {missing} of corpus {data.corpus!r} "
-            f"(expected {data.corpus}_cuts_<split>.jsonl.gz); prepare them with the corpus's recipe "
-            f"(recipes/{data.corpus}/README.md) or point data.root at the folder that holds them")
+    if data.corpus != "synth":   # a real corpus is the user's: say how to prepare it, never guess
+        where = (f"data.root={str(root)!r} does not exist, so it holds no {data.corpus} manifests"
+                 if not root.is_dir() else
+                 f"data.root={str(root)!r} has no {data.corpus}_cuts_<split>.jsonl.gz for split(s) {missing}")
+        raise ConfigError(f"{where}; {preparation_hint(data.corpus, root)}, then run again with "
+                          f"data.root=<that folder>")
     from recipes.synth.prepare import prepare_synth
     log.info("corpus synth: manifests missing in %s, generating them (once)", root)
     corpus = cfg.synth_corpus
@@ -231,7 +235,7 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         results = train(cfg, run_dir)
-    except (ConfigError, AttentionConfigError, CheckpointMismatchError) as error:
+    except (ConfigError, AttentionConfigError, CheckpointMismatchError, ManifestError) as error:
         sys.exit(f"asr.train: error: {error}")
     test = results.get("test", {})
     print(f"\nrun folder: {run_dir}")

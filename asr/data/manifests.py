@@ -35,6 +35,26 @@ class ManifestError(ValueError):
     """The manifests (or the audio they point to) cannot be used as they are; the message says why and what to do."""
 
 
+# The command that writes each corpus's manifests (recipes/<corpus>/README.md says what to download
+# or buy); error messages about missing manifests name it with the folder the config points at.
+PREPARE_COMMANDS = {
+    "synth": "python -m recipes.synth.prepare --out {root}",
+    "wsj": "python -m recipes.wsj.prepare --corpus-dir WSJ0_DIR WSJ1_DIR --lexicon cmudict-0.7b --out {root}",
+    "timit": "python -m recipes.timit.prepare --corpus-dir TIMIT_DIR --out {root}",
+    "librispeech": "python -m recipes.librispeech.prepare --corpus-dir LIBRISPEECH_DIR --out {root}",
+    "switchboard": ("python -m recipes.switchboard.prepare --corpus-dir LDC97S62_DIR "
+                    "--transcripts-dir swb_ms98_transcriptions --out {root}"),
+}
+
+
+def preparation_hint(corpus: str, root: str | os.PathLike) -> str:
+    """'prepare them with `python -m recipes.<corpus>.prepare ... --out <root>` (see its README)'."""
+    if corpus not in PREPARE_COMMANDS:
+        return (f"write them with a recipe for corpus {corpus!r} (recipes/README.md says how to add one) "
+                f"into {root}")
+    return f"prepare them with `{PREPARE_COMMANDS[corpus].format(root=root)}` (see recipes/{corpus}/README.md)"
+
+
 def cuts_path(root: str | os.PathLike, corpus: str, split: str) -> Path:
     return Path(root) / f"{corpus}_cuts_{split}.jsonl.gz"
 
@@ -86,8 +106,7 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
     root = Path(root)
     path = cuts_path(root, corpus, split)
     if not path.is_file():
-        hint = (f"generate it with `python -m recipes.synth.prepare --out {root}`" if corpus == "synth"
-                else f"run the {corpus} recipe (recipes/{corpus}/README.md) with its output in {root}")
+        hint = preparation_hint(corpus, root)
         present = sorted(p.name for p in root.glob("*_cuts_*.jsonl.gz")) if root.is_dir() else []
         raise ManifestError(
             f"manifest {path} not found (corpus={corpus!r}, split={split!r}); {hint}, or point data.root / "

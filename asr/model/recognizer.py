@@ -61,7 +61,9 @@ class EvaluationTally:
         for kind in self.references:
             references, hypotheses = self.references[kind], self.hypotheses[kind]
             if tokenizers[kind].field == "phones":
-                rates[f"per_{kind}"] = phone_error_rate(references, hypotheses)
+                # TIMIT's 61 phones are scored folded to 39 classes (asr.metrics.phone_error_rate)
+                phone_set = getattr(tokenizers[kind], "phone_set", None) or "arpabet39"
+                rates[f"per_{kind}"] = phone_error_rate(references, hypotheses, phone_set)
                 rates.setdefault("per", rates[f"per_{kind}"])
             else:
                 rates[f"wer_{kind}"] = word_error_rate(references, hypotheses)
