@@ -54,6 +54,29 @@ def zero_padded_queries(out: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     return out.masked_fill(~mask, 0.0)
 
 
+def attend_by_valid_length(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                           lengths: torch.Tensor) -> torch.Tensor:
+    """Runs `attend(q, k, v)` once per group of sequences that share a valid length, on their
+    unpadded rows only, and places the results in a zero output: padded query rows stay 0.
+
+    For attentions whose dense computation is simplest without masks (shared_full, oracle_top).
+    When every sequence is full, `attend` gets the inputs as they are (no gather, no scatter).
+    """
+    batch, heads, length, _ = q.shape
+    groups: dict[int, list[int]] = {}
+    for index, valid in enumerate(lengths.tolist()):
+        groups.setdefault(valid, []).append(index)
+    if len(groups) == 1 and length in groups:
+        return attend(q, k, v)
+    out = v.new_zeros(batch, heads, length, v.shape[3])
+    for valid, indices in groups.items():
+        if valid == 0:
+            continue
+        rows = torch.tensor(indices, device=q.device)
+        out[rows, :, :valid] = attend(q[rows, :, :valid], k[rows, :, :valid], v[rows, :, :valid])
+    return out
+
+
 def is_shared_qk(q: torch.Tensor, k: torch.Tensor) -> bool:
     """True when the caller passed the very same tensor as queries and keys."""
     return k is q or (k.data_ptr() == q.data_ptr() and k.shape == q.shape

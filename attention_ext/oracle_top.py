@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from .contract import check_inputs
+from .contract import attend_by_valid_length, check_inputs
 from .registry import Option, register_attention
 
 # Scores computed at once per block of queries (elements), bounding peak memory for long sequences.
@@ -35,20 +35,7 @@ class OracleTopAttention(torch.nn.Module):
 
     def forward(self, q, k, v, lengths=None):
         lengths = check_inputs(q, k, v, lengths)
-        batch, heads, length, _ = q.shape
-        groups = {}
-        for index, valid in enumerate(lengths.tolist()):
-            groups.setdefault(valid, []).append(index)
-        if len(groups) == 1 and length in groups:  # every sequence full: no gather, no scatter
-            return self._attend(q, k, v)
-        out = v.new_zeros(batch, heads, length, v.shape[3])
-        for valid, indices in groups.items():
-            if valid == 0:
-                continue
-            rows = torch.tensor(indices, device=q.device)
-            out[rows, :, :valid] = self._attend(
-                q[rows, :, :valid], k[rows, :, :valid], v[rows, :, :valid])
-        return out  # padded query rows were never written: they stay 0
+        return attend_by_valid_length(self._attend, q, k, v, lengths)
 
     def _attend(self, q, k, v):
         """Top-k attention for sequences that are all valid up to their end."""

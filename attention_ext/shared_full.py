@@ -15,7 +15,7 @@ conventions (Kitaev et al. 2020, sec. 2):
 import torch
 import torch.nn.functional as F
 
-from .contract import check_inputs, is_shared_qk
+from .contract import attend_by_valid_length, check_inputs, is_shared_qk
 from .registry import register_attention
 
 
@@ -42,20 +42,7 @@ class SharedFullAttention(torch.nn.Module):
         lengths = check_inputs(q, k, v, lengths)
         require_shared_qk(q, k, self.attention_name)
         keys = F.normalize(q, dim=-1)  # x / max(||x||, 1e-12)
-        batch, _, length, _ = q.shape
-        groups = {}
-        for index, valid in enumerate(lengths.tolist()):
-            groups.setdefault(valid, []).append(index)
-        if len(groups) == 1 and length in groups:  # every sequence full: one call, no copies
-            return self._attend(q, keys, v)
-        out = v.new_zeros(batch, q.shape[1], length, v.shape[3])
-        for valid, indices in groups.items():
-            if valid == 0:
-                continue
-            rows = torch.tensor(indices, device=q.device)
-            out[rows, :, :valid] = self._attend(
-                q[rows, :, :valid], keys[rows, :, :valid], v[rows, :, :valid])
-        return out  # padded query rows were never written: they stay 0
+        return attend_by_valid_length(self._attend, q, keys, v, lengths)
 
     @staticmethod
     def _attend(q, keys, v):
