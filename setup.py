@@ -33,9 +33,12 @@ with_cuda = torch.version.cuda is not None and bool(cuda_sources)
 debug = os.environ.get("ATTENTION_EXT_DEBUG") == "1"
 arch = os.environ.get("ATTENTION_EXT_CPU_ARCH", "native")
 cxx_flags = ["-O0", "-g"] if debug else ["-O3", f"-march={arch}"]
-# SIMD pragmas only; threads come from at::parallel_for (torch's own OpenMP runtime),
-# so we do not link a second OpenMP runtime into the process.
-cxx_flags += ["-fopenmp-simd", "-std=c++17"]
+# at::parallel_for runs its body on torch's intra-op threads only when the extension
+# is compiled with OpenMP (without -fopenmp its header falls back to a serial loop).
+# Linking with -fopenmp adds a dependency on libgomp.so.1, which the dynamic loader
+# resolves to the copy torch has already loaded: one OpenMP runtime per process.
+cxx_flags += ["-fopenmp", "-std=c++17"]
+link_flags = ["-fopenmp"]
 
 if with_cuda:
     extension = CUDAExtension(
@@ -43,10 +46,12 @@ if with_cuda:
         cpp_sources + cuda_sources,
         define_macros=[("WITH_CUDA", None)],
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math"]},
+        extra_link_args=link_flags,
     )
 else:
     extension = CppExtension(
-        "attention_ext._C", cpp_sources, extra_compile_args={"cxx": cxx_flags}
+        "attention_ext._C", cpp_sources, extra_compile_args={"cxx": cxx_flags},
+        extra_link_args=link_flags,
     )
 
 setup(ext_modules=[extension], cmdclass={"build_ext": BuildExtension})

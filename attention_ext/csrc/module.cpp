@@ -4,7 +4,19 @@
 // the torch dispatcher lets CUDA files add TORCH_LIBRARY_IMPL(attention_ext, CUDA, m)
 // for the same operators.
 #include <torch/extension.h>
+#include <ATen/Parallel.h>
+
+#include <atomic>
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "compiled kernels of attention_ext (operators live in torch.ops.attention_ext)";
+  // The threads at::parallel_for really runs on in this extension. Its header falls back to
+  // a serial loop when the extension is compiled without OpenMP, however many threads torch
+  // has; this lets a test (and a user) see which build they have.
+  m.def("parallel_for_threads", [] {
+    const int64_t threads = at::get_num_threads();
+    std::atomic<int64_t> seen{0};
+    at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { seen.fetch_add(1); });
+    return seen.load();
+  }, "number of threads an at::parallel_for over torch.get_num_threads() tasks runs on");
 }
