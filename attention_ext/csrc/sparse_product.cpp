@@ -17,8 +17,8 @@
 // rows and the cluster's S key (or value) rows are copied into small zero-padded
 // contiguous blocks, and every product is a small dense matrix product computed in
 // register tiles (`small_product`). Key and value gradients are summed per cluster into
-// (S, E) blocks and then added into the rows of the keys, one (batch, head) per task, so
-// no two threads write the same row.
+// an (S, E) block that is added into the rows of its keys without two threads ever
+// writing the same row (`for_each_cluster_adding_key_gradients`).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
@@ -26,6 +26,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -53,21 +54,6 @@ SparseShape check_sparse(const at::Tensor& rows, const at::Tensor& topk, const a
               op, ": members must be int64 of shape ", rows.sizes().slice(0, 3), ", got ",
               members.sizes());
   return {rows.size(0), rows.size(1), rows.size(2), topk.size(2), topk.size(3)};
-}
-
-// Calls body(g, keys, member, count) for every (batch-head g, cluster) that has members:
-// keys = its S key positions, member = its `count` query positions.
-template <typename Body>
-void for_each_cluster(const SparseShape& s, const int64_t* topk, const int64_t* offsets,
-                      const int64_t* members, const Body& body) {
-  at::parallel_for(0, s.batch * s.heads * s.clusters, 4, [&](int64_t begin, int64_t end) {
-    for (int64_t index = begin; index < end; ++index) {
-      const int64_t g = index / s.clusters, c = index % s.clusters;
-      const int64_t* offset = offsets + g * (s.clusters + 1);
-      if (offset[c] == offset[c + 1]) continue;
-      body(index, g, topk + index * s.slots, members + g * s.length + offset[c], offset[c + 1] - offset[c]);
-    }
-  });
 }
 
 // Elements of one 512-bit vector: the width of a column tile of the small products.
@@ -165,31 +151,102 @@ void gather_coefficients(const scalar_t* coefficients, const int64_t* query, int
       out[m * slots + slot] = keys[slot] < 0 ? scalar_t(0) : factor * coefficients[query[m] * slots + slot];
 }
 
-// The flat (batch-head, position) row index of each member of a cluster.
-inline void member_rows(int64_t g, const SparseShape& s, const int64_t* member, int64_t count,
-                        std::vector<int64_t>& rows) {
-  rows.resize(count);
-  for (int64_t m = 0; m < count; ++m) rows[m] = g * s.length + member[m];
+// Per-thread buffers of the cluster bodies, reused from cluster to cluster (a body
+// resizes them to what it needs; they only grow, so allocation stops after the first
+// clusters).
+template <typename scalar_t>
+struct Scratch {
+  std::vector<int64_t> rows;  // flat (batch-head, position) row of each member
+  std::vector<scalar_t> a, b, c, d;
+};
+
+// One cluster with members: its (batch-head) group g, flat index g * clusters + c, its S
+// key positions and the flat rows of its `count` member queries (scratch.rows).
+struct Cluster {
+  int64_t index, g;
+  const int64_t* keys;
+  int64_t count;
+};
+
+template <typename scalar_t, typename Body>
+void run_cluster(const SparseShape& s, const int64_t* topk, const int64_t* offsets, const int64_t* members,
+                 int64_t index, Scratch<scalar_t>& scratch, const Body& body) {
+  const int64_t g = index / s.clusters, c = index % s.clusters;
+  const int64_t* offset = offsets + g * (s.clusters + 1);
+  const int64_t count = offset[c + 1] - offset[c];
+  if (count == 0) return;
+  const int64_t* member = members + g * s.length + offset[c];
+  scratch.rows.resize(count);
+  for (int64_t m = 0; m < count; ++m) scratch.rows[m] = g * s.length + member[m];
+  body(scratch, Cluster{index, g, topk + index * s.slots, count});
 }
 
-// Adds the per-cluster blocks (G, C, S, D) times `factor` into rows (G, N, D) at `topk`.
+// Calls body(scratch, cluster) for every cluster with members, shared out over all
+// (batch, head, cluster)s.
+template <typename scalar_t, typename Body>
+void for_each_cluster(const SparseShape& s, const int64_t* topk, const int64_t* offsets,
+                      const int64_t* members, const Body& body) {
+  at::parallel_for(0, s.batch * s.heads * s.clusters, 4, [&](int64_t begin, int64_t end) {
+    Scratch<scalar_t> scratch;
+    for (int64_t index = begin; index < end; ++index)
+      run_cluster(s, topk, offsets, members, index, scratch, body);
+  });
+}
+
+// rows[keys[slot]] += block[slot] for the S (slots, dim) rows of a cluster's block.
 template <typename scalar_t>
-void add_cluster_blocks(const scalar_t* blocks, const int64_t* topk, scalar_t* rows,
-                        const SparseShape& s, int64_t dim, scalar_t factor) {
-  at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g) {
-      const int64_t* keys = topk + g * s.clusters * s.slots;
-      const scalar_t* block = blocks + g * s.clusters * s.slots * dim;
-      scalar_t* target = rows + g * s.length * dim;
-      for (int64_t cs = 0; cs < s.clusters * s.slots; ++cs) {
-        const int64_t key = keys[cs];
-        if (key < 0) continue;
-        const scalar_t* src = block + cs * dim;
-        scalar_t* dst = target + key * dim;
+void add_block(const scalar_t* block, const int64_t* keys, int64_t slots, int64_t dim, scalar_t* rows) {
+  for (int64_t slot = 0; slot < slots; ++slot) {
+    if (keys[slot] < 0) continue;
+    const scalar_t* src = block + slot * dim;
+    scalar_t* dst = rows + keys[slot] * dim;
 #pragma omp simd
-        for (int64_t d = 0; d < dim; ++d) dst[d] += factor * src[d];
-      }
-    }
+    for (int64_t d = 0; d < dim; ++d) dst[d] += src[d];
+  }
+}
+
+// As for_each_cluster, for backward bodies that also compute the gradient of the
+// cluster's S key (or value) rows: body(scratch, cluster, block) writes that (S, dim)
+// block, which is added into grad_rows (B, H, N, dim) at the cluster's keys. Clusters of
+// one (batch, head) share keys, so their additions must not run concurrently:
+// - with at least as many (batch, head)s as threads, a task takes whole (batch, head)s
+//   and adds each block right away, while it is in cache;
+// - otherwise (batch 1, few heads) the clusters are shared out, every block is kept, and
+//   the blocks are added afterwards, one (batch, head) per task.
+// Either way the additions into a row happen in cluster order, so the result does not
+// depend on the thread count.
+template <typename scalar_t, typename Body>
+void for_each_cluster_adding_key_gradients(const SparseShape& s, const int64_t* topk, const int64_t* offsets,
+                                           const int64_t* members, int64_t dim, scalar_t* grad_rows,
+                                           const Body& body) {
+  const int64_t groups = s.batch * s.heads, block_size = s.slots * dim;
+  auto nonempty = [&](int64_t g, int64_t c) {
+    const int64_t* offset = offsets + g * (s.clusters + 1);
+    return offset[c + 1] > offset[c];
+  };
+  if (groups >= at::get_num_threads()) {
+    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+      Scratch<scalar_t> scratch;
+      std::vector<scalar_t> block(block_size);
+      for (int64_t index = begin * s.clusters; index < end * s.clusters; ++index)
+        run_cluster(s, topk, offsets, members, index, scratch, [&](Scratch<scalar_t>& sc, const Cluster& cluster) {
+          body(sc, cluster, block.data());
+          add_block(block.data(), cluster.keys, s.slots, dim, grad_rows + cluster.g * s.length * dim);
+        });
+    });
+    return;
+  }
+  // Uninitialised on purpose: only the blocks of clusters with members are written and read.
+  std::unique_ptr<scalar_t[]> blocks(new scalar_t[groups * s.clusters * block_size]);
+  for_each_cluster<scalar_t>(s, topk, offsets, members, [&](Scratch<scalar_t>& sc, const Cluster& cluster) {
+    body(sc, cluster, blocks.get() + cluster.index * block_size);
+  });
+  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
+    for (int64_t g = begin; g < end; ++g)
+      for (int64_t c = 0; c < s.clusters; ++c)
+        if (nonempty(g, c))
+          add_block(blocks.get() + (g * s.clusters + c) * block_size, topk + (g * s.clusters + c) * s.slots,
+                    s.slots, dim, grad_rows + g * s.length * dim);
   });
 }
 
@@ -198,49 +255,51 @@ void sparse_dot_kernel(const scalar_t* q, const scalar_t* k, const int64_t* topk
                        const int64_t* members, scalar_t* out, const SparseShape& s, int64_t dim,
                        scalar_t factor) {
   const int64_t padded_slots = round_up(s.slots, kLanes<scalar_t>);
-  for_each_cluster(s, topk, offsets, members,
-                   [&](int64_t, int64_t g, const int64_t* keys, const int64_t* member, int64_t count) {
-    std::vector<int64_t> rows;
-    member_rows(g, s, member, count, rows);
-    std::vector<scalar_t> keys_t(dim * padded_slots), queries(count * dim), dots(count * padded_slots);
-    gather_columns(k + g * s.length * dim, keys, s.slots, dim, padded_slots, keys_t.data());
-    gather_rows(q, rows.data(), count, dim, dim, factor, queries.data());
-    small_product(count, padded_slots, dim, queries.data(), dim, 1, keys_t.data(), padded_slots,
-                  dots.data(), padded_slots);
+  for_each_cluster<scalar_t>(s, topk, offsets, members, [&](Scratch<scalar_t>& sc, const Cluster& cluster) {
+    const int64_t count = cluster.count;
+    const int64_t* rows = sc.rows.data();
+    sc.a.resize(dim * padded_slots);
+    sc.b.resize(count * dim);
+    sc.c.resize(count * padded_slots);
+    gather_columns(k + cluster.g * s.length * dim, cluster.keys, s.slots, dim, padded_slots, sc.a.data());
+    gather_rows(q, rows, count, dim, dim, factor, sc.b.data());
+    small_product(count, padded_slots, dim, sc.b.data(), dim, 1, sc.a.data(), padded_slots, sc.c.data(),
+                  padded_slots);
     for (int64_t m = 0; m < count; ++m)
       for (int64_t slot = 0; slot < s.slots; ++slot)
-        out[rows[m] * s.slots + slot] = keys[slot] < 0 ? -std::numeric_limits<scalar_t>::infinity()
-                                                       : dots[m * padded_slots + slot];
+        out[rows[m] * s.slots + slot] = cluster.keys[slot] < 0 ? -std::numeric_limits<scalar_t>::infinity()
+                                                               : sc.c[m * padded_slots + slot];
   });
 }
 
 template <typename scalar_t>
 void sparse_dot_backward_kernel(const scalar_t* grad, const scalar_t* q, const scalar_t* k,
                                 const int64_t* topk, const int64_t* offsets, const int64_t* members,
-                                scalar_t* grad_q, scalar_t* blocks, const SparseShape& s, int64_t dim,
+                                scalar_t* grad_q, scalar_t* grad_k, const SparseShape& s, int64_t dim,
                                 scalar_t factor) {
   const int64_t padded_dim = round_up(dim, kLanes<scalar_t>);
-  for_each_cluster(s, topk, offsets, members,
-                   [&](int64_t index, int64_t g, const int64_t* keys, const int64_t* member, int64_t count) {
-    std::vector<int64_t> rows;
-    member_rows(g, s, member, count, rows);
-    std::vector<scalar_t> coefficient(count * s.slots), key_rows(s.slots * padded_dim),
-        queries(count * padded_dim), result(std::max(count, s.slots) * padded_dim);
-    gather_coefficients(grad, rows.data(), count, keys, s.slots, factor, coefficient.data());
+  for_each_cluster_adding_key_gradients<scalar_t>(
+      s, topk, offsets, members, dim, grad_k,
+      [&](Scratch<scalar_t>& sc, const Cluster& cluster, scalar_t* key_grad) {
+    const int64_t count = cluster.count;
+    const int64_t* rows = sc.rows.data();
+    sc.a.resize(count * s.slots);
+    sc.b.resize(s.slots * padded_dim);
+    sc.c.resize(count * padded_dim);
+    sc.d.resize(std::max(count, s.slots) * padded_dim);
+    gather_coefficients(grad, rows, count, cluster.keys, s.slots, factor, sc.a.data());
     // grad_q_i = scale * sum_s grad[i, s] k_{T[s]}
-    gather_rows(k + g * s.length * dim, keys, s.slots, dim, padded_dim, scalar_t(1), key_rows.data());
-    small_product(count, padded_dim, s.slots, coefficient.data(), s.slots, 1, key_rows.data(), padded_dim,
-                  result.data(), padded_dim);
+    gather_rows(k + cluster.g * s.length * dim, cluster.keys, s.slots, dim, padded_dim, scalar_t(1), sc.b.data());
+    small_product(count, padded_dim, s.slots, sc.a.data(), s.slots, 1, sc.b.data(), padded_dim, sc.d.data(),
+                  padded_dim);
     for (int64_t m = 0; m < count; ++m)
-      std::copy(result.data() + m * padded_dim, result.data() + m * padded_dim + dim, grad_q + rows[m] * dim);
-    // grad_k_{T[s]} += scale * sum_i grad[i, s] q_i: coefficient^T @ queries, kept per cluster
-    gather_rows(q, rows.data(), count, dim, padded_dim, scalar_t(1), queries.data());
-    small_product(s.slots, padded_dim, count, coefficient.data(), 1, s.slots, queries.data(), padded_dim,
-                  result.data(), padded_dim);
-    scalar_t* key_grad = blocks + index * s.slots * dim;
+      std::copy(sc.d.data() + m * padded_dim, sc.d.data() + m * padded_dim + dim, grad_q + rows[m] * dim);
+    // grad_k_{T[s]} += scale * sum_i grad[i, s] q_i: coefficient^T @ queries
+    gather_rows(q, rows, count, dim, padded_dim, scalar_t(1), sc.c.data());
+    small_product(s.slots, padded_dim, count, sc.a.data(), 1, s.slots, sc.c.data(), padded_dim, sc.d.data(),
+                  padded_dim);
     for (int64_t slot = 0; slot < s.slots; ++slot)
-      std::copy(result.data() + slot * padded_dim, result.data() + slot * padded_dim + dim,
-                key_grad + slot * dim);
+      std::copy(sc.d.data() + slot * padded_dim, sc.d.data() + slot * padded_dim + dim, key_grad + slot * dim);
   });
 }
 
@@ -249,50 +308,51 @@ void sparse_weighted_sum_kernel(const scalar_t* weights, const scalar_t* v, cons
                                 const int64_t* offsets, const int64_t* members, scalar_t* out,
                                 const SparseShape& s, int64_t dim) {
   const int64_t padded_dim = round_up(dim, kLanes<scalar_t>);
-  for_each_cluster(s, topk, offsets, members,
-                   [&](int64_t, int64_t g, const int64_t* keys, const int64_t* member, int64_t count) {
-    std::vector<int64_t> rows;
-    member_rows(g, s, member, count, rows);
-    std::vector<scalar_t> coefficient(count * s.slots), value_rows(s.slots * padded_dim),
-        result(count * padded_dim);
-    gather_coefficients(weights, rows.data(), count, keys, s.slots, scalar_t(1), coefficient.data());
-    gather_rows(v + g * s.length * dim, keys, s.slots, dim, padded_dim, scalar_t(1), value_rows.data());
-    small_product(count, padded_dim, s.slots, coefficient.data(), s.slots, 1, value_rows.data(), padded_dim,
-                  result.data(), padded_dim);
+  for_each_cluster<scalar_t>(s, topk, offsets, members, [&](Scratch<scalar_t>& sc, const Cluster& cluster) {
+    const int64_t count = cluster.count;
+    const int64_t* rows = sc.rows.data();
+    sc.a.resize(count * s.slots);
+    sc.b.resize(s.slots * padded_dim);
+    sc.c.resize(count * padded_dim);
+    gather_coefficients(weights, rows, count, cluster.keys, s.slots, scalar_t(1), sc.a.data());
+    gather_rows(v + cluster.g * s.length * dim, cluster.keys, s.slots, dim, padded_dim, scalar_t(1), sc.b.data());
+    small_product(count, padded_dim, s.slots, sc.a.data(), s.slots, 1, sc.b.data(), padded_dim, sc.c.data(),
+                  padded_dim);
     for (int64_t m = 0; m < count; ++m)
-      std::copy(result.data() + m * padded_dim, result.data() + m * padded_dim + dim, out + rows[m] * dim);
+      std::copy(sc.c.data() + m * padded_dim, sc.c.data() + m * padded_dim + dim, out + rows[m] * dim);
   });
 }
 
 template <typename scalar_t>
 void sparse_weighted_sum_backward_kernel(const scalar_t* grad, const scalar_t* weights, const scalar_t* v,
                                          const int64_t* topk, const int64_t* offsets,
-                                         const int64_t* members, scalar_t* grad_w, scalar_t* blocks,
+                                         const int64_t* members, scalar_t* grad_w, scalar_t* grad_v,
                                          const SparseShape& s, int64_t dim) {
   const int64_t padded_dim = round_up(dim, kLanes<scalar_t>);
   const int64_t padded_slots = round_up(s.slots, kLanes<scalar_t>);
-  for_each_cluster(s, topk, offsets, members,
-                   [&](int64_t index, int64_t g, const int64_t* keys, const int64_t* member, int64_t count) {
-    std::vector<int64_t> rows;
-    member_rows(g, s, member, count, rows);
-    std::vector<scalar_t> grads(count * padded_dim), values_t(dim * padded_slots),
-        coefficient(count * s.slots), result(std::max(count * padded_slots, s.slots * padded_dim));
-    gather_rows(grad, rows.data(), count, dim, padded_dim, scalar_t(1), grads.data());
+  for_each_cluster_adding_key_gradients<scalar_t>(
+      s, topk, offsets, members, dim, grad_v,
+      [&](Scratch<scalar_t>& sc, const Cluster& cluster, scalar_t* value_grad) {
+    const int64_t count = cluster.count;
+    const int64_t* rows = sc.rows.data();
+    sc.a.resize(count * padded_dim);
+    sc.b.resize(dim * padded_slots);
+    sc.c.resize(count * s.slots);
+    sc.d.resize(std::max(count * padded_slots, s.slots * padded_dim));
+    gather_rows(grad, rows, count, dim, padded_dim, scalar_t(1), sc.a.data());
     // grad_w[i, s] = <grad_i, v_{T[s]}> (0 on empty slots: zero columns)
-    gather_columns(v + g * s.length * dim, keys, s.slots, dim, padded_slots, values_t.data());
-    small_product(count, padded_slots, dim, grads.data(), padded_dim, 1, values_t.data(), padded_slots,
-                  result.data(), padded_slots);
+    gather_columns(v + cluster.g * s.length * dim, cluster.keys, s.slots, dim, padded_slots, sc.b.data());
+    small_product(count, padded_slots, dim, sc.a.data(), padded_dim, 1, sc.b.data(), padded_slots, sc.d.data(),
+                  padded_slots);
     for (int64_t m = 0; m < count; ++m)
-      std::copy(result.data() + m * padded_slots, result.data() + m * padded_slots + s.slots,
+      std::copy(sc.d.data() + m * padded_slots, sc.d.data() + m * padded_slots + s.slots,
                 grad_w + rows[m] * s.slots);
-    // grad_v_{T[s]} += sum_i weights[i, s] grad_i: weights^T @ grads, kept per cluster
-    gather_coefficients(weights, rows.data(), count, keys, s.slots, scalar_t(1), coefficient.data());
-    small_product(s.slots, padded_dim, count, coefficient.data(), 1, s.slots, grads.data(), padded_dim,
-                  result.data(), padded_dim);
-    scalar_t* value_grad = blocks + index * s.slots * dim;
+    // grad_v_{T[s]} += sum_i weights[i, s] grad_i: weights^T @ grads
+    gather_coefficients(weights, rows, count, cluster.keys, s.slots, scalar_t(1), sc.c.data());
+    small_product(s.slots, padded_dim, count, sc.c.data(), 1, s.slots, sc.a.data(), padded_dim, sc.d.data(),
+                  padded_dim);
     for (int64_t slot = 0; slot < s.slots; ++slot)
-      std::copy(result.data() + slot * padded_dim, result.data() + slot * padded_dim + dim,
-                value_grad + slot * dim);
+      std::copy(sc.d.data() + slot * padded_dim, sc.d.data() + slot * padded_dim + dim, value_grad + slot * dim);
   });
 }
 
@@ -331,15 +391,12 @@ std::tuple<at::Tensor, at::Tensor> clustered_sparse_dot_backward(
   const SparseInputs in(topk, offsets, members);
   at::Tensor grad_q = at::zeros_like(q_c);
   at::Tensor grad_k = at::zeros_like(k_c);
-  at::Tensor blocks = at::zeros({s.batch, s.heads, s.clusters, s.slots, dim}, q.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "clustered_sparse_dot_backward", [&] {
     sparse_dot_backward_kernel<scalar_t>(grad_c.data_ptr<scalar_t>(), q_c.data_ptr<scalar_t>(),
                                          k_c.data_ptr<scalar_t>(), in.topk.data_ptr<int64_t>(),
                                          in.offsets.data_ptr<int64_t>(), in.members.data_ptr<int64_t>(),
-                                         grad_q.data_ptr<scalar_t>(), blocks.data_ptr<scalar_t>(), s, dim,
+                                         grad_q.data_ptr<scalar_t>(), grad_k.data_ptr<scalar_t>(), s, dim,
                                          static_cast<scalar_t>(scale));
-    add_cluster_blocks<scalar_t>(blocks.data_ptr<scalar_t>(), in.topk.data_ptr<int64_t>(),
-                                 grad_k.data_ptr<scalar_t>(), s, dim, scalar_t(1));
   });
   return {grad_q, grad_k};
 }
@@ -376,14 +433,11 @@ std::tuple<at::Tensor, at::Tensor> clustered_sparse_weighted_sum_backward(
   const SparseInputs in(topk, offsets, members);
   at::Tensor grad_w = at::zeros_like(w_c);
   at::Tensor grad_v = at::zeros_like(v_c);
-  at::Tensor blocks = at::zeros({s.batch, s.heads, s.clusters, s.slots, dim}, v.options());
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "clustered_sparse_weighted_sum_backward", [&] {
     sparse_weighted_sum_backward_kernel<scalar_t>(
         grad_c.data_ptr<scalar_t>(), w_c.data_ptr<scalar_t>(), v_c.data_ptr<scalar_t>(),
         in.topk.data_ptr<int64_t>(), in.offsets.data_ptr<int64_t>(), in.members.data_ptr<int64_t>(),
-        grad_w.data_ptr<scalar_t>(), blocks.data_ptr<scalar_t>(), s, dim);
-    add_cluster_blocks<scalar_t>(blocks.data_ptr<scalar_t>(), in.topk.data_ptr<int64_t>(),
-                                 grad_v.data_ptr<scalar_t>(), s, dim, scalar_t(1));
+        grad_w.data_ptr<scalar_t>(), grad_v.data_ptr<scalar_t>(), s, dim);
   });
   return {grad_w, grad_v};
 }
