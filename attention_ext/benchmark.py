@@ -10,9 +10,10 @@ forward+backward through each attention, reported per sequence element
 its spec (`parse_attention_spec`); lsh and shared_full get k = q (the same
 tensor), because they are defined for shared query/key projections.
 
-For each N, all attentions are measured in the same run, interleaved repeat by
-repeat, so the speedup and memory ratios against full compare numbers taken
-under the same machine load. Timing and memory are separate passes: the memory
+All cells (every N, every attention) are measured in the same run, interleaved
+repeat by repeat: each repeat is one round over all of them. So the speedup
+ratios against full and the per-element ratios between lengths compare numbers
+taken under the same machine load. Timing and memory are separate passes: the memory
 pass runs under the profiler (CPU), which would distort timings.
 
 Peak memory is the peak of tensor memory allocated by PyTorch's allocator during
@@ -326,80 +327,82 @@ class Progress:
 
 def run_benchmark(config: BenchmarkConfig, cases: list[BenchmarkCase] | None = None
                   ) -> list[Measurement]:
-    """Measures every (N, attention) cell; all attentions of one N interleaved."""
+    """Measures every (N, attention) cell. Each warm-up and each repeat is one round over
+    all cells, every length and every attention, so a slow spell of a shared machine
+    lands on all cells alike and the ratios (between attentions and between lengths)
+    compare passes taken side by side."""
     torch.manual_seed(config.seed)
     if config.device.type == "cpu":
         torch.set_num_threads(config.threads)
     cases = build_cases(config) if cases is None else cases
     passes_per_case = config.warmup + config.repeats + 1
     progress = Progress(total=len(config.lengths) * len(cases) * passes_per_case)
-    measurements: list[Measurement] = []
-    out_of_memory_at: dict[str, int] = {}
-    try:
+    cells = {(length, case.label): Measurement(length, case)
+             for length in config.lengths for case in cases}
+    active: dict[int, list[BenchmarkCase]] = {}
+    for length in config.lengths:
+        active[length] = []
+        for case in cases:
+            if case.max_length is not None and length > case.max_length:
+                cells[length, case.label].status = f"skipped (--max-length {case.max_length})"
+            else:
+                active[length].append(case)
+    inputs = {length: make_inputs(config, length) for length in config.lengths if active[length]}
+
+    def attempt(length: int, case: BenchmarkCase, description: str,
+                work: Callable[[Inputs], object]):
+        """Runs one pass of `case` at `length`; out of memory retires it there and above."""
+        progress.step(f"N={length} {case.label} {description}")
+        if case not in active[length]:
+            return None
+        clear_gradients(inputs[length])
+        try:
+            return work(inputs[length])
+        except Exception as error:
+            if not _is_out_of_memory(error):
+                if hasattr(error, "add_note"):  # Python >= 3.11
+                    error.add_note(f"while benchmarking {case.label} = "
+                                   f"{case.name}({case.options_text}) at N={length}")
+                raise
+            for larger in config.lengths:
+                if larger >= length and case in active[larger]:
+                    active[larger].remove(case)
+                    cells[larger, case.label].status = (
+                        "out of memory" if larger == length
+                        else f"skipped (out of memory at N={length})")
+            progress.line(f"N={length:>6} {case.label}: out of memory")
+            if config.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return None
+
+    def each_cell():
         for length in config.lengths:
-            row = {case.label: Measurement(length, case) for case in cases}
-            measurements.extend(row.values())
-            active = []
             for case in cases:
-                if case.max_length is not None and length > case.max_length:
-                    row[case.label].status = f"skipped (--max-length {case.max_length})"
-                elif case.label in out_of_memory_at:
-                    row[case.label].status = (
-                        f"skipped (out of memory at N={out_of_memory_at[case.label]})")
-                else:
-                    active.append(case)
-            for case in cases:
-                if case not in active:
-                    progress.bar.update(passes_per_case)
-            inputs = make_inputs(config, length)
+                yield length, case
 
-            def attempt(case: BenchmarkCase, description: str, work: Callable[[], object]):
-                """Runs one pass of `case`; an out-of-memory error retires it for larger N."""
-                progress.step(f"N={length} {case.label} {description}")
-                if case not in active:
-                    return None
-                clear_gradients(inputs)
-                try:
-                    return work()
-                except Exception as error:
-                    if not _is_out_of_memory(error):
-                        if hasattr(error, "add_note"):  # Python >= 3.11
-                            error.add_note(f"while benchmarking {case.label} = "
-                                           f"{case.name}({case.options_text}) at N={length}")
-                        raise
-                    active.remove(case)
-                    row[case.label].status = "out of memory"
-                    out_of_memory_at[case.label] = length
-                    progress.line(f"N={length:>6} {case.label}: out of memory")
-                    if config.device.type == "cuda":
-                        torch.cuda.empty_cache()
-                    return None
-
-            for index in range(config.warmup):
-                for case in list(active):
-                    attempt(case, f"warm-up {index + 1}/{config.warmup}",
-                            lambda: forward_backward(case, inputs))
-            for index in range(config.repeats):
-                for case in list(active):
-                    elapsed = attempt(case, f"repeat {index + 1}/{config.repeats}",
-                                      lambda: time_forward_backward_ms(case, inputs, config.device))
-                    if elapsed is not None:
-                        row[case.label].times_ms.append(elapsed)
-            for case in list(active):
-                peak = attempt(case, "memory",
-                               lambda: peak_memory_bytes(lambda: forward_backward(case, inputs),
-                                                         config.device))
-                if peak is not None:
-                    row[case.label].peak_bytes = peak
-            for case in cases:
-                cell = row[case.label]
-                if cell.status == "ok" and cell.median_ms is not None:
-                    progress.line(
-                        f"N={length:>6} {case.label}: {cell.median_ms:.2f} ms (median of "
-                        f"{len(cell.times_ms)}), peak {cell.peak_memory_mib():.2f} MiB")
-            del inputs
+    try:
+        for index in range(config.warmup):
+            for length, case in each_cell():
+                attempt(length, case, f"warm-up {index + 1}/{config.warmup}",
+                        lambda x: forward_backward(case, x))
+        for index in range(config.repeats):
+            for length, case in each_cell():
+                elapsed = attempt(length, case, f"repeat {index + 1}/{config.repeats}",
+                                  lambda x: time_forward_backward_ms(case, x, config.device))
+                if elapsed is not None:
+                    cells[length, case.label].times_ms.append(elapsed)
+        for length, case in each_cell():
+            cell = cells[length, case.label]
+            peak = attempt(length, case, "memory", lambda x: peak_memory_bytes(
+                lambda: forward_backward(case, x), config.device))
+            if peak is not None:
+                cell.peak_bytes = peak
+            if cell.status == "ok" and cell.median_ms is not None:
+                progress.line(f"N={length:>6} {case.label}: {cell.median_ms:.2f} ms (median of "
+                              f"{len(cell.times_ms)}), peak {cell.peak_memory_mib():.2f} MiB")
     finally:
         progress.close()
+    measurements = list(cells.values())
     add_ratios_to_full(measurements)
     return measurements
 
@@ -721,7 +724,7 @@ attention specs (parse_attention_spec):
   e.g. full, clustered-100, i-clustered-100, lsh-4, lsh-4:chunk_size=64, oracle-top-32
   lsh and shared_full are called with k = q (the same tensor).
 
-what is measured (per N, all attentions interleaved repeat by repeat):
+what is measured (every N and attention interleaved repeat by repeat):
   time    wall-clock of out = attn(q, k, v); out.backward(grad) with q, k, v
           requiring grad and a fixed random grad; median over --repeats after
           --warmup passes (cuda: synchronized before and after).
