@@ -1,8 +1,10 @@
-"""CTC output layers (one per target kind), the CTC loss, and greedy decoding.
+"""CTC output layers (one per target kind), the CTC loss, greedy decoding and prefix beam search.
 
 Blank is token 0 in every vocabulary (the tokenizers' `blank_id`).
 """
 from __future__ import annotations
+
+import math
 
 import torch
 import torch.nn.functional as F
@@ -64,3 +66,59 @@ def greedy_decode(log_probs: torch.Tensor, lengths: torch.Tensor) -> list[list[i
         keep &= path != BLANK_ID
         decoded.append(path[keep].tolist())
     return decoded
+
+
+def prefix_beam_search(log_probs: torch.Tensor, length: int, beam_size: int = 8) -> list[int]:
+    """CTC prefix beam search (no language model) of one utterance: the labelling whose
+    probability, summed over all its alignments, is highest among the `beam_size` prefixes
+    kept after every frame.
+
+    (T, V) log-probabilities, the utterance's valid length -> token ids. Every kept prefix
+    carries two log-probabilities, of its alignments ending in blank and ending in its last
+    token, so a repeated token needs a blank between its two copies (as CTC defines). With a
+    beam at least as large as the number of distinct prefixes this is the exact most probable
+    labelling; a beam of 1 is close to, but not always the same as, greedy best-path decoding.
+    """
+    if beam_size < 1:
+        raise ValueError(f"beam_size={beam_size} must be >= 1")
+    frames = log_probs[:length].double().cpu()
+    vocabulary = frames.shape[-1]
+    neg_inf = float("-inf")
+    # prefix -> (log p ending in blank, log p ending in the prefix's last token)
+    beams: dict[tuple[int, ...], tuple[float, float]] = {(): (0.0, neg_inf)}
+    for frame in frames:
+        scores = frame.tolist()
+        # Only tokens that could matter: the beam's best extensions come from the frame's top tokens.
+        candidates = sorted(range(vocabulary), key=scores.__getitem__, reverse=True)[:beam_size + 1]
+        extended: dict[tuple[int, ...], list[float]] = {}
+
+        def add(prefix, blank, token):
+            entry = extended.setdefault(prefix, [neg_inf, neg_inf])
+            entry[0] = _log_add(entry[0], blank)
+            entry[1] = _log_add(entry[1], token)
+
+        for prefix, (blank, token) in beams.items():
+            total = _log_add(blank, token)
+            add(prefix, total + scores[BLANK_ID], neg_inf)                 # stay, via blank
+            if prefix:
+                add(prefix, neg_inf, token + scores[prefix[-1]])          # stay, repeating the last token
+            for symbol in candidates:
+                if symbol == BLANK_ID:
+                    continue
+                if prefix and symbol == prefix[-1]:
+                    # a new copy of the last token only after a blank
+                    add(prefix + (symbol,), neg_inf, blank + scores[symbol])
+                else:
+                    add(prefix + (symbol,), neg_inf, total + scores[symbol])
+        best = sorted(extended.items(), key=lambda item: _log_add(*item[1]), reverse=True)[:beam_size]
+        beams = {prefix: (blank, token) for prefix, (blank, token) in best}
+    return list(max(beams.items(), key=lambda item: _log_add(*item[1]))[0])
+
+
+def _log_add(a: float, b: float) -> float:
+    if a == float("-inf"):
+        return b
+    if b == float("-inf"):
+        return a
+    high, low = (a, b) if a > b else (b, a)
+    return high + math.log1p(math.exp(low - high))

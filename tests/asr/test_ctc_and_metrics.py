@@ -1,11 +1,13 @@
-"""Greedy CTC decoding and the error rates, against hand-worked answers."""
+"""Greedy CTC decoding, prefix beam search and the error rates, against hand-worked answers
+and brute-force enumeration."""
+import itertools
 import math
 
 import pytest
 import torch
 
 from asr.metrics import char_error_rate, phone_error_rate, word_error_rate
-from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode
+from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode, prefix_beam_search
 
 
 def one_hot_scores(paths, vocab=5):
@@ -30,6 +32,39 @@ def test_greedy_decode_merges_repeats_then_drops_blanks():
 
 def test_greedy_decode_of_zero_length_utterance_is_empty():
     assert greedy_decode(one_hot_scores([[1, 2]]), torch.tensor([0])) == [[]]
+
+
+def brute_force_best_labelling(log_probs: torch.Tensor) -> tuple[list[int], float]:
+    """Sums the probability of every alignment (all V^T paths) per collapsed labelling."""
+    frames, vocabulary = log_probs.shape
+    totals: dict[tuple[int, ...], float] = {}
+    for path in itertools.product(range(vocabulary), repeat=frames):
+        labelling = tuple(s for i, s in enumerate(path) if s != 0 and (i == 0 or s != path[i - 1]))
+        probability = math.exp(sum(float(log_probs[t, s]) for t, s in enumerate(path)))
+        totals[labelling] = totals.get(labelling, 0.0) + probability
+    best = max(totals, key=totals.get)
+    return list(best), totals[best]
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_prefix_beam_search_with_a_full_beam_finds_the_most_probable_labelling(seed):
+    generator = torch.Generator().manual_seed(seed)
+    # peaked, random frames: best path and best labelling often differ
+    log_probs = torch.log_softmax(2.0 * torch.randn(6, 4, generator=generator), dim=-1)
+    expected, _ = brute_force_best_labelling(log_probs)
+    assert prefix_beam_search(log_probs, 6, beam_size=4 ** 6) == expected
+
+
+def test_prefix_beam_search_needs_a_blank_between_repeats_and_ignores_padding():
+    blank, a = 0, 1
+    # frames: a a blank a | padding that would add a's
+    log_probs = torch.log(torch.tensor([[0.01, 0.98, 0.01], [0.01, 0.98, 0.01], [0.98, 0.01, 0.01],
+                                        [0.01, 0.98, 0.01], [0.01, 0.98, 0.01], [0.98, 0.01, 0.01]]))
+    assert prefix_beam_search(log_probs, 4, beam_size=3) == [a, a]
+    assert prefix_beam_search(log_probs, 2, beam_size=3) == [a]
+    assert prefix_beam_search(log_probs, 0, beam_size=3) == []
+    with pytest.raises(ValueError, match="beam_size"):
+        prefix_beam_search(log_probs, 4, beam_size=0)
 
 
 def test_ctc_loss_matches_hand_computed_probability():
