@@ -63,11 +63,14 @@ def read_kaldi_table(path: Path, min_fields: int = 2) -> list[tuple[int, list[st
     return rows
 
 
-def read_kaldi_data_dir(path: str | Path) -> KaldiDataDir:
+def read_kaldi_data_dir(path: str | Path, require_utt2spk: bool = True) -> KaldiDataDir:
+    """Reads a data directory. With require_utt2spk=False a missing utt2spk means every
+    utterance is its own speaker (enough for scoring a model on a user's audio)."""
     path = Path(path)
     if not path.is_dir():
         raise KaldiDataDirError(f"Kaldi data directory {path} not found")
-    for name in ("wav.scp", "text", "utt2spk"):
+    required = ("wav.scp", "text", "utt2spk") if require_utt2spk else ("wav.scp", "text")
+    for name in required:
         if not (path / name).is_file():
             raise KaldiDataDirError(
                 f"{path} is not a Kaldi data directory: {name} is missing (a data directory needs wav.scp, "
@@ -77,8 +80,8 @@ def read_kaldi_data_dir(path: str | Path) -> KaldiDataDir:
     texts = {}
     for _, fields in read_kaldi_table(path / "text", min_fields=1):
         texts[fields[0]] = tuple(fields[1:])
-    speakers = {}
-    for number, fields in read_kaldi_table(path / "utt2spk"):
+    speakers = {} if (path / "utt2spk").is_file() else {utterance_id: utterance_id for utterance_id in texts}
+    for number, fields in read_kaldi_table(path / "utt2spk") if (path / "utt2spk").is_file() else ():
         value = fields[1].split()
         if len(value) != 1:
             raise KaldiDataDirError(f"{path / 'utt2spk'}:{number}: expected '<utterance-id> <speaker-id>'")

@@ -10,46 +10,17 @@ from pathlib import Path
 
 import pytest
 import torch
-from hydra import compose, initialize_config_dir
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from asr.config import ConfigError, validate_config
 from asr.model.recognizer import CheckpointMismatchError
-from asr.train import ensure_corpus, train
+from asr.train import train
 from attention_ext import AttentionConfigError
+from tiny_runs import CONF, ROOT, TINY, compose_config, tiny_config
 
-ROOT = Path(__file__).resolve().parents[2]
-CONF = ROOT / "conf"
 # The synth presets train here on the tiny synthetic corpus; the corpus presets (wsj_*, timit_*, ...)
 # are composed, validated and trained on the recipe fixtures in tests/recipes/test_presets_on_fixtures.py.
 PRESETS = sorted(p.stem for p in (CONF / "conf").glob("synth_*.yaml"))
-# A model and a run small enough for a few seconds on a CPU; every preset keeps its attention.
-TINY = ["model.layers=1", "model.heads=2", "model.head_dim=8", "model.ff_dim=32", "model.subsampling_channels=4",
-        "data.max_duration=25", "data.progress=false", "data.feature_jobs=1", "data.num_buckets=2",
-        "trainer.max_epochs=1", "trainer.max_minutes=null", "trainer.enable_progress_bar=false",
-        "trainer.log_every_n_steps=1", "trainer.early_stopping_patience=null"]
-
-
-def compose_config(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config_name="config", overrides=list(overrides))
-
-
-@pytest.fixture(scope="module")
-def tiny_synth(tmp_path_factory) -> Path:
-    """The built-in corpus at its smallest (6 / 2 / 2 utterances), made the way asr.train makes it."""
-    root = tmp_path_factory.mktemp("synth")
-    cfg = compose_config(f"data.root={root}", "synth_corpus.train_utterances=6", "synth_corpus.dev_utterances=2",
-                         "synth_corpus.test_utterances=2", "synth_corpus.jobs=1")
-    ensure_corpus(cfg)   # the manifests are missing: generates them
-    for split in ("train", "dev", "test"):
-        assert (root / f"synth_cuts_{split}.jsonl.gz").is_file()
-    return root
-
-
-def tiny_config(corpus: Path, *overrides: str):
-    return compose_config(*TINY, f"data.root={corpus}", *overrides)
-
 
 def metrics_rows(run_dir: Path) -> list[dict]:
     rows = []

@@ -1,0 +1,348 @@
+"""The train-with x evaluate-with matrix (Table 1 of 'Fast Transformers with Clustered Attention').
+
+    python -m asr.cross_matrix runs/full/.../best.ckpt runs/iclustered/.../best.ckpt --out matrix/
+    python -m asr.cross_matrix full=a.ckpt iclustered=b.ckpt --specs full clustered-25 clustered-50
+    python -m asr.cross_matrix *.ckpt --split dev --data-dir my_audio/
+
+Columns are trained models (a checkpoint, optionally named LABEL=PATH; otherwise its run
+folder's name), rows are evaluate-with attention specs (default: the paper's rows). Every valid
+cell is one `asr.evaluate` run: the column's weights with the row's attention in every layer, on
+the same split. A pair that cannot be valid (lsh or shared-full on a model with separate query
+and key projections) is "-"; the cell whose attention equals the training attention is marked *.
+
+Writes to --out (default: cross_matrix/):
+    cells/<column>__<row>.json   one evaluation per cell; a run that is started again reuses
+                                 them (and recomputes a cell whose checkpoint changed)
+    matrix.md, matrix.csv, matrix.json   PER (and WER) per cell, forward time per row
+    matrix_heatmap.png           PER per cell
+    speed_accuracy.png           per column: error against forward time of each row (Fig. 1)
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from asr.evaluate import (EvaluationError, decode_split, evaluation_attention, evaluation_data, load_model,
+                          run_folder_of, write_outputs)
+from asr.data.manifests import ManifestError
+from asr.model.encoder import check_attention_fits
+from attention_ext import AttentionConfigError
+
+PAPER_SPECS = ("full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "clustered-200", "i-clustered-100",
+               "i-clustered-200", "oracle-top")
+INVALID = "-"
+
+
+@dataclass
+class Column:
+    label: str
+    checkpoint: Path
+
+
+def parse_columns(arguments: list[str]) -> list[Column]:
+    """'LABEL=PATH' or 'PATH' (labelled by its run folder, or the file name) -> columns."""
+    columns = []
+    for argument in arguments:
+        label, equals, path = argument.partition("=")
+        if not equals:
+            path = argument
+            run = run_folder_of(path)
+            label = run.name if run is not None else Path(path).stem
+            # runs/<preset>/<timestamp>/: the preset names the column better than the time
+            if run is not None and run.parent.name and any(ch.isdigit() for ch in run.name[:4]):
+                label = run.parent.name
+        if not Path(path).is_file():
+            raise EvaluationError(f"checkpoint {path!r} not found (column {label!r})")
+        columns.append(Column(label, Path(path)))
+    labels = [column.label for column in columns]
+    duplicated = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicated:
+        raise EvaluationError(f"two checkpoints share the column name(s) {duplicated}; name them LABEL=PATH")
+    return columns
+
+
+def checkpoint_identity(path: Path) -> dict:
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _safe(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)
+
+
+def cell_path(out: Path, column: str, spec: str) -> Path:
+    return out / "cells" / f"{_safe(column)}__{_safe(spec)}.json"
+
+
+def _write_json_atomic(path: Path, value: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(temporary, path)     # a cell file that exists is complete
+
+
+def evaluation_settings(args: argparse.Namespace) -> dict:
+    """What besides the checkpoint and attention decides a cell's numbers (cached cells must match)."""
+    return {"split": args.split, "data_dir": args.data_dir, "data": dict(args.data), "decoder": args.decoder,
+            "beam_size": args.beam_size, "seed": args.seed, "limit": args.limit}
+
+
+def compute_column(column: Column, specs: list[str], args: argparse.Namespace, progress) -> None:
+    """Evaluates the missing cells of one column (the model and its data are loaded once)."""
+    settings = evaluation_settings(args)
+    identity = checkpoint_identity(column.checkpoint)
+    todo = []
+    for spec in specs:
+        path = cell_path(args.out, column.label, spec)
+        if path.is_file():
+            cached = json.loads(path.read_text())
+            if cached.get("checkpoint") == identity and cached.get("settings") == settings:
+                progress(f"{column.label} x {spec}: cached")
+                continue
+        todo.append(spec)
+    if not todo:
+        return
+    model = load_model(column.checkpoint, args.device)
+    trained = dict(model.hparams.attention)
+    data = None
+    for spec in todo:
+        cell = {"column": column.label, "spec": spec, "checkpoint": identity, "settings": settings,
+                "trained_with": trained}
+        try:
+            name, options = evaluation_attention(model, spec)
+            check_attention_fits(name, model.encoder.shared_qk)
+        except AttentionConfigError as error:
+            if "shared query/key" not in str(error):
+                raise
+            cell.update(valid=False, reason=str(error))
+            _write_json_atomic(cell_path(args.out, column.label, spec), cell)
+            progress(f"{column.label} x {spec}: {INVALID} (needs shared query/key projections)")
+            continue
+        model.set_attention(name, **options)
+        if data is None:
+            split = "eval" if args.data_dir else args.split
+            data = evaluation_data(model, column.checkpoint, split, args.data_dir, dict(args.data),
+                                   progress=False)
+        result = decode_split(model, data, args.decoder, args.beam_size, args.seed, args.limit,
+                              progress=sys.stderr.isatty())
+        cell.update(valid=True, evaluated_with={"name": name, **options},
+                    same_as_training={"name": name, **options} == trained, split=data.split,
+                    utterances=len(result.utterances), error_rates=result.rates, **result.timing())
+        write_outputs(args.out / "hypotheses" / _safe(column.label) / _safe(spec), result, cell)
+        _write_json_atomic(cell_path(args.out, column.label, spec), cell)
+        rates = result.rates
+        progress(f"{column.label} x {spec}: PER {_percent(rates.get('per'))} WER {_percent(rates.get('wer'))}, "
+                 f"{cell['forward_ms_per_utterance']:.1f} ms/utt")
+
+
+# ---- the table --------------------------------------------------------------------------------------
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.2f}%"
+
+
+def load_cells(out: Path, columns: list[Column], specs: list[str]) -> dict[tuple[str, str], dict]:
+    return {(column.label, spec): json.loads(cell_path(out, column.label, spec).read_text())
+            for column in columns for spec in specs}
+
+
+def metric_of(cell: dict, metric: str) -> float | None:
+    return cell.get("error_rates", {}).get(metric) if cell.get("valid") else None
+
+
+def row_forward_ms(cells: dict, columns: list[Column], spec: str) -> float | None:
+    """Mean forward time per utterance of a row over its valid cells."""
+    times = [cells[column.label, spec]["forward_ms_per_utterance"] for column in columns
+             if cells[column.label, spec].get("valid")]
+    return sum(times) / len(times) if times else None
+
+
+def matrix_rows(cells: dict, columns: list[Column], specs: list[str]) -> list[dict]:
+    """One dict per evaluate-with row: per column PER, WER, validity and the training mark."""
+    rows = []
+    for spec in specs:
+        row = {"evaluate_with": spec, "forward_ms_per_utterance": row_forward_ms(cells, columns, spec),
+               "cells": {}}
+        for column in columns:
+            cell = cells[column.label, spec]
+            row["cells"][column.label] = {
+                "valid": bool(cell.get("valid")), "same_as_training": bool(cell.get("same_as_training")),
+                "per": metric_of(cell, "per"), "wer": metric_of(cell, "wer"), "cer": metric_of(cell, "cer"),
+                "forward_ms_per_utterance": cell.get("forward_ms_per_utterance"),
+                "reason": cell.get("reason")}
+        rows.append(row)
+    return rows
+
+
+def _cell_text(cell: dict, metric: str) -> str:
+    if not cell["valid"]:
+        return INVALID
+    value = cell[metric]
+    text = "n/a" if value is None else f"{100 * value:.2f}"
+    return f"**{text}***" if cell["same_as_training"] else text
+
+
+def format_markdown(rows: list[dict], columns: list[Column], metrics: list[str], split: str) -> str:
+    lines = []
+    for metric in metrics:
+        lines.append(f"{metric.upper()} (%) on {split}; columns: trained with, rows: evaluated with; "
+                     f"**x*** = evaluated with the training attention; {INVALID} = not a valid pair")
+        lines.append("")
+        header = ["evaluate with \\ train with"] + [c.label for c in columns] + ["forward ms/utt"]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
+        for row in rows:
+            forward = row["forward_ms_per_utterance"]
+            cells = [_cell_text(row["cells"][c.label], metric) for c in columns]
+            lines.append("| " + " | ".join([row["evaluate_with"], *cells,
+                                             "-" if forward is None else f"{forward:.1f}"]) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], columns: list[Column], path: Path) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["evaluate_with", "train_with", "valid", "same_as_training", "per", "wer", "cer",
+                         "forward_ms_per_utterance"])
+        for row in rows:
+            for column in columns:
+                cell = row["cells"][column.label]
+                writer.writerow([row["evaluate_with"], column.label, cell["valid"], cell["same_as_training"],
+                                 *("" if cell[m] is None else f"{cell[m]:.6f}" for m in ("per", "wer", "cer")),
+                                 "" if cell["forward_ms_per_utterance"] is None
+                                 else f"{cell['forward_ms_per_utterance']:.3f}"])
+
+
+def plot(rows: list[dict], columns: list[Column], metric: str, out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    values = [[row["cells"][c.label][metric] if row["cells"][c.label]["valid"] else math.nan for c in columns]
+              for row in rows]
+    figure, axis = plt.subplots(figsize=(1.6 * len(columns) + 3, 0.5 * len(rows) + 2))
+    data = [[math.nan if v is None else 100 * v for v in line] for line in values]
+    image = axis.imshow(data, cmap="viridis_r", aspect="auto")
+    axis.set_xticks(range(len(columns)), [c.label for c in columns], rotation=30, ha="right")
+    axis.set_yticks(range(len(rows)), [row["evaluate_with"] for row in rows])
+    for i, row in enumerate(rows):
+        for j, column in enumerate(columns):
+            cell = row["cells"][column.label]
+            axis.text(j, i, _cell_text(cell, metric).replace("*", ""), ha="center", va="center",
+                      fontsize=8, color="black" if cell["valid"] else "gray",
+                      fontweight="bold" if cell["same_as_training"] else "normal")
+    axis.set_xlabel("trained with")
+    axis.set_ylabel("evaluated with")
+    figure.colorbar(image, label=f"{metric.upper()} (%)")
+    figure.tight_layout()
+    figure.savefig(out / "matrix_heatmap.png", dpi=120)
+    plt.close(figure)
+
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for column in columns:
+        points = [(row["cells"][column.label]["forward_ms_per_utterance"], 100 * row["cells"][column.label][metric],
+                   row["evaluate_with"]) for row in rows
+                  if row["cells"][column.label]["valid"] and row["cells"][column.label][metric] is not None]
+        if not points:
+            continue
+        axis.scatter([p[0] for p in points], [p[1] for p in points], label=f"trained with {column.label}")
+        for x, y, name in points:
+            axis.annotate(name, (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points")
+    axis.set_xlabel("forward time per utterance (ms)")
+    axis.set_ylabel(f"{metric.upper()} (%)")
+    axis.legend(fontsize=7)
+    figure.tight_layout()
+    figure.savefig(out / "speed_accuracy.png", dpi=120)
+    plt.close(figure)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m asr.cross_matrix", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("checkpoints", nargs="+", metavar="[LABEL=]CHECKPOINT",
+                        help="trained models, the columns")
+    parser.add_argument("--specs", nargs="+", default=list(PAPER_SPECS), metavar="SPEC",
+                        help=f"evaluate-with attention specs, the rows (default: {' '.join(PAPER_SPECS)}); "
+                             "cluster counts are numbers, e.g. clustered-25 for short sequences")
+    parser.add_argument("--split", default=None, help="split of the models' corpus (default: its test split)")
+    parser.add_argument("--data-dir", default=None, help="score a Kaldi-style data directory instead of a split")
+    parser.add_argument("--data", nargs="*", default=[], metavar="KEY=VALUE",
+                        help="data option overrides, e.g. --data root=data/synth max_duration=100")
+    parser.add_argument("--decoder", choices=("greedy", "beam"), default="greedy")
+    parser.add_argument("--beam-size", type=int, default=8)
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random hashing (clustered, lsh)")
+    parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N batches per cell")
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's)")
+    parser.add_argument("--out", type=Path, default=Path("cross_matrix"))
+    return parser
+
+
+def parse_data_overrides(items: list[str]) -> dict:
+    import yaml
+    overrides = {}
+    for item in items:
+        key, equals, value = item.partition("=")
+        if not equals:
+            raise EvaluationError(f"--data {item!r} is not KEY=VALUE (e.g. --data root=data/synth)")
+        overrides[key] = yaml.safe_load(value)
+    return overrides
+
+
+def run(args: argparse.Namespace, progress=print) -> dict:
+    """Computes the missing cells and writes the tables; returns the matrix as JSON-ready dict."""
+    columns = parse_columns(args.checkpoints)
+    specs = list(dict.fromkeys(args.specs))
+    from attention_ext import parse_attention_spec
+    for spec in specs:
+        parse_attention_spec(spec)              # a bad row fails before any evaluation
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    from tqdm.auto import tqdm
+    with tqdm(total=len(columns) * len(specs), desc="cells", unit="cell", disable=not sys.stderr.isatty(),
+              leave=False) as bar:
+        def report(line: str) -> None:
+            bar.update(1)
+            bar.write(f"[cross_matrix {bar.n}/{bar.total}] {line}", file=sys.stdout)
+        for column in columns:
+            compute_column(column, specs, args, report)
+    cells = load_cells(args.out, columns, specs)
+    rows = matrix_rows(cells, columns, specs)
+    split = next((cell["split"] for cell in cells.values() if cell.get("valid")), args.split or "test")
+    metrics = [m for m in ("per", "wer") if any(row["cells"][c.label][m] is not None
+                                                  for row in rows for c in columns)]
+    (args.out / "matrix.md").write_text(format_markdown(rows, columns, metrics, split))
+    write_csv(rows, columns, args.out / "matrix.csv")
+    matrix = {"split": split, "columns": [{"label": c.label, "checkpoint": str(c.checkpoint)} for c in columns],
+              "rows": rows, "settings": evaluation_settings(args), "threads": torch.get_num_threads(),
+              "device": args.device}
+    (args.out / "matrix.json").write_text(json.dumps(matrix, indent=2) + "\n")
+    if metrics:
+        plot(rows, columns, metrics[0], args.out)
+    return matrix
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        args.data = parse_data_overrides(args.data)
+        run(args)
+    except (EvaluationError, AttentionConfigError, ManifestError) as error:
+        print(f"asr.cross_matrix: error: {error}", file=sys.stderr)
+        return 2
+    print((args.out / "matrix.md").read_text())
+    print(f"wrote {args.out}/matrix.md, matrix.csv, matrix.json, matrix_heatmap.png, speed_accuracy.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,393 @@
+"""Evaluate a checkpoint, with the attention it was trained with or any other one.
+
+    python -m asr.evaluate checkpoint=runs/synth_iclustered/2026-11-22_05-25-00/checkpoints/best.ckpt
+    python -m asr.evaluate checkpoint=best.ckpt attention=clustered attention.clusters=32
+    python -m asr.evaluate checkpoint=best.ckpt attention=i-clustered-100 split=dev
+    python -m asr.evaluate checkpoint=best.ckpt attention=lsh-4          # refused unless shared QK
+    python -m asr.evaluate checkpoint=best.ckpt data_dir=my_audio/       # a Kaldi-style folder
+    python -m asr.evaluate checkpoint=best.ckpt decoder=beam beam_size=16
+
+Arguments are key=value (see `EvaluateConfig` below, or `python -m asr.evaluate --help`):
+`attention` is an attention spec (a registry name such as `iclustered`, or a short form such as
+`i-clustered-100`, `lsh-4`, `oracle-top-16`); `attention.<option>=<value>` sets one option on top.
+Data: by default the split of the corpus the model was trained on (the run folder's config.yaml
+next to checkpoints/), `data.<key>=...` changes any data option (e.g. `data.root`), and
+`data_dir=PATH` scores a Kaldi-style data directory (wav.scp, text, optional utt2spk) instead:
+its audio is converted once into manifests and features under <data_dir>/asr_manifests (or
+`data.root`), and its word transcripts score the chars / sentencepiece heads (a phone head
+decodes, unscored).
+
+Writes to `out` (default: <run folder>/evaluations/<split>_<attention spec>/):
+    results.json        error rates per head, forward time per utterance and per frame, settings
+    hypotheses.jsonl    per utterance: id, and per head the reference and the hypothesis
+    hyp_<kind>.txt      per head, Kaldi style: <utterance-id> <hypothesis>
+
+The attention runs with a fixed seed (`seed`), so clustered and LSH attention (random hashing)
+give the same numbers on every run. A model whose query and key projections are separate cannot
+run lsh or shared_full (they are defined for keys equal to the queries) and such a swap is
+refused; clustered and iclustered on a shared-QK model get keys equal to the queries, as in the
+paper.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Optional
+
+import torch
+import yaml
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+
+from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config
+from asr.data.manifests import ManifestError
+from asr.model.ctc import greedy_decode, prefix_beam_search
+from asr.model.recognizer import REFERENCE_FIELD, EvaluationTally, SpeechRecognizer
+from attention_ext import AttentionConfigError, parse_attention_spec, resolve_options
+
+log = logging.getLogger("asr.evaluate")
+DECODERS = ("greedy", "beam")
+KALDI_CORPUS, KALDI_SPLIT = "kaldi", "eval"
+
+
+class EvaluationError(ValueError):
+    """An argument, checkpoint or data source that cannot be evaluated; the message says what to do."""
+
+
+@dataclass
+class EvaluateConfig:
+    checkpoint: Optional[str] = None     # the .ckpt to evaluate (required)
+    attention: Optional[str] = None      # evaluate-with spec; None: the one the model was trained with
+    split: Optional[str] = None          # a split of the corpus; None: its test split
+    data_dir: Optional[str] = None       # a Kaldi-style data directory to score instead of a split
+    data: dict = field(default_factory=dict)   # data.<key>=... overrides of the run's data config
+    decoder: str = "greedy"              # greedy | beam (CTC prefix beam search, no LM)
+    beam_size: int = 8
+    seed: int = 0                        # seeds the random hashing of clustered / LSH attention
+    device: str = "cpu"                  # cpu | cuda | cuda:N
+    threads: Optional[int] = None        # torch.set_num_threads; None: torch's default
+    limit: Optional[int] = None          # evaluate only the first N batches (a quick look)
+    out: Optional[str] = None            # output folder
+    progress: bool = True
+
+
+# ---- arguments ------------------------------------------------------------------------------------
+def parse_arguments(argv: list[str]) -> tuple[EvaluateConfig, dict[str, str]]:
+    """key=value arguments -> (config, attention options given as attention.<option>=value)."""
+    attention_options: dict[str, str] = {}
+    dotlist = []
+    for argument in argv:
+        key, equals, value = argument.partition("=")
+        if not equals:
+            raise EvaluationError(f"argument {argument!r} is not key=value; e.g. checkpoint=PATH attention=full")
+        if key.startswith("attention."):
+            attention_options[key.removeprefix("attention.")] = value
+        else:
+            dotlist.append(argument)
+    try:
+        merged = OmegaConf.merge(OmegaConf.structured(EvaluateConfig), OmegaConf.from_dotlist(dotlist))
+    except OmegaConfBaseException as error:
+        known = ", ".join(EvaluateConfig.__dataclass_fields__)
+        raise EvaluationError(f"{error.msg if hasattr(error, 'msg') else error}; the arguments are: {known}, "
+                              "attention.<option>, data.<option>") from None
+    config = EvaluateConfig(**OmegaConf.to_container(merged))
+    if not config.checkpoint:
+        raise EvaluationError("give the checkpoint to evaluate: checkpoint=PATH (a .ckpt file, e.g. "
+                              "runs/<preset>/<time>/checkpoints/best.ckpt)")
+    if config.decoder not in DECODERS:
+        raise EvaluationError(f"decoder={config.decoder!r}; choose one of {', '.join(DECODERS)}")
+    if config.beam_size < 1:
+        raise EvaluationError(f"beam_size={config.beam_size} must be >= 1")
+    if config.limit is not None and config.limit < 1:
+        raise EvaluationError(f"limit={config.limit} must be >= 1 batches")
+    return config, attention_options
+
+
+def evaluation_attention(model: SpeechRecognizer, spec: str | None,
+                         options: dict[str, Any] | None = None) -> tuple[str, dict[str, int]]:
+    """(name, options) to evaluate with: `spec` plus `options`, or the training attention when
+    both are empty; options alone modify the training attention (e.g. more clusters)."""
+    trained = model.hparams.attention
+    if spec is None:
+        name, base = trained["name"], {k: v for k, v in trained.items() if k != "name"}
+    else:
+        name, base = parse_attention_spec(spec)
+    merged = {**base}
+    for key, value in (options or {}).items():
+        try:
+            merged[key] = int(value)
+        except (TypeError, ValueError):
+            raise AttentionConfigError(f"attention.{key}={value!r} is not a whole number") from None
+    return name, resolve_options(name, **merged)
+
+
+def attention_label(name: str, options: dict[str, int]) -> str:
+    """'iclustered' + {clusters: 64, ...} -> 'iclustered_clusters64_bits63_...' (a folder name)."""
+    return "_".join([name] + [f"{key}{value}" for key, value in sorted(options.items())])
+
+
+# ---- model and data ---------------------------------------------------------------------------------
+def load_model(checkpoint: str | Path, device: str = "cpu") -> SpeechRecognizer:
+    path = Path(checkpoint)
+    if not path.is_file():
+        raise EvaluationError(f"checkpoint={str(path)!r}: no such file; give a .ckpt written by asr.train "
+                              "(runs/<preset>/<time>/checkpoints/best.ckpt)")
+    try:
+        model = SpeechRecognizer.load_from_checkpoint(str(path), map_location=device)
+    except (KeyError, TypeError, RuntimeError, EOFError) as error:
+        raise EvaluationError(f"checkpoint={str(path)!r} is not an asr.train checkpoint ({error})") from None
+    return model.eval()
+
+
+def run_folder_of(checkpoint: str | Path) -> Path | None:
+    """The run folder of an asr.train checkpoint (<run>/checkpoints/x.ckpt), if it has config.yaml."""
+    run = Path(checkpoint).resolve().parent.parent
+    return run if (run / "config.yaml").is_file() else None
+
+
+def trained_data_config(checkpoint: str | Path) -> dict:
+    """The data section the checkpoint was trained with (from its run folder), or {} if unknown."""
+    run = run_folder_of(checkpoint)
+    if run is None:
+        return {}
+    return dict((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("data") or {})
+
+
+def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True) -> Path:
+    """Converts a Kaldi-style data directory into the manifests asr.data reads (split 'eval' of
+    corpus 'kaldi') under out_dir; the audio is converted once and reused by later runs."""
+    from recipes.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
+    from recipes.manifest_builder import (PreparationError, Problem, RecordingSpec, UtteranceSpec,
+                                          build_manifests, file_identity)
+    from recipes.text_normalisation import normalise_transcript
+    try:
+        kaldi = read_kaldi_data_dir(data_dir, require_utt2spk=False)
+    except KaldiDataDirError as error:
+        raise EvaluationError(f"data_dir: {error}") from None
+    recordings = [RecordingSpec(rid, source) for rid, source in kaldi.recordings.items()]
+    utterances = [UtteranceSpec(u.id, KALDI_SPLIT, u.recording_id, u.speaker,
+                                normalise_transcript(list(u.words)), u.start, u.end)
+                  for u in kaldi.utterances]
+    problems = [Problem(kind, item, message) for kind, item, message in kaldi.problems]
+    settings = {"data_dir": str(Path(data_dir).resolve()),
+                "files": {name: file_identity(Path(data_dir) / name)
+                          for name in ("wav.scp", "text", "utt2spk", "segments")
+                          if (Path(data_dir) / name).is_file()}}
+    try:
+        build_manifests(KALDI_CORPUS, out_dir, recordings, utterances, problems, settings=settings,
+                        progress=progress)
+    except PreparationError as error:
+        raise EvaluationError(f"data_dir={str(data_dir)!r}: {error}") from None
+    return out_dir
+
+
+@dataclass
+class EvaluationData:
+    """What to score: a data module with the model's tokenizers, the split, the heads with references."""
+    datamodule: SpeechDataModule
+    split: str
+    scored: list[str]            # target kinds whose references the data has
+    source: str                  # for the report: the manifest or the Kaldi directory
+
+
+def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str | None = None,
+                    data_dir: str | Path | None = None, data_overrides: dict | None = None,
+                    progress: bool = True) -> EvaluationData:
+    """The data to score `model` on: a split of its training corpus (or the corpus data.* names),
+    or a Kaldi-style directory converted to manifests (and features) in data.root, by default
+    <data_dir>/asr_manifests, where later evaluations find them again."""
+    settings = {**trained_data_config(checkpoint), **(data_overrides or {})}
+    kinds = list(model.tokenizers)
+    settings["num_mel_bins"] = model.hparams.feature_dim      # features as the model was trained on
+    settings["specaugment"] = False
+    settings.setdefault("progress", progress)
+    if data_dir is not None:
+        root = kaldi_manifests(data_dir, Path(settings["root"]) if "root" in (data_overrides or {})
+                               else Path(data_dir) / "asr_manifests", progress)
+        # A Kaldi directory has word transcripts only: the phone heads decode but are not scored.
+        scored = [kind for kind in kinds if model.tokenizers[kind].field == "text"]
+        settings.update(corpus=KALDI_CORPUS, root=str(root), test_split=KALDI_SPLIT, dev_split=KALDI_SPLIT,
+                        train_split=KALDI_SPLIT, targets=scored or kinds)
+        split, source = KALDI_SPLIT, f"Kaldi data directory {data_dir}"
+        if not scored:
+            raise EvaluationError(f"data_dir={str(data_dir)!r} has word transcripts only, but this model's "
+                                  f"heads are {kinds}; it needs a chars or sentencepiece head to be scored")
+    else:
+        if not trained_data_config(checkpoint) and "root" not in (data_overrides or {}):
+            raise EvaluationError(f"{checkpoint} is not inside an asr.train run folder (no ../config.yaml), "
+                                  "so its corpus is unknown: give data.corpus=... data.root=... or data_dir=...")
+        settings["targets"] = kinds
+        scored = kinds
+    try:
+        config = as_data_config({key: value for key, value in settings.items()
+                                 if key in DataConfig.__dataclass_fields__})
+    except (ValueError, TypeError) as error:
+        raise EvaluationError(f"data: {error}") from None
+    split = split or config.test_split
+    config.test_split = split
+    datamodule = SpeechDataModule(config, frame_subsampling=model.encoder.subsampling)
+    datamodule.set_tokenizers({kind: model.tokenizers[kind].state_dict() for kind in config.targets})
+    source = source if data_dir is not None else f"{config.root}/{config.corpus}_cuts_{split}.jsonl.gz"
+    return EvaluationData(datamodule, split, scored, source)
+
+
+# ---- decoding ---------------------------------------------------------------------------------------
+@dataclass
+class EvaluationResult:
+    rates: dict[str, float]
+    utterances: list[dict]          # id, and per kind: reference (if scored) and hypothesis
+    forward_seconds: float          # encoder + heads, summed over batches
+    input_frames: int               # 10 ms feature frames
+    encoder_frames: int
+    audio_seconds: float
+
+    def timing(self) -> dict[str, float]:
+        count = max(1, len(self.utterances))
+        return {"forward_seconds": self.forward_seconds,
+                "forward_ms_per_utterance": 1e3 * self.forward_seconds / count,
+                "forward_us_per_frame": 1e6 * self.forward_seconds / max(1, self.input_frames),
+                "forward_us_per_encoder_frame": 1e6 * self.forward_seconds / max(1, self.encoder_frames),
+                "real_time_factor": self.forward_seconds / max(1e-9, self.audio_seconds)}
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+@torch.no_grad()
+def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "greedy", beam_size: int = 8,
+                 seed: int = 0, limit: int | None = None, progress: bool = True) -> EvaluationResult:
+    """Decodes every utterance of the split; times the model's forward pass (not the decoding)."""
+    from tqdm.auto import tqdm
+    model.eval()
+    device = model.device
+    torch.manual_seed(seed)
+    loader = data.datamodule.dataloader(data.split)
+    tally = EvaluationTally()
+    records: list[dict] = []
+    forward_seconds, input_frames = 0.0, 0
+    bar = tqdm(loader, desc=f"decode {data.split}", unit="batch", disable=not progress, leave=False)
+    for index, batch in enumerate(bar):
+        if limit is not None and index >= limit:
+            break
+        features = batch["features"].to(device)
+        lengths = batch["feature_lengths"].to(device)
+        _synchronize(device)
+        start = time.perf_counter()
+        log_probs, out_lengths = model(features, lengths)
+        _synchronize(device)
+        forward_seconds += time.perf_counter() - start
+        input_frames += int(lengths.sum())
+        tally.encoder_frames += int(out_lengths.sum())
+        tally.utterances += len(batch["ids"])
+        batch_records = [{"id": utterance_id} for utterance_id in batch["ids"]]
+        for kind, scores in log_probs.items():
+            tokenizer = model.tokenizers[kind]
+            if decoder == "greedy":
+                ids = greedy_decode(scores, out_lengths)
+            else:
+                ids = [prefix_beam_search(row, int(n), beam_size) for row, n in zip(scores, out_lengths)]
+            hypotheses = [tokenizer.decode(x) for x in ids]
+            references = batch[REFERENCE_FIELD[tokenizer.field]] if kind in data.scored else None
+            for i, record in enumerate(batch_records):
+                record[kind] = {"hypothesis": hypotheses[i]}
+                if references is not None:
+                    record[kind]["reference"] = references[i]
+            if references is not None:
+                tally.references.setdefault(kind, []).extend(references)
+                tally.hypotheses.setdefault(kind, []).extend(hypotheses)
+        records.extend(batch_records)
+    bar.close()
+    if not records:
+        raise EvaluationError(f"split {data.split!r} of {data.source} has no utterances")
+    scored_tokenizers = {kind: model.tokenizers[kind] for kind in data.scored}
+    audio_seconds = input_frames * 0.01          # 10 ms frame shift
+    return EvaluationResult(tally.error_rates(scored_tokenizers), records, forward_seconds, input_frames,
+                            tally.encoder_frames, audio_seconds)
+
+
+# ---- the command ------------------------------------------------------------------------------------
+def default_out_dir(checkpoint: str | Path, split: str, label: str) -> Path:
+    run = run_folder_of(checkpoint)
+    base = run / "evaluations" if run is not None else Path("evaluations") / Path(checkpoint).stem
+    return base / f"{split}_{label}"
+
+
+def write_outputs(out: Path, result: EvaluationResult, report: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    with open(out / "hypotheses.jsonl", "w") as handle:
+        for record in result.utterances:
+            handle.write(json.dumps(record) + "\n")
+    kinds = [key for key in result.utterances[0] if key != "id"]
+    for kind in kinds:
+        (out / f"hyp_{kind}.txt").write_text(
+            "".join(f"{r['id']} {r[kind]['hypothesis']}\n" for r in result.utterances))
+    (out / "results.json").write_text(json.dumps(report, indent=2) + "\n")
+
+
+def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = None) -> dict:
+    """Runs one evaluation as configured; returns (and writes) the results.json content."""
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    model = load_model(config.checkpoint, config.device)
+    trained = dict(model.hparams.attention)
+    name, options = evaluation_attention(model, config.attention, attention_options)
+    model.set_attention(name, **options)          # refuses lsh / shared_full without shared QK
+    label = attention_label(name, options)
+    split_name = KALDI_SPLIT if config.data_dir else config.split
+    out = Path(config.out) if config.out else None
+    data = evaluation_data(model, config.checkpoint, split_name, config.data_dir, dict(config.data),
+                           progress=config.progress)
+    out = out or default_out_dir(config.checkpoint, data.split, label)
+    result = decode_split(model, data, config.decoder, config.beam_size, config.seed, config.limit,
+                          config.progress)
+    report = {
+        "checkpoint": str(config.checkpoint), "data": data.source, "split": data.split,
+        "trained_with": trained, "evaluated_with": {"name": name, **options},
+        "same_as_training": {"name": name, **options} == trained,
+        "decoder": config.decoder if config.decoder == "greedy" else f"beam (size {config.beam_size})",
+        "seed": config.seed, "utterances": len(result.utterances), "scored_heads": data.scored,
+        "error_rates": result.rates, **result.timing(),
+        "device": str(model.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
+    }
+    write_outputs(out, result, report)
+    report["out"] = str(out)
+    return report
+
+
+def _percent(value: float | None) -> str:
+    return "n/a" if value is None else f"{100 * value:.2f}%"
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if any(arg in ("-h", "--help") for arg in argv):
+        print(__doc__)
+        return 0
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        config, attention_options = parse_arguments(argv)
+        report = evaluate(config, attention_options)
+    except (EvaluationError, AttentionConfigError, ManifestError) as error:
+        print(f"asr.evaluate: error: {error}", file=sys.stderr)
+        return 2
+    rates = report["error_rates"]
+    attention = report["evaluated_with"]
+    print(f"{report['checkpoint']}: {report['utterances']} utterances of {report['data']}")
+    print(f"attention {attention['name']} {({k: v for k, v in attention.items() if k != 'name'})}"
+          f"{' (as trained)' if report['same_as_training'] else ''}, {report['decoder']} decoding")
+    print(f"PER {_percent(rates.get('per'))}  WER {_percent(rates.get('wer'))}  CER {_percent(rates.get('cer'))}")
+    print(f"forward: {report['forward_ms_per_utterance']:.1f} ms per utterance, "
+          f"{report['forward_us_per_frame']:.1f} us per 10 ms frame (real-time factor "
+          f"{report['real_time_factor']:.3f}) on {report['device']} with {report['threads']} threads")
+    print(f"wrote {report['out']}/results.json and hypotheses.jsonl")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

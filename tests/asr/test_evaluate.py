@@ -1,0 +1,153 @@
+"""python -m asr.evaluate and python -m asr.cross_matrix on tiny trained models."""
+from __future__ import annotations
+
+import csv
+import gzip
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from asr import cross_matrix
+from asr.evaluate import (EvaluateConfig, EvaluationError, decode_split, evaluate, evaluation_data, load_model,
+                          main, parse_arguments)
+from asr.train import train
+from attention_ext import AttentionConfigError
+from tiny_runs import tiny_config
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_synth, tmp_path_factory) -> dict[str, Path]:
+    """Two tiny models trained for one epoch: full attention (separate Q/K) and shared_full."""
+    runs = {}
+    for preset in ("synth_full", "synth_shared_full"):
+        run = tmp_path_factory.mktemp(preset)
+        train(tiny_config(tiny_synth, f"conf={preset}", "test=false"), run)
+        runs[preset] = run
+    return runs
+
+
+def best(run: Path) -> Path:
+    return run / "checkpoints" / "best.ckpt"
+
+
+def test_evaluating_with_the_training_attention_reproduces_the_logged_validation_error(trained, tmp_path):
+    run = trained["synth_full"]
+    logged = json.loads((run / "results.json").read_text())["val"]      # one epoch: best = last validation
+    report = evaluate(EvaluateConfig(checkpoint=str(best(run)), split="dev", out=str(tmp_path), progress=False))
+    assert report["same_as_training"] and report["split"] == "dev"
+    for metric in ("per", "wer", "cer"):
+        assert report["error_rates"][metric] == pytest.approx(logged[metric], abs=1e-12)
+    assert report["utterances"] == 2 and report["forward_ms_per_utterance"] > 0
+    lines = (tmp_path / "hypotheses.jsonl").read_text().splitlines()
+    assert len(lines) == 2 and set(json.loads(lines[0])) == {"id", "phones", "chars"}
+    assert len((tmp_path / "hyp_chars.txt").read_text().splitlines()) == 2
+    assert json.loads((tmp_path / "results.json").read_text())["error_rates"] == report["error_rates"]
+
+
+def test_swapping_attention_changes_no_weight(trained):
+    checkpoint = best(trained["synth_full"])
+    saved = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
+    model = load_model(checkpoint)
+    model.set_attention("iclustered", clusters=3, topk=4)
+    data = evaluation_data(model, checkpoint, "test", progress=False)
+    result = decode_split(model, data, progress=False)
+    assert result.rates["per"] >= 0
+    after = model.state_dict()
+    assert after.keys() == saved.keys()
+    assert all(torch.equal(after[name], saved[name]) for name in saved)
+    assert type(model.encoder.layers[0].attention).__name__ == "ImprovedClusteredAttention"
+
+
+def test_an_attention_that_needs_shared_qk_is_refused_with_the_reason(trained, tmp_path):
+    checkpoint = str(best(trained["synth_full"]))
+    for spec in ("lsh-4", "shared-full"):
+        with pytest.raises(AttentionConfigError, match="shared query/key projections"):
+            evaluate(EvaluateConfig(checkpoint=checkpoint, attention=spec, out=str(tmp_path), progress=False))
+    # a shared-QK model runs clustered with keys = queries
+    report = evaluate(EvaluateConfig(checkpoint=str(best(trained["synth_shared_full"])), attention="clustered-2",
+                                     out=str(tmp_path / "c"), progress=False))
+    assert report["evaluated_with"] == {"name": "clustered", "clusters": 2, "bits": 63, "iterations": 10}
+
+
+def write_kaldi_dir(corpus: Path, split: str, folder: Path) -> int:
+    """A Kaldi data directory (no utt2spk) with the audio and words of one split of the corpus."""
+    folder.mkdir(parents=True)
+    with gzip.open(corpus / f"synth_cuts_{split}.jsonl.gz", "rt") as handle:
+        cuts = [json.loads(line) for line in handle]
+    wav, text = [], []
+    for cut in cuts:
+        source = cut["recording"]["sources"][0]["source"]
+        path = Path(source) if Path(source).is_absolute() else corpus / source
+        wav.append(f"{cut['id']} {path}\n")
+        text.append(f"{cut['id']} {cut['supervisions'][0]['text'].upper()}\n")   # normalised on reading
+    (folder / "wav.scp").write_text("".join(wav))
+    (folder / "text").write_text("".join(text))
+    return len(cuts)
+
+
+def test_a_kaldi_data_directory_scores_like_the_same_utterances_from_the_manifest(trained, tiny_synth, tmp_path):
+    checkpoint = str(best(trained["synth_full"]))
+    count = write_kaldi_dir(tiny_synth, "test", tmp_path / "kaldi")
+    from_dir = evaluate(EvaluateConfig(checkpoint=checkpoint, data_dir=str(tmp_path / "kaldi"),
+                                       out=str(tmp_path / "a"), progress=False))
+    from_split = evaluate(EvaluateConfig(checkpoint=checkpoint, split="test", out=str(tmp_path / "b"),
+                                         progress=False))
+    assert from_dir["utterances"] == count and from_dir["scored_heads"] == ["chars"]
+    assert "per" not in from_dir["error_rates"]                     # no phone transcripts in a Kaldi dir
+    assert from_dir["error_rates"]["wer"] == pytest.approx(from_split["error_rates"]["wer"], abs=1e-12)
+    assert from_dir["error_rates"]["cer"] == pytest.approx(from_split["error_rates"]["cer"], abs=1e-12)
+    assert (tmp_path / "kaldi" / "asr_manifests" / "kaldi_cuts_eval.jsonl.gz").is_file()
+    hypotheses = [json.loads(line) for line in (tmp_path / "a" / "hypotheses.jsonl").read_text().splitlines()]
+    assert "reference" not in hypotheses[0]["phones"] and "reference" in hypotheses[0]["chars"]
+
+
+def test_arguments_and_their_errors(trained, tmp_path, capsys):
+    config, options = parse_arguments(["checkpoint=x.ckpt", "attention=iclustered", "attention.clusters=5",
+                                       "data.root=/d", "decoder=beam", "beam_size=4"])
+    assert (config.attention, options, config.data, config.beam_size) == ("iclustered", {"clusters": "5"},
+                                                                          {"root": "/d"}, 4)
+    for argv, message in ((["attention=full"], "checkpoint=PATH"), (["checkpoint=a", "colour=red"], "colour"),
+                          (["checkpoint=a", "decoder=viterbi"], "greedy"), (["checkpoint"], "key=value")):
+        with pytest.raises(EvaluationError, match=message):
+            parse_arguments(argv)
+    assert main([f"checkpoint={tmp_path}/missing.ckpt"]) == 2
+    assert "no such file" in capsys.readouterr().err
+    assert main([f"checkpoint={best(trained['synth_full'])}", "attention=clustered", "attention.clusters=0"]) == 2
+    assert "clusters" in capsys.readouterr().err
+
+
+def test_cli_prints_the_error_rates_and_the_forward_time(trained, tmp_path, capsys):
+    code = main([f"checkpoint={best(trained['synth_full'])}", "attention=i-clustered-3", "decoder=beam",
+                 "beam_size=2", f"out={tmp_path}", "progress=false"])
+    printed = capsys.readouterr().out
+    assert code == 0 and "PER" in printed and "ms per utterance" in printed
+    report = json.loads((tmp_path / "results.json").read_text())
+    assert report["decoder"] == "beam (size 2)" and report["evaluated_with"]["clusters"] == 3
+
+
+def test_cross_matrix_shape_invalid_cells_marks_and_cache(trained, tmp_path, monkeypatch, capsys):
+    columns = [f"full={best(trained['synth_full'])}", f"shared={best(trained['synth_shared_full'])}"]
+    specs = ["full", "shared-full", "clustered-2"]
+    argv = [*columns, "--specs", *specs, "--out", str(tmp_path)]
+    assert cross_matrix.main(argv) == 0
+    matrix = json.loads((tmp_path / "matrix.json").read_text())
+    assert [row["evaluate_with"] for row in matrix["rows"]] == specs
+    assert [column["label"] for column in matrix["columns"]] == ["full", "shared"]
+    cells = {(row["evaluate_with"], label): cell for row in matrix["rows"] for label, cell in row["cells"].items()}
+    assert not cells["shared-full", "full"]["valid"]                # separate Q/K: shared_full is not defined
+    assert all(cell["valid"] for key, cell in cells.items() if key != ("shared-full", "full"))
+    assert [key for key, cell in cells.items() if cell["same_as_training"]] == [("full", "full"),
+                                                                                  ("shared-full", "shared")]
+    with open(tmp_path / "matrix.csv") as handle:
+        assert len(list(csv.DictReader(handle))) == 6
+    table = (tmp_path / "matrix.md").read_text()
+    assert "| shared-full | - |" in table and "***" in table
+    assert (tmp_path / "matrix_heatmap.png").stat().st_size > 0 and (tmp_path / "speed_accuracy.png").is_file()
+    # a second run computes nothing: every cell is reused
+    capsys.readouterr()
+    monkeypatch.setattr(cross_matrix, "decode_split", lambda *a, **k: pytest.fail("a cached cell was recomputed"))
+    assert cross_matrix.main(argv) == 0
+    assert capsys.readouterr().out.count(": cached") == 6
+    assert json.loads((tmp_path / "matrix.json").read_text())["rows"] == matrix["rows"]

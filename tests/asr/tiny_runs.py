@@ -1,0 +1,23 @@
+"""Tiny training runs for the asr tests: a model and a run small enough for seconds on a CPU."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from hydra import compose, initialize_config_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+CONF = ROOT / "conf"
+# Every preset keeps its attention; only the sizes shrink.
+TINY = ["model.layers=1", "model.heads=2", "model.head_dim=8", "model.ff_dim=32", "model.subsampling_channels=4",
+        "data.max_duration=25", "data.progress=false", "data.feature_jobs=1", "data.num_buckets=2",
+        "trainer.max_epochs=1", "trainer.max_minutes=null", "trainer.enable_progress_bar=false",
+        "trainer.log_every_n_steps=1", "trainer.early_stopping_patience=null"]
+
+
+def compose_config(*overrides: str):
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        return compose(config_name="config", overrides=list(overrides))
+
+
+def tiny_config(corpus: Path, *overrides: str):
+    return compose_config(*TINY, f"data.root={corpus}", *overrides)
