@@ -164,6 +164,10 @@ class SpeechRecognizer(L.LightningModule):
 
     def training_step(self, batch: dict, batch_index: int) -> torch.Tensor:
         total, losses, _, _ = self._losses(batch)
+        if batch.get("padding"):
+            # a DDP rank's stand-in batch (asr.data.batching): it must take the step with the other
+            # ranks, so it returns a loss connected to every parameter, but contributes no gradient
+            return total * 0.0
         size = len(batch["ids"])
         self.log("train/loss", total, prog_bar=True, batch_size=size)
         for kind, loss in losses.items():
@@ -177,10 +181,17 @@ class SpeechRecognizer(L.LightningModule):
 
     def _evaluation_step(self, batch: dict, stage: str) -> None:
         total, losses, log_probs, lengths = self._losses(batch)
-        size = len(batch["ids"])
+        if batch.get("padding"):
+            # a DDP rank's stand-in batch: run (above) to stay in step with the other ranks, not
+            # counted; logged with weight 0 so that every rank logs the same keys (they are synced)
+            size, total, losses = 0, torch.zeros_like(total), {k: torch.zeros_like(v) for k, v in losses.items()}
+        else:
+            size = len(batch["ids"])
         self.log(f"{stage}/loss", total, batch_size=size, sync_dist=True)
         for kind, loss in losses.items():
             self.log(f"{stage}/loss_{kind}", loss, batch_size=size, sync_dist=True)
+        if not size:
+            return
         tally = self._tallies.setdefault(stage, EvaluationTally())
         for kind, lp in log_probs.items():
             tokenizer = self.tokenizers[kind]
