@@ -33,6 +33,7 @@ import logging
 import os
 import sys
 import time
+import warnings
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -44,6 +45,7 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from omegaconf import DictConfig, OmegaConf
 
 from asr.config import ConfigError, attention_settings, register_schema, validate_config
@@ -95,6 +97,11 @@ def check_launch_shares_run_folder(run_dir_option: str | None) -> None:
             f"torchrun started {os.environ['WORLD_SIZE']} processes without a rendezvous id, so they cannot agree "
             "on a run folder; give each the same run_dir=FOLDER (or start torchrun with --rdzv-id=ID or --standalone)")
 
+
+# The recognizer logs the error rates and losses gathered from every process (the same values on
+# each), so Lightning's advice to synchronise epoch-level logs under DDP does not apply.
+warnings.filterwarnings("ignore", message=r".*sync_dist=True.* when logging on epoch level",
+                        category=PossibleUserWarning)
 
 # use_cache: Hydra may resolve hydra.run.dir more than once; the timestamp must not change.
 OmegaConf.register_new_resolver("asr_run_dir", run_folder, use_cache=True, replace=True)
@@ -208,13 +215,20 @@ class EpochTimer(Callback):
                             "seconds": end - self._start})
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer) -> tuple[L.Trainer, ModelCheckpoint]:
+def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
+                  ) -> tuple[L.Trainer, ModelCheckpoint, ModelCheckpoint]:
+    """The Trainer, and its checkpoints of the best (lowest primary error) and of the latest epoch."""
     t = cfg.trainer
     tensorboard = TensorBoardLogger(save_dir=str(run_dir), name="logs", default_hp_metric=False)
     csv = CSVLogger(save_dir=str(run_dir), name="logs", version=tensorboard.version)
     best = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor="val/primary_error",
-                           mode="min", save_top_k=1, save_last=True, enable_version_counter=False)
-    callbacks: list[Callback] = [best, timer]
+                           mode="min", save_top_k=1, enable_version_counter=False)
+    # Not save_last=True: Lightning (2.6) rewrites that last.ckpt only in epochs where `best` improved,
+    # so it could hold an older epoch than the latest one. A checkpoint without a monitor keeps the
+    # newest epoch, rewritten at the end of every epoch (what ckpt_path=last resumes).
+    latest = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="last", save_top_k=1,
+                             enable_version_counter=False)
+    callbacks: list[Callback] = [best, latest, timer]
     if t.record_batches:
         callbacks.append(BatchRecorder(run_dir / "batches"))
     if t.early_stopping_patience:
@@ -237,7 +251,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer) -> tuple[L.
         enable_progress_bar=t.enable_progress_bar, deterministic=t.deterministic,
         use_distributed_sampler=False,   # the data module's lhotse samplers shard by rank themselves
         **limits)
-    return trainer, best
+    return trainer, best, latest
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -278,10 +292,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
              attention_options, list(datamodule.tokenizers))
 
     timer = EpochTimer()
-    trainer, best = build_trainer(cfg, run_dir, timer)
+    trainer, best, latest = build_trainer(cfg, run_dir, timer)
     trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
 
-    best_path = best.best_model_path or best.last_model_path
+    best_path = best.best_model_path or latest.best_model_path   # the latest one when nothing was validated
     results = {
         "preset": _preset_name(), "run_dir": str(run_dir), "attention": attention_name,
         "attention_options": attention_options, "parameters": parameters,

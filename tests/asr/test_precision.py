@@ -111,5 +111,5 @@ def test_num_nodes_reaches_the_trainer(tmp_path):
     cfg = compose_config("trainer.num_nodes=3", "trainer.accelerator=cpu", "trainer.devices=2",
                          "trainer.strategy=ddp", "trainer.precision=bf16-mixed")
     validate_config(cfg)
-    trainer, _ = build_trainer(cfg, tmp_path, EpochTimer())
+    trainer, _, _ = build_trainer(cfg, tmp_path, EpochTimer())
     assert trainer.num_nodes == 3 and trainer.num_devices == 2 and trainer.precision == "bf16-mixed"
