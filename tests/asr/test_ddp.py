@@ -23,7 +23,8 @@ from omegaconf import OmegaConf
 
 from asr.data.datamodule import SpeechDataModule
 from asr.model.recognizer import SpeechRecognizer
-from asr.train import ensure_corpus
+from asr.config import ConfigError
+from asr.train import check_launch_shares_run_folder, ensure_corpus, run_folder
 from tiny_runs import ROOT, TINY, compose_config
 
 
@@ -92,3 +93,36 @@ def test_two_processes_split_the_data_and_gather_the_error_rates(ddp_corpus, tmp
     assert float(validations[-1]["val/per"]) == pytest.approx(expected["per"], rel=1e-6)
     # the loss is a mean over utterances: the padding batches (weight 0) leave it unchanged
     assert float(validations[-1]["val/loss"]) == pytest.approx(single.callback_metrics["val/loss"].item(), rel=1e-4)
+
+
+# ---- processes started by an outside launcher (torchrun, srun) share one run folder ---------------
+LAUNCHER_VARIABLES = ("SLURM_NTASKS", "SLURM_JOB_ID", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+
+
+@pytest.mark.parametrize("variables, folder", [
+    ({}, None),                                                            # a plain run: a timestamp
+    ({"SLURM_NTASKS": "8", "SLURM_JOB_ID": "4711"}, "slurm-4711"),
+    ({"SLURM_NTASKS": "1", "SLURM_JOB_ID": "4711"}, None),                 # one task: Lightning starts the rest
+    ({"WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "a1b2"}, "torchrun-a1b2"),
+    ({"WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "none"}, None),
+])
+def test_launched_processes_name_the_same_run_folder(variables, folder, monkeypatch, tmp_path):
+    for name in LAUNCHER_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    path = Path(run_folder(str(tmp_path), "synth_full", None, None))
+    assert path.parent == tmp_path / "synth_full"
+    if folder is None:
+        assert path.name[:4].isdigit()          # <year>-<month>-<day>_<time>
+    else:
+        assert path.name == folder
+    assert run_folder(str(tmp_path), "synth_full", "given", None) == "given"
+
+
+def test_torchrun_without_a_rendezvous_id_needs_run_dir(monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    with pytest.raises(ConfigError, match="give each the same run_dir=FOLDER"):
+        check_launch_shares_run_folder(None)
+    check_launch_shares_run_folder("/shared/runs/x")      # given: fine
