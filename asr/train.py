@@ -65,8 +65,8 @@ def run_folder(run_root: str, preset: str | None, run_dir: str | None, ckpt_path
     otherwise a new <run_root>/<preset>/<timestamp>.
 
     Processes started together by an outside launcher each compute this folder, and a timestamp
-    could differ between them, so they get a name they all share: `slurm-<job id>` in a SLURM job
-    of several tasks, `torchrun-<rendezvous id>` under torchrun with a rendezvous id (--standalone
+    could differ between them, so they get a name they all share: `slurm-<job id>-<step id>` for
+    the tasks of one srun step, `torchrun-<rendezvous id>` under torchrun with a rendezvous id (--standalone
     or --rdzv-id). torchrun without one must be given run_dir (train() says so).
     """
     if run_dir not in (None, "", "None", "null"):
@@ -81,8 +81,9 @@ def run_folder(run_root: str, preset: str | None, run_dir: str | None, ckpt_path
 
 def shared_launch_name() -> str | None:
     """A run folder name shared by all processes of an outside launcher, or None (see run_folder)."""
-    if int(os.environ.get("SLURM_NTASKS", "1")) > 1 and os.environ.get("SLURM_JOB_ID"):
-        return f"slurm-{os.environ['SLURM_JOB_ID']}"
+    # the tasks of one srun step (another srun in the same job gets another folder)
+    if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1 and os.environ.get("SLURM_JOB_ID"):
+        return f"slurm-{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_STEP_ID', '0')}"
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
         return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
     return None

@@ -96,13 +96,14 @@ def test_two_processes_split_the_data_and_gather_the_error_rates(ddp_corpus, tmp
 
 
 # ---- processes started by an outside launcher (torchrun, srun) share one run folder ---------------
-LAUNCHER_VARIABLES = ("SLURM_NTASKS", "SLURM_JOB_ID", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
+LAUNCHER_VARIABLES = ("SLURM_STEP_NUM_TASKS", "SLURM_STEP_ID", "SLURM_JOB_ID", "WORLD_SIZE", "TORCHELASTIC_RUN_ID")
 
 
 @pytest.mark.parametrize("variables, folder", [
     ({}, None),                                                            # a plain run: a timestamp
-    ({"SLURM_NTASKS": "8", "SLURM_JOB_ID": "4711"}, "slurm-4711"),
-    ({"SLURM_NTASKS": "1", "SLURM_JOB_ID": "4711"}, None),                 # one task: Lightning starts the rest
+    ({"SLURM_STEP_NUM_TASKS": "8", "SLURM_STEP_ID": "2", "SLURM_JOB_ID": "4711"}, "slurm-4711-2"),
+    ({"SLURM_STEP_NUM_TASKS": "1", "SLURM_JOB_ID": "4711"}, None),         # one task: Lightning starts the rest
+    ({"SLURM_JOB_ID": "4711"}, None),                                      # in an allocation, not under srun
     ({"WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "a1b2"}, "torchrun-a1b2"),
     ({"WORLD_SIZE": "4", "TORCHELASTIC_RUN_ID": "none"}, None),
 ])
