@@ -61,9 +61,10 @@ class TrainerConfig:
     max_steps: int = -1                # -1: no step limit
     max_minutes: Optional[float] = None  # wall-clock budget for training; None: none
     accelerator: str = "auto"
-    devices: Any = "auto"
-    strategy: str = "auto"
-    precision: str = "32-true"
+    devices: Any = "auto"              # per node: a count, a list of GPU ids, or "auto" (all)
+    num_nodes: int = 1                 # machines; the run has num_nodes x devices processes (DDP)
+    strategy: str = "auto"             # "auto" is DDP when there are several devices or nodes
+    precision: str = "32-true"         # 32-true | bf16-mixed | 16-mixed (16-mixed needs a GPU)
     log_every_n_steps: int = 10
     val_check_interval: Optional[int] = None  # validate every N training batches; None: once per epoch
     check_val_every_n_epoch: int = 1
@@ -75,6 +76,9 @@ class TrainerConfig:
     deterministic: bool = False
     early_stopping_patience: Optional[int] = None  # validations without a better primary error
     torch_threads: Optional[int] = None  # torch.set_num_threads; None: torch's default
+    # Debugging: every process writes the utterance ids of each batch it ran to
+    # <run folder>/batches/rank<global rank>.jsonl (see asr.train.BatchRecorder).
+    record_batches: bool = False
 
 
 @dataclass
@@ -121,6 +125,21 @@ def attention_settings(attention: Any) -> tuple[str, dict[str, int]]:
     return name, resolve_options(name, **attention)
 
 
+# Mixed precision runs the model under torch.autocast with float32 weights; the attentions with
+# C++ kernels (clustered, iclustered, lsh) compute in float32 inside it. The "-true" precisions
+# (weights in half precision) are not offered: they are untested here and RAdam's state would be
+# half precision too.
+PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
+
+
+def trains_on_cpu(trainer: Any) -> bool:
+    """Whether Lightning will put this run on the CPU (accelerator cpu, or auto without CUDA)."""
+    import torch
+
+    accelerator = str(trainer.accelerator).lower()
+    return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
+
+
 def validate_config(cfg: Any) -> None:
     """Checks ranges and combinations; raises ConfigError / AttentionConfigError with the fix."""
     model, optim, trainer = cfg.model, cfg.optim, cfg.trainer
@@ -159,5 +178,13 @@ def validate_config(cfg: Any) -> None:
         value = getattr(trainer, key)
         _require(value is None or (value > 0 and (value <= 1 or float(value).is_integer())),
                  f"trainer.{key}", value, "must be a fraction in (0, 1], a whole number of batches, or null")
+    _require(trainer.precision in PRECISIONS, "trainer.precision", trainer.precision,
+             f"choose one of {', '.join(PRECISIONS)}")
+    # Lightning would quietly train in bfloat16 instead (fp16 autocast is a GPU feature)
+    _require(not (trainer.precision == "16-mixed" and trains_on_cpu(trainer)), "trainer.precision",
+             trainer.precision, f"float16 mixed precision needs a GPU, and this run trains on the CPU "
+             f"(trainer.accelerator={trainer.accelerator}); use trainer.precision=bf16-mixed (bfloat16 "
+             "autocast, which CPUs support) or 32-true")
+    _require(trainer.num_nodes >= 1, "trainer.num_nodes", trainer.num_nodes, "must be >= 1")
     _require(trainer.val_check_interval is None or trainer.val_check_interval >= 1, "trainer.val_check_interval",
              trainer.val_check_interval, "must be a number of training batches >= 1, or null (once per epoch)")

@@ -10,7 +10,16 @@ One run = one folder (<run_root>/<preset>/<timestamp>, or run_dir=...):
     checkpoints/best.ckpt   lowest validation error of the primary target; checkpoints/last.ckpt
     logs/version_N/         TensorBoard events and metrics.csv (one version per start or resume)
     results.json            test and best-validation PER/WER/CER, time per epoch, parameters, ...
-    train.log               what was printed
+    train.log               what was printed (train_ddp_process_N.log: the other processes of a
+                            multi-device run that Lightning started itself)
+    batches/rankN.jsonl     with trainer.record_batches=true: the utterance ids of every batch
+                            process N ran (BatchRecorder)
+
+Several devices or machines (trainer.devices, trainer.num_nodes; Lightning's DDP): every process
+runs this module; the data module gives each its share of every split, the recognizer gathers
+validation and test transcripts from all of them, and process 0 writes results.json. Processes
+started together by an outside launcher (torchrun, srun) prepare the data one at a time and must
+share one run folder (see run_folder).
 
 The flow, top to bottom: check the config -> make the corpus if it is the built-in one and
 missing -> data module (tokenizers, feature stats) -> model -> Lightning fit -> test the best
@@ -18,10 +27,14 @@ checkpoint -> results.json.
 """
 from __future__ import annotations
 
+import fcntl
 import json
 import logging
+import os
 import sys
 import time
+import warnings
+from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
 
@@ -31,6 +44,8 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
+from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from omegaconf import DictConfig, OmegaConf
 
 from asr.config import ConfigError, attention_settings, register_schema, validate_config
@@ -47,7 +62,13 @@ SPLITS = ("train_split", "dev_split", "test_split")
 def run_folder(run_root: str, preset: str | None, run_dir: str | None, ckpt_path: str | None) -> str:
     """Hydra's run directory: run_dir if given; with ckpt_path=last the newest earlier run of
     this preset that has checkpoints/last.ckpt (so a resumed run continues in its own folder);
-    otherwise a new <run_root>/<preset>/<timestamp>."""
+    otherwise a new <run_root>/<preset>/<timestamp>.
+
+    Processes started together by an outside launcher each compute this folder, and a timestamp
+    could differ between them, so they get a name they all share: `slurm-<job id>-<step id>` for
+    the tasks of one srun step, `torchrun-<rendezvous id>` under torchrun with a rendezvous id (--standalone
+    or --rdzv-id). torchrun without one must be given run_dir (train() says so).
+    """
     if run_dir not in (None, "", "None", "null"):
         return str(run_dir)
     folder = Path(run_root) / (preset or "custom")
@@ -55,8 +76,33 @@ def run_folder(run_root: str, preset: str | None, run_dir: str | None, ckpt_path
         earlier = sorted(folder.glob("*/checkpoints/last.ckpt"), key=lambda p: p.stat().st_mtime)
         if earlier:
             return str(earlier[-1].parent.parent)
-    return str(folder / datetime.now().strftime("%Y-%m-%d_%H-%M-%S"))
+    return str(folder / (shared_launch_name() or datetime.now().strftime("%Y-%m-%d_%H-%M-%S")))
 
+
+def shared_launch_name() -> str | None:
+    """A run folder name shared by all processes of an outside launcher, or None (see run_folder)."""
+    # the tasks of one srun step (another srun in the same job gets another folder)
+    if int(os.environ.get("SLURM_STEP_NUM_TASKS", "1")) > 1 and os.environ.get("SLURM_JOB_ID"):
+        return f"slurm-{os.environ['SLURM_JOB_ID']}-{os.environ.get('SLURM_STEP_ID', '0')}"
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and os.environ.get("TORCHELASTIC_RUN_ID", "none") != "none":
+        return f"torchrun-{os.environ['TORCHELASTIC_RUN_ID']}"
+    return None
+
+
+def check_launch_shares_run_folder(run_dir_option: str | None) -> None:
+    """torchrun with its default static rendezvous has no id the processes share; each would then
+    write into a folder of its own, so an explicit run_dir is required."""
+    if (run_dir_option in (None, "", "None", "null") and int(os.environ.get("WORLD_SIZE", "1")) > 1
+            and os.environ.get("TORCHELASTIC_RUN_ID") == "none"):
+        raise ConfigError(
+            f"torchrun started {os.environ['WORLD_SIZE']} processes without a rendezvous id, so they cannot agree "
+            "on a run folder; give each the same run_dir=FOLDER (or start torchrun with --rdzv-id=ID or --standalone)")
+
+
+# The recognizer logs the error rates and losses gathered from every process (the same values on
+# each), so Lightning's advice to synchronise epoch-level logs under DDP does not apply.
+warnings.filterwarnings("ignore", message=r".*sync_dist=True.* when logging on epoch level",
+                        category=PossibleUserWarning)
 
 # use_cache: Hydra may resolve hydra.run.dir more than once; the timestamp must not change.
 OmegaConf.register_new_resolver("asr_run_dir", run_folder, use_cache=True, replace=True)
@@ -105,7 +151,50 @@ def ensure_corpus(cfg: DictConfig) -> None:
     log.info("corpus synth: %s", report)
 
 
+@contextmanager
+def one_process_at_a_time(lock_file: Path):
+    """Processes of one run that an outside launcher starts together (torchrun, srun) generate the
+    synth corpus and compute features and statistics one after another: the first does the work,
+    the others find it on disk (the caches' writes are not safe against concurrent writers).
+    Lightning's own launcher starts the other processes only after this one has prepared the data."""
+    lock_file.parent.mkdir(parents=True, exist_ok=True)
+    with open(lock_file, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)
+
+
 # ---- callbacks -----------------------------------------------------------------------------------
+class BatchRecorder(Callback):
+    """trainer.record_batches=true: each process appends one JSON line per batch it runs to
+    <run folder>/batches/rank<global rank>.jsonl: {"fn": fit|validate|test, "stage": train|val|test,
+    "epoch", "batch", "ids": [utterance ids], "padding": stand-in batch (asr.data.batching)}.
+    For checking how data is split over DDP processes; off by default."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def _record(self, trainer, stage: str, batch: dict, batch_index: int) -> None:
+        if trainer.sanity_checking:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        line = {"fn": str(trainer.state.fn.value), "stage": stage, "epoch": trainer.current_epoch,
+                "batch": batch_index, "ids": list(batch["ids"]), "padding": bool(batch.get("padding"))}
+        with open(self.folder / f"rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def on_train_batch_start(self, trainer, module, batch, batch_index) -> None:
+        self._record(trainer, "train", batch, batch_index)
+
+    def on_validation_batch_start(self, trainer, module, batch, batch_index, dataloader_index=0) -> None:
+        self._record(trainer, "val", batch, batch_index)
+
+    def on_test_batch_start(self, trainer, module, batch, batch_index, dataloader_index=0) -> None:
+        self._record(trainer, "test", batch, batch_index)
+
+
 class EpochTimer(Callback):
     """Wall-clock seconds of each training epoch, with and without its validation."""
 
@@ -127,13 +216,22 @@ class EpochTimer(Callback):
                             "seconds": end - self._start})
 
 
-def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer) -> tuple[L.Trainer, ModelCheckpoint]:
+def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
+                  ) -> tuple[L.Trainer, ModelCheckpoint, ModelCheckpoint]:
+    """The Trainer, and its checkpoints of the best (lowest primary error) and of the latest epoch."""
     t = cfg.trainer
     tensorboard = TensorBoardLogger(save_dir=str(run_dir), name="logs", default_hp_metric=False)
     csv = CSVLogger(save_dir=str(run_dir), name="logs", version=tensorboard.version)
     best = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor="val/primary_error",
-                           mode="min", save_top_k=1, save_last=True, enable_version_counter=False)
-    callbacks: list[Callback] = [best, timer]
+                           mode="min", save_top_k=1, enable_version_counter=False)
+    # Not save_last=True: Lightning (2.6) rewrites that last.ckpt only in epochs where `best` improved,
+    # so it could hold an older epoch than the latest one. A checkpoint without a monitor keeps the
+    # newest epoch, rewritten at the end of every epoch (what ckpt_path=last resumes).
+    latest = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="last", save_top_k=1,
+                             enable_version_counter=False)
+    callbacks: list[Callback] = [best, latest, timer]
+    if t.record_batches:
+        callbacks.append(BatchRecorder(run_dir / "batches"))
     if t.early_stopping_patience:
         callbacks.append(EarlyStopping(monitor="val/primary_error", mode="min",
                                        patience=t.early_stopping_patience))
@@ -145,7 +243,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer) -> tuple[L.
         default_root_dir=str(run_dir), logger=[csv, tensorboard], callbacks=callbacks,
         max_epochs=t.max_epochs, max_steps=t.max_steps,
         max_time=None if t.max_minutes is None else {"minutes": float(t.max_minutes)},
-        accelerator=t.accelerator, devices=t.devices, strategy=t.strategy, precision=t.precision,
+        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+        precision=t.precision,
         gradient_clip_val=cfg.optim.clip_norm or None, gradient_clip_algorithm="norm",
         log_every_n_steps=t.log_every_n_steps,
         val_check_interval=1.0 if t.val_check_interval is None else t.val_check_interval,
@@ -153,7 +252,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer) -> tuple[L.
         enable_progress_bar=t.enable_progress_bar, deterministic=t.deterministic,
         use_distributed_sampler=False,   # the data module's lhotse samplers shard by rank themselves
         **limits)
-    return trainer, best
+    return trainer, best, latest
 
 
 # ---- the run -------------------------------------------------------------------------------------
@@ -161,20 +260,21 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Trains (or resumes) one run in `run_dir`, tests its best checkpoint, writes results.json."""
     started = time.perf_counter()
     validate_config(cfg)
+    check_launch_shares_run_folder(cfg.run_dir)
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     resume_from = resolve_checkpoint(cfg.ckpt_path, run_dir)
     L.seed_everything(cfg.seed, workers=True)
-    ensure_corpus(cfg)
-
     datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
     checkpoint = None
     if resume_from is not None:
         checkpoint = torch.load(resume_from, map_location="cpu", weights_only=False)
         datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
-    datamodule.setup("fit")
+    with one_process_at_a_time(run_dir / ".data_preparation.lock"):
+        ensure_corpus(cfg)
+        datamodule.setup("fit")
     attention_name, attention_options = attention_settings(cfg.attention)
     model = SpeechRecognizer(
         model=OmegaConf.to_container(cfg.model, resolve=True),
@@ -193,10 +293,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
              attention_options, list(datamodule.tokenizers))
 
     timer = EpochTimer()
-    trainer, best = build_trainer(cfg, run_dir, timer)
+    trainer, best, latest = build_trainer(cfg, run_dir, timer)
     trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
 
-    best_path = best.best_model_path or best.last_model_path
+    best_path = best.best_model_path or latest.best_model_path   # the latest one when nothing was validated
     results = {
         "preset": _preset_name(), "run_dir": str(run_dir), "attention": attention_name,
         "attention_options": attention_options, "parameters": parameters,
@@ -211,7 +311,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         trainer.test(model, datamodule=datamodule, ckpt_path=best_path)
         results["test"] = model.last_error_rates.get("test", {})
     results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
-    (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
 
 
@@ -237,6 +338,8 @@ def main(cfg: DictConfig) -> None:
         results = train(cfg, run_dir)
     except (ConfigError, AttentionConfigError, CheckpointMismatchError, ManifestError) as error:
         sys.exit(f"asr.train: error: {error}")
+    if rank_zero_only.rank != 0:   # the other processes of a multi-device run stay quiet
+        return
     test = results.get("test", {})
     print(f"\nrun folder: {run_dir}")
     if test:

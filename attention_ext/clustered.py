@@ -40,7 +40,7 @@ from typing import NamedTuple
 import torch
 
 from ._ops import ops
-from .contract import check_inputs, draw_seed, valid_positions
+from .contract import check_inputs, draw_seed, valid_positions, without_autocast
 from .registry import Option, register_attention
 
 CLUSTERING_OPTIONS = (
@@ -178,7 +178,8 @@ class ClusteredAttention(torch.nn.Module):
             return empty_attention(q, k, v)
         dtype = computed_dtype(q.dtype)
         q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
-        clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
-        attention = centroid_attention(q, k, lengths, clusters)
-        centroid_values = torch.matmul(attention, v)                      # eq. 5
-        return ClusterBroadcast.apply(centroid_values, clusters).to(input_dtype)  # eq. 6
+        with without_autocast(q):   # float32 throughout, also under mixed precision
+            clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
+            attention = centroid_attention(q, k, lengths, clusters)
+            centroid_values = torch.matmul(attention, v)                      # eq. 5
+            return ClusterBroadcast.apply(centroid_values, clusters).to(input_dtype)  # eq. 6

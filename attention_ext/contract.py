@@ -83,6 +83,18 @@ def is_shared_qk(q: torch.Tensor, k: torch.Tensor) -> bool:
                       and k.stride() == q.stride())
 
 
+def without_autocast(tensor: torch.Tensor) -> torch.autocast:
+    """A context that turns autocast off on `tensor`'s device.
+
+    The attentions with C++ kernels (clustered, iclustered, lsh) compute in float32 (float64
+    for float64 inputs) and cast the result back to the input dtype. Under mixed precision
+    (torch.autocast, Lightning's `bf16-mixed` / `16-mixed`) autocast would otherwise turn the
+    matrix products they make - in Python and inside the kernels, whose at::matmul goes
+    through the dispatcher again - into bfloat16/float16 ones, which the kernels refuse.
+    """
+    return torch.autocast(tensor.device.type, enabled=False)
+
+
 def draw_seed() -> int:
     """One 62-bit seed from torch's default CPU generator.
 

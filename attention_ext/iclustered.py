@@ -29,7 +29,7 @@ import torch
 from ._ops import ops
 from .clustered import (CLUSTERING_OPTIONS, ClusterBroadcast, QueryClusters, centroid_attention,
                         cluster_queries, computed_dtype, empty_attention)
-from .contract import check_inputs
+from .contract import check_inputs, without_autocast
 from .registry import Option, register_attention
 
 
@@ -131,12 +131,13 @@ class ImprovedClusteredAttention(torch.nn.Module):
             return empty_attention(q, k, v)
         dtype = computed_dtype(q.dtype)
         q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
-        clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
-        attention = centroid_attention(q, k, lengths, clusters)                  # A^c, eq. 4
-        topk = top_keys(attention, lengths, self.topk)                           # T
-        mass, attention_rest = SplitTopMass.apply(attention, topk)               # m_j, eq. 9
-        bottom_values = torch.matmul(attention_rest, v)                          # V^b_j, eq. 17
-        dots = ClusteredSparseDot.apply(q, k, topk, clusters, 1.0 / math.sqrt(q.shape[-1]))
-        weights = torch.softmax(dots, dim=-1) * ClusterBroadcast.apply(mass, clusters)
-        top_values = ClusteredSparseWeightedSum.apply(weights, v, topk, clusters)  # V^t_i, eq. 16
-        return (top_values + ClusterBroadcast.apply(bottom_values, clusters)).to(input_dtype)  # eq. 15
+        with without_autocast(q):   # float32 throughout, also under mixed precision
+            clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
+            attention = centroid_attention(q, k, lengths, clusters)                  # A^c, eq. 4
+            topk = top_keys(attention, lengths, self.topk)                           # T
+            mass, attention_rest = SplitTopMass.apply(attention, topk)               # m_j, eq. 9
+            bottom_values = torch.matmul(attention_rest, v)                          # V^b_j, eq. 17
+            dots = ClusteredSparseDot.apply(q, k, topk, clusters, 1.0 / math.sqrt(q.shape[-1]))
+            weights = torch.softmax(dots, dim=-1) * ClusterBroadcast.apply(mass, clusters)
+            top_values = ClusteredSparseWeightedSum.apply(weights, v, topk, clusters)  # V^t_i, eq. 16
+            return (top_values + ClusterBroadcast.apply(bottom_values, clusters)).to(input_dtype)  # eq. 15

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 import torch
 
 from ._ops import ops
-from .contract import check_inputs, draw_seed
+from .contract import check_inputs, draw_seed, without_autocast
 from .registry import Option, register_attention
 from .shared_full import require_shared_qk
 
@@ -153,6 +153,7 @@ class LSHAttention(torch.nn.Module):
         lengths = check_inputs(q, k, v, lengths)
         require_shared_qk(q, k, self.attention_name)
         q_kernel, v_kernel = q.to(kernel_dtype(q.dtype)), v.to(kernel_dtype(q.dtype))
-        hashing = lsh_hash(q_kernel.detach(), lengths, self.rounds, self.chunk_size, draw_seed())
-        out = lsh_chunked_attention(q_kernel, v_kernel, hashing.order, lengths, self.chunk_size)
+        with without_autocast(q):   # float32 throughout, also under mixed precision
+            hashing = lsh_hash(q_kernel.detach(), lengths, self.rounds, self.chunk_size, draw_seed())
+            out = lsh_chunked_attention(q_kernel, v_kernel, hashing.order, lengths, self.chunk_size)
         return out.to(v.dtype)

@@ -11,7 +11,17 @@ slightly smaller batch now and then.
 Epochs are deterministic: shuffling uses seed + epoch (`set_epoch`), and lhotse's bucket
 synchronisation (on by default) makes the sequence of buckets the same in every epoch, which keeps
 DDP ranks in step. (lhotse 1.33 with sync_buckets=False loses utterances at the end of an epoch,
-measured 31 of 40, so it is left on.) rank/world_size are read by lhotse from torch.distributed.
+measured 31 of 40, so it is left on.)
+
+Several processes (DDP): every rank builds the same sequence of batches and takes every
+world_size-th one (its rank's), so ranks see disjoint utterances and the same number of batches
+(DDP needs each rank to take every step). The last round of an epoch may hold fewer batches than
+ranks; its batches are then split (never merged: a piece of a batch keeps the duration cap) so that
+every rank gets one, and a rank left without any utterance (fewer utterances than ranks) gets a
+*padding* batch - one utterance of the round, flagged `padding=True` - that the model runs but
+neither counts nor learns from. lhotse's own sampler instead fills such a round with duplicated
+utterances (ids `<id>_dup0`) that would be scored twice and have no targets, and its merged last
+round can break the duration cap.
 """
 
 from __future__ import annotations
@@ -48,15 +58,34 @@ class BucketBoundedDuration(TimeConstraint):
 
 class EpochBatch(NamedTuple):
     """What the sampler yields: the cuts of one batch and the epoch they belong to. The epoch lets
-    the dataset seed SpecAugment by (seed, epoch, cut ids), which a resumed run reproduces."""
+    the dataset seed SpecAugment by (seed, epoch, cut ids), which a resumed run reproduces.
+    `padding`: a stand-in batch for a rank that has no utterance left in an epoch's last round
+    (see the module doc); the model runs it to keep the ranks in step but does not count it."""
 
     epoch: int
     cuts: CutSet
+    padding: bool = False
+
+
+def share_last_round(batches: list[CutSet], world_size: int) -> list[tuple[CutSet, bool]]:
+    """An epoch's last round, `batches` (fewer than `world_size`), as exactly `world_size`
+    (cuts, padding) pairs, the same on every rank: the largest piece is halved until there is one
+    per rank or every piece is a single utterance, so each piece is part of one batch and keeps its
+    duration cap; ranks still without a piece get a padding copy of the round's first utterance."""
+    pieces = [list(batch) for batch in batches]
+    while len(pieces) < world_size and max(len(piece) for piece in pieces) > 1:
+        largest = max(range(len(pieces)), key=lambda i: len(pieces[i]))   # the first of the largest
+        piece = pieces[largest]
+        pieces[largest:largest + 1] = [piece[:(len(piece) + 1) // 2], piece[(len(piece) + 1) // 2:]]
+    shared = [(CutSet.from_cuts(piece), False) for piece in pieces]
+    stand_in = CutSet.from_cuts(pieces[0][:1])
+    return shared + [(stand_in, True)] * (world_size - len(shared))
 
 
 class EpochTaggedBucketingSampler(DynamicBucketingSampler):
-    """A DynamicBucketingSampler that yields EpochBatch instead of CutSet, and knows which epoch
-    comes next (`next_epoch`: the current one, or the one after it once this one is exhausted).
+    """A DynamicBucketingSampler that yields EpochBatch instead of CutSet, gives each rank its share
+    of the batches (module doc), and knows which epoch comes next (`next_epoch`: the current one, or
+    the one after it once this one is exhausted).
 
     lhotse fixes an epoch's order when `iter()` is called, so `set_epoch` must come before the
     DataLoader creates its iterator; SpeechDataModule takes care of that when a run resumes.
@@ -69,11 +98,22 @@ class EpochTaggedBucketingSampler(DynamicBucketingSampler):
         return super().__iter__()
 
     def __next__(self) -> EpochBatch:
-        try:
-            return EpochBatch(self.epoch, super().__next__())
-        except StopIteration:
+        # lhotse's CutSampler.__next__ is replaced (see the module doc); _next_batch is the batch
+        # sequence every rank builds alike (its bucketer picks each bucket world_size times in a row).
+        self.allow_iter_to_reset_state()
+        round_batches = []
+        for _ in range(self.world_size):
+            try:
+                round_batches.append(self._next_batch())
+            except StopIteration:
+                break
+        if not round_batches:
             self._exhausted = True
-            raise
+            raise StopIteration
+        if len(round_batches) == self.world_size:
+            return EpochBatch(self.epoch, round_batches[self.rank])
+        cuts, padding = share_last_round(round_batches, self.world_size)[self.rank]
+        return EpochBatch(self.epoch, cuts, padding)
 
     @property
     def next_epoch(self) -> int:
@@ -81,9 +121,13 @@ class EpochTaggedBucketingSampler(DynamicBucketingSampler):
 
 
 def duration_bucketing_sampler(cuts: CutSet, max_duration: float, num_buckets: int, shuffle: bool,
-                               seed: int) -> EpochTaggedBucketingSampler:
+                               seed: int, rank: int = 0, world_size: int = 1) -> EpochTaggedBucketingSampler:
     """Batches of at most `max_duration` padded seconds, from `num_buckets` duration buckets whose
-    boundaries are estimated over all of `cuts` (each bucket holds about the same total duration)."""
+    boundaries are estimated over all of `cuts` (each bucket holds about the same total duration);
+    the share of process `rank` out of `world_size` (given explicitly, never guessed from the
+    environment)."""
+    if not 0 <= rank < world_size:
+        raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
     longest = max(cut.duration for cut in cuts)
     if longest > max_duration:
         raise ValueError(f"max_duration={max_duration} s cannot hold the utterance of {longest:.2f} s")
@@ -96,4 +140,5 @@ def duration_bucketing_sampler(cuts: CutSet, max_duration: float, num_buckets: i
         # lhotse suggests lazy manifests for memory; ours are filtered in memory on purpose.
         warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")
         return EpochTaggedBucketingSampler(cuts, constraint=constraint, duration_bins=bins[:-1] or bins,
-                                           shuffle=shuffle, drop_last=False, seed=seed)
+                                           shuffle=shuffle, drop_last=False, seed=seed,
+                                           rank=rank, world_size=world_size)

@@ -384,13 +384,25 @@ class SpeechDataModule(lightning.LightningDataModule):
     def sampler(self, split: str, train: bool):
         """Duration-bucketed batches of at most data.max_duration padded seconds (asr.data.batching).
 
-        Deterministic from the seed and the epoch (Lightning calls `set_epoch`). rank/world_size are
-        left to lhotse, which reads them from torch.distributed when it is initialised, so under DDP
-        each rank gets its own share (the Trainer must then use `use_distributed_sampler=False`).
+        Deterministic from the seed and the epoch (Lightning calls `set_epoch`). Under DDP each rank
+        gets its own share (`process_rank`), every utterance of a split exactly once over all ranks
+        (the Trainer must use `use_distributed_sampler=False`, as asr.train does).
         """
         cuts = self._prepare(split).cuts
+        rank, world_size = self.process_rank()
         return duration_bucketing_sampler(cuts, self.cfg.max_duration, self.cfg.num_buckets, shuffle=train,
-                                          seed=self.seed)
+                                          seed=self.seed, rank=rank, world_size=world_size)
+
+    def process_rank(self) -> tuple[int, int]:
+        """(rank, world size) of this process: the Trainer's when one is attached, else
+        torch.distributed's when it is initialised, else (0, 1). Never the RANK / WORLD_SIZE
+        environment variables alone: a launcher may set them for a job this loader is not part of."""
+        trainer = getattr(self, "trainer", None)
+        if trainer is not None:
+            return trainer.global_rank, trainer.world_size
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            return torch.distributed.get_rank(), torch.distributed.get_world_size()
+        return 0, 1
 
     def dataset(self, split: str, train: bool) -> SpeechBatchDataset:
         data = self._prepare(split)

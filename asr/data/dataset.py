@@ -5,6 +5,8 @@ Batch (a dict):
     feature_lengths  (B,) int64
     targets          {kind: (B, S) int64, padded with 0 (the blank)}; target_lengths {kind: (B,) int64}
     ids, texts, phones   lists of str (cut ids, words, space-separated phones)
+    padding          bool: a stand-in batch of a DDP rank with nothing left to do in an epoch's last
+                     round (asr.data.batching); the model runs it but neither counts nor learns from it
 """
 
 from __future__ import annotations
@@ -77,11 +79,12 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
         self.seed = seed
 
     def __getitem__(self, item: EpochBatch | CutSet | list) -> dict:
-        epoch, cuts = (item.epoch, item.cuts) if isinstance(item, EpochBatch) else (0, item)
+        epoch, cuts, padding = (item.epoch, item.cuts, item.padding) if isinstance(item, EpochBatch) \
+            else (0, item, False)
         # Batch building is many small tensor ops: intra-op threads only add overhead (15x slower measured
         # with num_workers=0 on a busy 2-core machine), so it runs on one thread, restored afterwards.
         with single_torch_thread():
-            return self._build(list(cuts), epoch)
+            return {**self._build(list(cuts), epoch), "padding": padding}
 
     def _build(self, cuts: list, epoch: int) -> dict:
         features = [self.features.load(cut) for cut in cuts]

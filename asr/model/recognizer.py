@@ -43,12 +43,14 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
 
 @dataclass
 class EvaluationTally:
-    """What a validation or test pass collects: transcripts per head, encoder frames, summed loss."""
+    """What a validation or test pass collects: transcripts per head, encoder frames, summed loss
+    (each utterance's weighted CTC loss; per head in head_loss_sums)."""
     references: dict[str, list[str]] = field(default_factory=dict)
     hypotheses: dict[str, list[str]] = field(default_factory=dict)
     encoder_frames: int = 0
     utterances: int = 0
     loss_sum: float = 0.0
+    head_loss_sums: dict[str, float] = field(default_factory=dict)
 
     def error_rates(self, tokenizers: dict[str, Tokenizer]) -> dict[str, float]:
         """PER/WER/CER per head and headline, the primary error and the mean encoder length.
@@ -164,6 +166,10 @@ class SpeechRecognizer(L.LightningModule):
 
     def training_step(self, batch: dict, batch_index: int) -> torch.Tensor:
         total, losses, _, _ = self._losses(batch)
+        if batch.get("padding"):
+            # a DDP rank's stand-in batch (asr.data.batching): it must take the step with the other
+            # ranks, so it returns a loss connected to every parameter, but contributes no gradient
+            return total * 0.0
         size = len(batch["ids"])
         self.log("train/loss", total, prog_bar=True, batch_size=size)
         for kind, loss in losses.items():
@@ -176,11 +182,13 @@ class SpeechRecognizer(L.LightningModule):
                  batch_size=len(batch["ids"]))
 
     def _evaluation_step(self, batch: dict, stage: str) -> None:
+        """Adds the batch to the stage's tally; the losses and error rates are logged at the end of
+        the stage from the tallies of all processes (_evaluation_epoch_end), so they are exact sums
+        over the utterances, whatever the batches and however many processes."""
         total, losses, log_probs, lengths = self._losses(batch)
+        if batch.get("padding"):
+            return   # a DDP rank's stand-in batch: run (above) to stay in step with the others, not counted
         size = len(batch["ids"])
-        self.log(f"{stage}/loss", total, batch_size=size, sync_dist=True)
-        for kind, loss in losses.items():
-            self.log(f"{stage}/loss_{kind}", loss, batch_size=size, sync_dist=True)
         tally = self._tallies.setdefault(stage, EvaluationTally())
         for kind, lp in log_probs.items():
             tokenizer = self.tokenizers[kind]
@@ -188,7 +196,9 @@ class SpeechRecognizer(L.LightningModule):
             tally.hypotheses.setdefault(kind, []).extend(tokenizer.decode(ids) for ids in greedy_decode(lp, lengths))
         tally.encoder_frames += int(lengths.sum())
         tally.utterances += size
-        tally.loss_sum += float(total) * size
+        tally.loss_sum += float(total) * size     # the losses are batch means
+        for kind, loss in losses.items():
+            tally.head_loss_sums[kind] = tally.head_loss_sums.get(kind, 0.0) + float(loss) * size
 
     def validation_step(self, batch: dict, batch_index: int) -> None:
         self._evaluation_step(batch, "val")
@@ -211,6 +221,8 @@ class SpeechRecognizer(L.LightningModule):
             merged.encoder_frames += part.encoder_frames
             merged.utterances += part.utterances
             merged.loss_sum += part.loss_sum
+            for kind, loss_sum in part.head_loss_sums.items():
+                merged.head_loss_sums[kind] = merged.head_loss_sums.get(kind, 0.0) + loss_sum
         return merged
 
     def _evaluation_epoch_end(self, stage: str) -> None:
@@ -222,6 +234,10 @@ class SpeechRecognizer(L.LightningModule):
         if not tally.utterances:
             return
         rates = tally.error_rates(self.tokenizers)
+        # every process has the same gathered tally, so nothing is left to synchronise (sync_dist)
+        self.log(f"{stage}/loss", tally.loss_sum / tally.utterances)
+        for kind, loss_sum in tally.head_loss_sums.items():
+            self.log(f"{stage}/loss_{kind}", loss_sum / tally.utterances)
         for name, value in rates.items():
             self.log(f"{stage}/{name}", value, prog_bar=name in ("per", "wer"))
         self.last_error_rates[stage] = rates
