@@ -1,13 +1,19 @@
 """Builds attention_ext._C, the compiled kernels of the attention library.
 
-The CUDA sources are compiled only when the installed torch is a CUDA build
-(torch.version.cuda), never merely because nvcc is on PATH: a CPU torch with
-nvcc installed must still build the CPU extension.
+The CUDA sources (attention_ext/csrc/*.cu, sharing csrc/cuda_common.cuh) are compiled
+only when the installed torch is a CUDA build (torch.version.cuda), never merely because
+nvcc is on PATH: a CPU torch with nvcc installed must still build the CPU extension.
+A CUDA build needs the nvcc of the CUDA version torch was built with (CUDA_HOME).
 
 Environment:
   ATTENTION_EXT_CPU_ARCH  value for -march (default "native"; set e.g. "x86-64-v3"
                           when building an image that runs on other machines)
-  ATTENTION_EXT_DEBUG=1   build with -O0 -g
+  ATTENTION_EXT_DEBUG=1   build the host code with -O0 -g (device code stays optimised)
+  ATTENTION_EXT_CUDA=0    build the CPU kernels only, even with a CUDA torch
+  TORCH_CUDA_ARCH_LIST    the GPU architectures to compile for, read by torch's
+                          BuildExtension, e.g. "8.0 8.6 9.0" (Ampere A100, Ampere RTX 30xx,
+                          Hopper). Unset: the GPUs visible at build time. This file passes
+                          no -gencode/-arch flags of its own, so the list is always honoured.
 """
 import glob
 import os
@@ -28,7 +34,9 @@ here = os.path.dirname(os.path.abspath(__file__))
 csrc = os.path.join("attention_ext", "csrc")
 cpp_sources = sorted(glob.glob(os.path.join(csrc, "*.cpp")))
 cuda_sources = sorted(glob.glob(os.path.join(csrc, "*.cu")))
-with_cuda = torch.version.cuda is not None and bool(cuda_sources)
+cuda_headers = sorted(glob.glob(os.path.join(csrc, "*.cuh")))
+with_cuda = (torch.version.cuda is not None and bool(cuda_sources)
+             and os.environ.get("ATTENTION_EXT_CUDA", "1") != "0")
 
 debug = os.environ.get("ATTENTION_EXT_DEBUG") == "1"
 arch = os.environ.get("ATTENTION_EXT_CPU_ARCH", "native")
@@ -45,6 +53,11 @@ if with_cuda:
         "attention_ext._C",
         cpp_sources + cuda_sources,
         define_macros=[("WITH_CUDA", None)],
+        depends=cuda_headers,
+        # No -std here: torch adds the C++ standard its headers need. No -lineinfo (smaller
+        # binaries); no -gencode (TORCH_CUDA_ARCH_LIST decides). --use_fast_math: the
+        # kernels' float exp/log/division may differ from IEEE by a few ulp; statistics
+        # that decide hash bits are computed in double, which fast math leaves alone.
         extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math"]},
         extra_link_args=link_flags,
     )

@@ -45,6 +45,9 @@ import torch
 from .registry import AttentionConfigError, accepted_spec_forms, build_attention, parse_attention_spec
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096, 8192)
+# On a GPU the lengths where the linear attentions are meant to overtake SDPA (clustered
+# at N <= 8192, i-clustered at N <= 16384 in bfloat16) and beyond.
+DEFAULT_CUDA_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 # C.1: clustered with 100 clusters, 63 bits, 10 Lloyd iterations; i-clustered the
 # same with k = 32; Reformer with 1 and 4 hashing rounds (those are the registry's
 # defaults, so the short specs suffice; the run header prints the full options).
@@ -753,9 +756,10 @@ Progress goes to stderr."""
             "for every attention against full (supplementary C.1 / Fig. 4 of 'Fast Transformers "
             "with Clustered Attention').", width=78),
         epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--lengths", nargs="+", default=[str(n) for n in DEFAULT_LENGTHS],
+    parser.add_argument("--lengths", nargs="+", default=None,
                         metavar="N", help="sequence lengths, space- or comma-separated "
-                        f"(default: {' '.join(map(str, DEFAULT_LENGTHS))})")
+                        f"(default: {' '.join(map(str, DEFAULT_LENGTHS))}; with --device cuda "
+                        f"{' '.join(map(str, DEFAULT_CUDA_LENGTHS))})")
     parser.add_argument("--attentions", nargs="+", default=list(DEFAULT_ATTENTIONS),
                         metavar="SPEC", help="attention specs, see below; the first spec named "
                         "full is the reference of the ratios (default: "
@@ -785,6 +789,9 @@ Progress goes to stderr."""
 
 def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> BenchmarkConfig:
     lengths = []
+    if args.lengths is None:
+        on_cuda = args.device.startswith("cuda")
+        args.lengths = [str(n) for n in (DEFAULT_CUDA_LENGTHS if on_cuda else DEFAULT_LENGTHS)]
     for text in _split_list(args.lengths):
         try:
             length = int(text)

@@ -29,8 +29,11 @@ hashing and K-Means ones in full):
   whose row of A^c no query reads.
 - `iterations` Lloyd steps are followed by one final assignment; 0 is allowed and means
   "assign to the initial centroids".
-- The kernels run in float32 and float64; half and bfloat16 inputs are computed in
-  float32 and the output is cast back.
+- Dtypes (`contract.kernel_dtype`): float32 and float64 everywhere; float16 and bfloat16
+  natively on CUDA (half-precision loads, float32 accumulation), in float32 on the CPU
+  (cast back on return). Hash planes are float32 (float64 for float64 inputs) on both
+  devices. Autocast is off inside the attention (`contract.autocast_disabled`): it
+  computes in the dtype of q, which under autocast is the projections' half precision.
 """
 from __future__ import annotations
 
@@ -40,7 +43,8 @@ from typing import NamedTuple
 import torch
 
 from ._ops import ops
-from .contract import check_inputs, draw_seed, valid_positions, without_autocast
+from .contract import (autocast_disabled, check_inputs, draw_seed, hashing_dtype, kernel_dtype,
+                       valid_positions)
 from .registry import Option, register_attention
 
 CLUSTERING_OPTIONS = (
@@ -92,8 +96,8 @@ def cluster_queries(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bits:
     queries puts query i alone in cluster i.
     """
     slots = max(1, min(clusters, q.shape[2]))
-    planes = torch.randn(bits, q.shape[-1], dtype=q.dtype).to(q.device)
-    plane_offsets = torch.randn(bits, dtype=q.dtype).to(q.device)
+    planes = torch.randn(bits, q.shape[-1], dtype=hashing_dtype(q.dtype)).to(q.device)
+    plane_offsets = torch.randn(bits, dtype=hashing_dtype(q.dtype)).to(q.device)
     seed = draw_seed()
     codes = hash_queries(q, lengths, planes, plane_offsets)
     initial = ops.hamming_kmeans_init(codes, lengths, slots, seed)
@@ -137,12 +141,6 @@ def empty_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     return v * 0 + (q.sum() + k.sum()) * 0
 
 
-def computed_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The kernels run in float32 and float64; half and bfloat16 inputs (mixed-precision
-    training) are computed in float32 and the result is cast back."""
-    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
-
-
 def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
                        clusters: QueryClusters) -> torch.Tensor:
     """A^c = softmax(Q^c K^T / sqrt(E)) over the valid keys (eq. 3-4), (B, H, C, N).
@@ -176,9 +174,9 @@ class ClusteredAttention(torch.nn.Module):
         lengths = check_inputs(q, k, v, lengths)
         if q.numel() == 0 or v.numel() == 0:
             return empty_attention(q, k, v)
-        dtype = computed_dtype(q.dtype)
-        q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
-        with without_autocast(q):   # float32 throughout, also under mixed precision
+        dtype = kernel_dtype(q.dtype, q.device)
+        with autocast_disabled(q.device):
+            q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
             clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
             attention = centroid_attention(q, k, lengths, clusters)
             centroid_values = torch.matmul(attention, v)                      # eq. 5

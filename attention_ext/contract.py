@@ -83,16 +83,39 @@ def is_shared_qk(q: torch.Tensor, k: torch.Tensor) -> bool:
                       and k.stride() == q.stride())
 
 
-def without_autocast(tensor: torch.Tensor) -> torch.autocast:
-    """A context that turns autocast off on `tensor`'s device.
+def kernel_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
+    """The dtype an attention with compiled kernels computes in, for inputs of `dtype` on `device`.
 
-    The attentions with C++ kernels (clustered, iclustered, lsh) compute in float32 (float64
-    for float64 inputs) and cast the result back to the input dtype. Under mixed precision
-    (torch.autocast, Lightning's `bf16-mixed` / `16-mixed`) autocast would otherwise turn the
-    matrix products they make - in Python and inside the kernels, whose at::matmul goes
-    through the dispatcher again - into bfloat16/float16 ones, which the kernels refuse.
+    float32 and float64 run as they are. float16 and bfloat16 (mixed-precision training) run
+    natively on CUDA, where the kernels load half-precision rows and accumulate in float32;
+    the CPU kernels have no half-precision code, so there they are computed in float32 and
+    the result is cast back to the input dtype.
     """
-    return torch.autocast(tensor.device.type, enabled=False)
+    if dtype in (torch.float32, torch.float64):
+        return dtype
+    if device.type == "cuda" and dtype in (torch.float16, torch.bfloat16):
+        return dtype
+    return torch.float32
+
+
+def hashing_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of random hash planes and rotations: float64 for float64 inputs, else float32.
+
+    Half-precision queries are projected in float32 on both devices, on planes drawn in float32,
+    so a CUDA half-precision call draws the same planes as a CPU call (which computes in float32).
+    """
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
+def autocast_disabled(device: torch.device):
+    """A context with autocast off, for the body of an attention with compiled kernels.
+
+    The attention casts q, k, v to `kernel_dtype` once and then computes in that dtype; autocast
+    deciding the dtype op by op would mix float32 and half tensors between the kernels (which
+    require matching dtypes). Under autocast the projections before the attention already give
+    half-precision q, k, v, so the attention still runs in half precision on CUDA.
+    """
+    return torch.autocast(device_type=device.type, enabled=False)
 
 
 def draw_seed() -> int:

@@ -15,7 +15,7 @@ V^t needs two sparse products per query (csrc/sparse_product.cpp); V^b is one de
 product per cluster. Gradients flow into q (through the centroids and the sparse dot
 products), k, v, and into m_j through A^c; only the choice of T_j is not differentiable.
 
-Decisions: the top-k are taken among the valid keys, largest first, ties to the lower
+Dtypes and autocast as in `attention_ext.clustered`. Decisions: the top-k are taken among the valid keys, largest first, ties to the lower
 position; `topk` larger than a sequence's valid length keeps all its valid keys (then
 m_j = 1, V^b = 0 and the result is exactly full attention). Clustering decisions are
 those of `attention_ext.clustered`.
@@ -28,8 +28,8 @@ import torch
 
 from ._ops import ops
 from .clustered import (CLUSTERING_OPTIONS, ClusterBroadcast, QueryClusters, centroid_attention,
-                        cluster_queries, computed_dtype, empty_attention)
-from .contract import check_inputs, without_autocast
+                        cluster_queries, empty_attention)
+from .contract import autocast_disabled, check_inputs, kernel_dtype
 from .registry import Option, register_attention
 
 
@@ -129,15 +129,18 @@ class ImprovedClusteredAttention(torch.nn.Module):
         lengths = check_inputs(q, k, v, lengths)
         if q.numel() == 0 or v.numel() == 0:
             return empty_attention(q, k, v)
-        dtype = computed_dtype(q.dtype)
+        with autocast_disabled(q.device):
+            return self._attend(q, k, v, lengths)
+
+    def _attend(self, q, k, v, lengths):
+        dtype = kernel_dtype(q.dtype, q.device)
         q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
-        with without_autocast(q):   # float32 throughout, also under mixed precision
-            clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
-            attention = centroid_attention(q, k, lengths, clusters)                  # A^c, eq. 4
-            topk = top_keys(attention, lengths, self.topk)                           # T
-            mass, attention_rest = SplitTopMass.apply(attention, topk)               # m_j, eq. 9
-            bottom_values = torch.matmul(attention_rest, v)                          # V^b_j, eq. 17
-            dots = ClusteredSparseDot.apply(q, k, topk, clusters, 1.0 / math.sqrt(q.shape[-1]))
-            weights = torch.softmax(dots, dim=-1) * ClusterBroadcast.apply(mass, clusters)
-            top_values = ClusteredSparseWeightedSum.apply(weights, v, topk, clusters)  # V^t_i, eq. 16
-            return (top_values + ClusterBroadcast.apply(bottom_values, clusters)).to(input_dtype)  # eq. 15
+        clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
+        attention = centroid_attention(q, k, lengths, clusters)                  # A^c, eq. 4
+        topk = top_keys(attention, lengths, self.topk)                           # T
+        mass, attention_rest = SplitTopMass.apply(attention, topk)               # m_j, eq. 9
+        bottom_values = torch.matmul(attention_rest, v)                          # V^b_j, eq. 17
+        dots = ClusteredSparseDot.apply(q, k, topk, clusters, 1.0 / math.sqrt(q.shape[-1]))
+        weights = torch.softmax(dots, dim=-1) * ClusterBroadcast.apply(mass, clusters)
+        top_values = ClusteredSparseWeightedSum.apply(weights, v, topk, clusters)  # V^t_i, eq. 16
+        return (top_values + ClusterBroadcast.apply(bottom_values, clusters)).to(input_dtype)  # eq. 15

@@ -29,7 +29,12 @@ with (seed, b). So `torch.manual_seed(s)` makes a call repeatable, and a sequenc
 same rotations, buckets and output alone and at index 0 of a padded batch.
 
 Hashing (projection, bucket, sort) and the chunked attention (forward and backward) are
-C++ kernels in csrc/lsh.cpp (`lsh_hash`, `lsh_attention_forward`, `lsh_attention_backward`).
+C++ kernels in csrc/lsh.cpp (`lsh_hash`, `lsh_attention_forward`, `lsh_attention_backward`)
+and CUDA kernels for the same operators in csrc/lsh_cuda.cu. Dtypes (`contract.kernel_dtype`):
+float32 and float64 everywhere, float16 and bfloat16 natively on CUDA (float32 accumulation and
+a float32 log-sum-exp), in float32 on the CPU; the rotations are float32 (float64 for float64
+inputs) on both devices, so a seeded call draws the same rotations on either. Autocast is off
+inside the attention: it computes in the dtype of q.
 """
 from __future__ import annotations
 
@@ -39,7 +44,7 @@ from dataclasses import dataclass
 import torch
 
 from ._ops import ops
-from .contract import check_inputs, draw_seed, without_autocast
+from .contract import autocast_disabled, check_inputs, draw_seed, hashing_dtype, kernel_dtype
 from .registry import Option, register_attention
 from .shared_full import require_shared_qk
 
@@ -85,7 +90,8 @@ def lsh_hash(queries: torch.Tensor, lengths: torch.Tensor, rounds: int, chunk_si
     # The kernel takes every element's rotations zero-padded to one width, a multiple of 16
     # columns (its SIMD tiles), and uses the first n_buckets[b] / 2 of them.
     width = -(-max(n_buckets, default=2) // 32) * 16
-    padded = queries.new_zeros(batch, heads, dim, rounds, width)
+    padded = torch.zeros(batch, heads, dim, rounds, width, dtype=hashing_dtype(queries.dtype),
+                         device=queries.device)
     for b, rotation in enumerate(rotations):
         padded[b, :, :, :, :rotation.shape[-1]] = rotation.permute(0, 2, 1, 3)
     half_buckets = torch.tensor([n // 2 for n in n_buckets], device=lengths.device)
@@ -108,11 +114,6 @@ class _LSHChunkedAttentionFunction(torch.autograd.Function):
         grad_q, grad_v = ops.lsh_attention_backward(
             grad_out, q, v, order, lengths, out, lse, ctx.chunk_size)
         return grad_q, grad_v, None, None, None
-
-
-def kernel_dtype(dtype: torch.dtype) -> torch.dtype:
-    """The kernels compute in float32 or float64; half-precision inputs run in float32."""
-    return dtype if dtype in (torch.float32, torch.float64) else torch.float32
 
 
 def lsh_chunked_attention(q: torch.Tensor, v: torch.Tensor, order: torch.Tensor,
@@ -146,14 +147,15 @@ class LSHAttention(torch.nn.Module):
         """The buckets and sorted order a call with these queries would use (seed drawn if None)."""
         lengths = check_inputs(q, q, q, lengths)
         seed = draw_seed() if seed is None else seed
-        return lsh_hash(q.detach().to(kernel_dtype(q.dtype)), lengths, self.rounds,
+        return lsh_hash(q.detach().to(kernel_dtype(q.dtype, q.device)), lengths, self.rounds,
                         self.chunk_size, seed)
 
     def forward(self, q, k, v, lengths=None):
         lengths = check_inputs(q, k, v, lengths)
         require_shared_qk(q, k, self.attention_name)
-        q_kernel, v_kernel = q.to(kernel_dtype(q.dtype)), v.to(kernel_dtype(q.dtype))
-        with without_autocast(q):   # float32 throughout, also under mixed precision
+        dtype = kernel_dtype(q.dtype, q.device)
+        with autocast_disabled(q.device):
+            q_kernel, v_kernel = q.to(dtype), v.to(dtype)
             hashing = lsh_hash(q_kernel.detach(), lengths, self.rounds, self.chunk_size, draw_seed())
             out = lsh_chunked_attention(q_kernel, v_kernel, hashing.order, lengths, self.chunk_size)
-        return out.to(v.dtype)
+            return out.to(v.dtype)

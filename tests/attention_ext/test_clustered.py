@@ -19,18 +19,23 @@ def random_qkv(shape, dtype=torch.float64, seed=0):
                  for _ in range(3))
 
 
+def on(device, *tensors):
+    """Leaf copies of tensors on `device` (requiring grad where the originals do)."""
+    return tuple(t.detach().to(device).requires_grad_(t.requires_grad) for t in tensors)
+
+
 def popcount(x):
     return bin(x & (2**64 - 1)).count("1")
 
 
 # ---------------------------------------------------------------- hashing and K-Means
 
-def test_hyperplane_hash_matches_projection_thresholds():
+def test_hyperplane_hash_matches_projection_thresholds(device):
     torch.manual_seed(0)
     q = torch.randn(2, 3, 17, 5, dtype=torch.float64)
     lengths = torch.tensor([17, 6])
     planes, offsets = torch.randn(11, 5, dtype=torch.float64), torch.randn(11, dtype=torch.float64)
-    codes = ops.hyperplane_hash(q, planes, offsets, lengths)
+    codes = ops.hyperplane_hash(*on(device, q, planes, offsets, lengths)).cpu()
     for b, valid in enumerate(lengths.tolist()):
         projections = q[b, :, :valid] @ planes.T                        # (H, L, bits)
         mean = projections.mean(1, keepdim=True)
@@ -40,7 +45,7 @@ def test_hyperplane_hash_matches_projection_thresholds():
         assert torch.equal(codes[b, :, :valid], expected)
         assert torch.all(codes[b, :, valid:] == 0)
     # one (batch, head) alone takes the kernel's other schedule: same codes
-    alone = ops.hyperplane_hash(q[1:, 2:], planes, offsets, lengths[1:])
+    alone = ops.hyperplane_hash(*on(device, q[1:, 2:], planes, offsets, lengths[1:])).cpu()
     assert torch.equal(alone[0, 0], codes[1, 2])
 
 
@@ -69,14 +74,15 @@ def brute_force_lloyd(codes, centroids, iterations, bits):
 
 
 @pytest.mark.parametrize("iterations", [0, 1, 3, 12])  # 12: heads settle before the last step
-def test_lloyd_steps_match_brute_force(iterations):
+def test_lloyd_steps_match_brute_force(iterations, device):
     generator = torch.Generator().manual_seed(iterations)
     bits, clusters = 6, 5
     codes = torch.randint(0, 2**bits, (2, 2, 30), generator=generator)
     lengths = torch.tensor([30, 13])
     centroids = torch.randint(0, 2**bits, (2, 2, clusters), generator=generator)
     centroids[0, 0, 4] = centroids[0, 0, 1]   # a duplicate centroid loses every tie
-    assignment, final = ops.hamming_kmeans(codes, lengths, centroids, iterations, bits)
+    assignment, final = (t.cpu() for t in ops.hamming_kmeans(*on(device, codes, lengths, centroids),
+                                                                 iterations, bits))
     for b in range(2):
         valid = int(lengths[b])
         for h in range(2):
@@ -87,15 +93,16 @@ def test_lloyd_steps_match_brute_force(iterations):
             assert torch.all(assignment[b, h, valid:] == -1)
             # one (batch, head) alone takes the kernel's other schedule (steps shared out
             # over positions instead of heads over threads): same result
-            alone, alone_final = ops.hamming_kmeans(codes[b:b + 1, h:h + 1], lengths[b:b + 1],
-                                                    centroids[b:b + 1, h:h + 1], iterations, bits)
+            alone, alone_final = (t.cpu() for t in ops.hamming_kmeans(
+                *on(device, codes[b:b + 1, h:h + 1], lengths[b:b + 1], centroids[b:b + 1, h:h + 1]),
+                iterations, bits))
             assert alone[0, 0, :valid].tolist() == want_assignment
             assert alone_final[0, 0].tolist() == want_centroids
     if iterations == 0:
         assert not torch.any(assignment[0, 0] == 4)
 
 
-def test_kmeans_recovers_groups_around_known_centres():
+def test_kmeans_recovers_groups_around_known_centres(device):
     generator = torch.Generator().manual_seed(3)
     centres = [0, 2**63 - 1, 0x5555555555555555, 0x0F0F0F0F0F0F0F0F]
     codes, group = [], []
@@ -108,8 +115,8 @@ def test_kmeans_recovers_groups_around_known_centres():
     codes_t = torch.tensor([[[codes[i] for i in order]]])
     group = [group[i] for i in order]
     start = [codes[25 * g] for g in range(4)]          # one member of each group
-    assignment, final = ops.hamming_kmeans(codes_t, torch.tensor([100]),
-                                           torch.tensor([[start]]), 2, 63)
+    assignment, final = (t.cpu() for t in ops.hamming_kmeans(
+        *on(device, codes_t, torch.tensor([100]), torch.tensor([[start]])), 2, 63))
     assert assignment[0, 0].tolist() == group
     assert final[0, 0].tolist() == centres               # majority vote undoes the flips
     # and the final assignment is the nearest centroid by popcount
@@ -117,10 +124,10 @@ def test_kmeans_recovers_groups_around_known_centres():
         assert popcount(x ^ final[0, 0, a].item()) == min(popcount(x ^ c) for c in centres)
 
 
-def test_initial_centroids_are_distinct_codes_of_valid_queries():
+def test_initial_centroids_are_distinct_codes_of_valid_queries(device):
     codes = torch.tensor([[[5, 5, 5, 9, 9, 7, 7, 1, 2, 3],
-                           [4, 4, 4, 4, 4, 4, 4, 4, 4, 4]]])
-    lengths = torch.tensor([7])
+                           [4, 4, 4, 4, 4, 4, 4, 4, 4, 4]]], device=device)
+    lengths = torch.tensor([7], device=device)
     centroids = ops.hamming_kmeans_init(codes, lengths, 3, 123)
     assert sorted(centroids[0, 0].tolist()) == [5, 7, 9]   # positions 7.. are padding
     # fewer distinct codes than clusters: the spare slots repeat centroid 0 and stay empty
@@ -130,21 +137,22 @@ def test_initial_centroids_are_distinct_codes_of_valid_queries():
     assert torch.equal(ops.hamming_kmeans_init(codes, lengths, 3, 123), centroids)
 
 
-def test_short_sequences_put_every_query_in_its_own_cluster():
-    q = torch.randn(2, 2, 9, 4)
-    clusters = cluster_queries(q, torch.tensor([9, 4]), clusters=9, bits=63, iterations=10)
+def test_short_sequences_put_every_query_in_its_own_cluster(device):
+    q = torch.randn(2, 2, 9, 4, device=device)
+    clusters = cluster_queries(q, torch.tensor([9, 4], device=device), clusters=9, bits=63, iterations=10)
     assert clusters.assignment[0].tolist() == [list(range(9))] * 2
     assert clusters.assignment[1].tolist() == [list(range(4)) + [-1] * 5] * 2
     assert clusters.counts[1].tolist() == [[1] * 4 + [0] * 5] * 2
 
 
-def test_cluster_queries_groups_nearby_queries():
+def test_cluster_queries_groups_nearby_queries(device):
     """Queries drawn tightly around 3 distant centres land in 3 pure clusters."""
     torch.manual_seed(4)
     centres = torch.randn(3, 16) * 5
     labels = torch.randint(0, 3, (200,))
     q = (centres[labels] + 0.01 * torch.randn(200, 16)).view(1, 1, 200, 16)
-    clusters = cluster_queries(q, torch.tensor([200]), clusters=3, bits=63, iterations=10)
+    clusters = cluster_queries(*on(device, q, torch.tensor([200])), clusters=3, bits=63, iterations=10)
+    clusters = type(clusters)(*(t.cpu() for t in clusters))
     assignment = clusters.assignment[0, 0]
     for c in range(3):
         assert labels[assignment == c].unique().numel() <= 1
@@ -160,16 +168,26 @@ def random_clusters(batch, heads, length, clusters, lengths, seed):
     return group_queries(assignment, clusters)   # cluster `clusters - 1` is always empty
 
 
-def test_cluster_mean_and_broadcast_gradcheck():
+def test_cluster_mean_and_broadcast_gradcheck(device):
     lengths = torch.tensor([7, 3])
     clusters = random_clusters(2, 2, 7, 4, lengths, seed=5)
-    x = torch.randn(2, 2, 7, 3, dtype=torch.float64, requires_grad=True)
-    rows = torch.randn(2, 2, 4, 3, dtype=torch.float64, requires_grad=True)
+    clusters = type(clusters)(*(t.to(device) for t in clusters))
+    x = torch.randn(2, 2, 7, 3, dtype=torch.float64, requires_grad=True, device=device)
+    rows = torch.randn(2, 2, 4, 3, dtype=torch.float64, requires_grad=True, device=device)
     assert torch.autograd.gradcheck(lambda t: ClusterMean.apply(t, clusters), (x,))
     assert torch.autograd.gradcheck(lambda t: ClusterBroadcast.apply(t, clusters), (rows,))
     membership = dense.one_hot_clusters(clusters.assignment, 4, torch.float64)
     torch.testing.assert_close(ClusterMean.apply(x, clusters), dense.centroids(x, membership))
     torch.testing.assert_close(ClusterBroadcast.apply(rows, clusters), membership @ rows)
+    # group_by_cluster itself: members in increasing position, offsets from the counts
+    assignment = clusters.assignment.cpu()
+    offsets, members = clusters.offsets.cpu(), clusters.members.cpu()
+    for b in range(2):
+        for h in range(2):
+            for c in range(4):
+                want = (assignment[b, h] == c).nonzero().flatten().tolist()
+                assert members[b, h, offsets[b, h, c]:offsets[b, h, c + 1]].tolist() == want
+            assert torch.all(members[b, h, offsets[b, h, -1]:] == -1)
 
 
 # ---------------------------------------------------------------- the attention
@@ -186,18 +204,21 @@ def module_and_clusters(q, k, v, lengths, seed, **options):
 
 
 @pytest.mark.parametrize("lengths", [None, torch.tensor([23, 11, 1])])
-def test_clustered_matches_dense_equations_forward_and_gradients(lengths):
+def test_clustered_matches_dense_equations_forward_and_gradients(lengths, device):
     q, k, v = random_qkv((3, 2, 23, 6))
-    out, clusters = module_and_clusters(q, k, v, lengths, seed=7, clusters=4, iterations=5)
+    qd, kd, vd = on(device, q, k, v)
+    out, clusters = module_and_clusters(qd, kd, vd, None if lengths is None else lengths.to(device),
+                                        seed=7, clusters=4, iterations=5)
+    clusters = type(clusters)(*(t.cpu() for t in clusters))
     full_lengths = lengths if lengths is not None else torch.full((3,), 23)
     expected = dense.clustered_attention(q, k, v, full_lengths, clusters.assignment, clusters.clusters)
-    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out.cpu(), expected)
     assert clusters.counts[0].gt(1).any()                  # some cluster really shares a centroid
-    grad = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), grad)
+    grad = torch.randn_like(expected)
+    got = torch.autograd.grad(out, (qd, kd, vd), grad.to(device))
     want = torch.autograd.grad(expected, (q, k, v), grad)
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w)
+        torch.testing.assert_close(g.cpu(), w)
 
 
 def test_shared_queries_and_keys():
@@ -228,7 +249,7 @@ def test_as_many_clusters_as_queries_is_full_attention():
     torch.testing.assert_close(out[1], full[1])
 
 
-def test_padding_does_not_change_a_sequence():
+def test_padding_does_not_change_a_sequence(device):
     sequence = random_qkv((1, 2, 40, 6), seed=4)
     padded = random_qkv((3, 2, 55, 6), seed=5)
     with torch.no_grad():
@@ -236,15 +257,15 @@ def test_padding_does_not_change_a_sequence():
             p[0, :, :40] = s[0]
     attention = build_attention("clustered", clusters=5)
     torch.manual_seed(11)
-    alone = attention(*sequence, torch.tensor([40]))
+    alone = attention(*on(device, *sequence), torch.tensor([40], device=device))
     torch.manual_seed(11)
-    batch = attention(*padded, torch.tensor([40, 55, 9]))
+    batch = attention(*on(device, *padded), torch.tensor([40, 55, 9], device=device))
     torch.testing.assert_close(batch[0, :, :40], alone[0])
     assert torch.all(batch[0, :, 40:] == 0)
 
 
-def test_seeded_calls_repeat():
-    q, k, v = random_qkv((2, 2, 64, 8), dtype=torch.float32)
+def test_seeded_calls_repeat(device):
+    q, k, v = on(device, *random_qkv((2, 2, 64, 8), dtype=torch.float32))
     attention = build_attention("clustered", clusters=4)
     torch.manual_seed(5)
     first = attention(q, k, v)
@@ -255,11 +276,13 @@ def test_seeded_calls_repeat():
 
 
 @pytest.mark.parametrize("lengths", [[1], [1, 1, 1], [0, 4], [0, 0], [5, 1]])
-def test_tiny_and_empty_sequences(lengths):
+def test_tiny_and_empty_sequences(lengths, device):
     lengths = torch.tensor(lengths)
     q, k, v = random_qkv((len(lengths), 2, max(int(lengths.max()), 1) + 2, 3), dtype=torch.float32)
-    out = build_attention("clustered", clusters=2)(q, k, v, lengths)
     expected = dense.clustered_attention(q, k, v, lengths, *_identity_if_short(lengths, q.shape[2]))
+    q, k, v = on(device, q, k, v)
+    out = build_attention("clustered", clusters=2)(q, k, v, lengths.to(device))
+    expected = expected.to(device)
     assert torch.isfinite(out).all()
     for b, valid in enumerate(lengths.tolist()):
         assert torch.all(out[b, :, valid:] == 0)

@@ -18,6 +18,11 @@ def random_qkv(shape, dtype=torch.float64, seed=0):
                  for _ in range(3))
 
 
+def on(device, *tensors):
+    """Leaf copies of tensors on `device` (requiring grad where the originals do)."""
+    return tuple(t.detach().to(device).requires_grad_(t.requires_grad) for t in tensors)
+
+
 def module_and_clusters(q, k, v, lengths, seed, **options):
     """The module's output and the clustering it used (same seed, same draws)."""
     attention = build_attention("iclustered", **options)
@@ -47,20 +52,23 @@ def dense_reference(q, k, v, lengths, clusters, topk):
 
 
 @pytest.mark.parametrize("lengths", [None, torch.tensor([26, 12, 3])])
-def test_iclustered_matches_dense_equations_forward_and_gradients(lengths):
+def test_iclustered_matches_dense_equations_forward_and_gradients(lengths, device):
     q, k, v = random_qkv((3, 2, 26, 6))
-    out, clusters = module_and_clusters(q, k, v, lengths, seed=3, clusters=4, topk=5, iterations=4)
+    qd, kd, vd = on(device, q, k, v)
+    out, clusters = module_and_clusters(qd, kd, vd, None if lengths is None else lengths.to(device),
+                                        seed=3, clusters=4, topk=5, iterations=4)
+    clusters = type(clusters)(*(t.cpu() for t in clusters))
     full_lengths = lengths if lengths is not None else torch.full((3,), 26)
     expected, attention_c, top = dense_reference(q, k, v, full_lengths, clusters, topk=5)
     # the module's top-k keys are the test's (as sets; a length-3 sequence keeps its 3 keys)
-    module_top = ops.cluster_topk(attention_c, full_lengths, 5)
+    module_top = ops.cluster_topk(*on(device, attention_c, full_lengths), 5).cpu()
     assert torch.equal(as_mask(module_top, 26), top)
-    torch.testing.assert_close(out, expected)
-    grad = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, k, v), grad)
+    torch.testing.assert_close(out.cpu(), expected)
+    grad = torch.randn_like(expected)
+    got = torch.autograd.grad(out, (qd, kd, vd), grad.to(device))
     want = torch.autograd.grad(expected, (q, k, v), grad)
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w)
+        torch.testing.assert_close(g.cpu(), w)
 
 
 def test_shared_queries_and_keys():
@@ -117,20 +125,22 @@ def test_topk_covering_every_key_is_full_attention():
     torch.testing.assert_close(build_attention("iclustered", clusters=2, topk=1000)(q, k, v, lengths), full)
 
 
-def test_cluster_topk_matches_torch_topk_with_lengths_and_ties():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_cluster_topk_matches_torch_topk_with_lengths_and_ties(device, dtype):
     generator = torch.Generator().manual_seed(1)
-    weights = torch.rand(2, 2, 5, 12, generator=generator)
+    weights = torch.rand(2, 2, 5, 12, generator=generator, dtype=dtype)
     lengths = torch.tensor([12, 4])
-    top = ops.cluster_topk(weights, lengths, 6)
+    top = ops.cluster_topk(*on(device, weights, lengths), 6).cpu()
     assert torch.equal(top[0], weights[0].topk(6, dim=-1).indices)
     want = weights[1, :, :, :4].topk(4, dim=-1).indices
     assert torch.equal(top[1, :, :, :4], want) and torch.all(top[1, :, :, 4:] == -1)
-    ties = torch.tensor([[[[0.1, 0.5, 0.2, 0.5, 0.5, 0.2]]]])
-    assert ops.cluster_topk(ties, torch.tensor([6]), 4).tolist() == [[[[1, 3, 4, 2]]]]
-    assert ops.cluster_topk(ties, torch.tensor([0]), 2).tolist() == [[[[-1, -1]]]]
+    ties = torch.tensor([[[[0.1, 0.5, 0.2, 0.5, 0.5, 0.2, -0.0, 0.0]]]], dtype=dtype, device=device)
+    assert ops.cluster_topk(ties, torch.tensor([6], device=device), 4).tolist() == [[[[1, 3, 4, 2]]]]
+    assert ops.cluster_topk(ties, torch.tensor([8], device=device), 8).tolist() == [[[[1, 3, 4, 2, 5, 0, 6, 7]]]]
+    assert ops.cluster_topk(ties, torch.tensor([0], device=device), 2).tolist() == [[[[-1, -1]]]]
 
 
-def test_sparse_products_gradcheck_and_values():
+def test_sparse_products_gradcheck_and_values(device):
     lengths = torch.tensor([6, 3])
     generator = torch.Generator().manual_seed(2)
     assignment = torch.randint(0, 2, (2, 2, 6), generator=generator)
@@ -141,6 +151,9 @@ def test_sparse_products_gradcheck_and_values():
     q, k, v = (torch.randn(2, 2, 6, 3, dtype=torch.float64, generator=generator).requires_grad_()
                for _ in range(3))
     weights = torch.randn(2, 2, 6, 4, dtype=torch.float64, generator=generator, requires_grad=True)
+    # the kernels run on `device`; the values are checked against sums written here, on the CPU
+    clusters = type(clusters)(*(t.to(device) for t in clusters))
+    q, k, v, weights, topk = on(device, q, k, v, weights, topk)
     # slots without a key give -inf, constant in q and k: gradcheck the finite part
     assert torch.autograd.gradcheck(
         lambda a, b: ClusteredSparseDot.apply(a, b, topk, clusters, 0.7).clamp(min=-1e30), (q, k))
@@ -148,8 +161,9 @@ def test_sparse_products_gradcheck_and_values():
         lambda w, x: ClusteredSparseWeightedSum.apply(w, x, topk, clusters), (weights, v))
     assert torch.autograd.gradcheck(lambda x: ClusterBroadcast.apply(x, clusters),
                                     (torch.randn(2, 2, 3, 1, dtype=torch.float64, requires_grad=True),))
-    dots = ClusteredSparseDot.apply(q, k, topk, clusters, 0.7)
-    summed = ClusteredSparseWeightedSum.apply(weights, v, topk, clusters)
+    dots = ClusteredSparseDot.apply(q, k, topk, clusters, 0.7).cpu()
+    summed = ClusteredSparseWeightedSum.apply(weights, v, topk, clusters).cpu()
+    q, k, v, weights, topk = (t.detach().cpu() for t in (q, k, v, weights, topk))
     for b in range(2):
         for h in range(2):
             for i in range(6):
@@ -204,11 +218,12 @@ def test_seeded_calls_repeat():
 
 
 @pytest.mark.parametrize("lengths", [[1], [1, 1, 1], [0, 4], [0, 0], [6, 1]])
-def test_tiny_and_empty_sequences(lengths):
+def test_tiny_and_empty_sequences(lengths, device):
     lengths = torch.tensor(lengths)
     q, k, v = random_qkv((len(lengths), 2, max(int(lengths.max()), 1) + 2, 3), dtype=torch.float32)
-    out = build_attention("iclustered", clusters=2, topk=3)(q, k, v, lengths)
-    full = dense.full_attention_matrix(q, k, lengths) @ v
+    full = (dense.full_attention_matrix(q, k, lengths) @ v).to(device)
+    q, k, v = on(device, q, k, v)
+    out = build_attention("iclustered", clusters=2, topk=3)(q, k, v, lengths.to(device))
     assert torch.isfinite(out).all()
     for b, valid in enumerate(lengths.tolist()):
         assert torch.all(out[b, :, valid:] == 0)

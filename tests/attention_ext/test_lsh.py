@@ -95,16 +95,20 @@ def shared_full_reference(q, v, lengths):
 
 @pytest.mark.parametrize("rounds,chunk_size,length", [(1, 4, 23), (3, 4, 23), (2, 3, 9), (4, 5, 30),
                                                       (2, 8, 16), (1, 1, 6)])
-def test_lsh_matches_dense_reference_from_the_same_rotations(rounds, chunk_size, length):
+def test_lsh_matches_dense_reference_from_the_same_rotations(rounds, chunk_size, length, device):
     torch.manual_seed(rounds * 100 + chunk_size)
     q = torch.randn(3, 2, length, 6, dtype=torch.float64, requires_grad=True)
     v = torch.randn(3, 2, length, 5, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([length, length - 5, 2])
     attention = build_attention("lsh", rounds=rounds, chunk_size=chunk_size)
+    # the attention runs on `device`; the reference is computed here, on the CPU
+    qd, vd, lengths_d = q.detach().to(device).requires_grad_(), v.detach().to(device).requires_grad_(), \
+        lengths.to(device)
 
     torch.manual_seed(7)
     seed = draw_seed()
-    hashing = attention.hash(q, lengths, seed=seed)
+    hashing = attention.hash(qd, lengths_d, seed=seed)
+    hashing.buckets = hashing.buckets.cpu()
     for b, valid in enumerate(lengths.tolist()):
         for h in range(2):
             for r in range(rounds):
@@ -113,18 +117,18 @@ def test_lsh_matches_dense_reference_from_the_same_rotations(rounds, chunk_size,
                 assert torch.all(hashing.buckets[b, h, r, valid:] == -1)
 
     torch.manual_seed(7)  # the call draws the same seed
-    out = attention(q, q, v, lengths)
+    out = attention(qd, qd, vd, lengths_d)
     expected, masks = reference_lsh(q, v, lengths, rounds, chunk_size, seed)
-    torch.testing.assert_close(out, expected)
+    torch.testing.assert_close(out.cpu(), expected)
     # The log-sum-exp combination with duplicates removed is softmax over the union.
     torch.testing.assert_close(expected, union_attention(q, v, lengths, masks))
     assert torch.all(out[1, :, length - 5:] == 0) and torch.all(out[2, :, 2:] == 0)
 
-    grad = torch.randn_like(out)
-    got = torch.autograd.grad(out, (q, v), grad)
+    grad = torch.randn_like(expected)
+    got = torch.autograd.grad(out, (qd, vd), grad.to(device))
     want = torch.autograd.grad(expected, (q, v), grad)
     for g, w in zip(got, want):
-        torch.testing.assert_close(g, w)
+        torch.testing.assert_close(g.cpu(), w)
 
 
 def test_lsh_float32_matches_reference():
@@ -151,7 +155,7 @@ def test_single_chunk_equals_shared_full(rounds):
     torch.testing.assert_close(out, build_attention("shared_full")(q, q, v, lengths))
 
 
-def test_chunked_attention_gradcheck_with_arbitrary_orders():
+def test_chunked_attention_gradcheck_with_arbitrary_orders(device):
     """gradcheck of the custom autograd function (float64), several chunks and rounds."""
     torch.manual_seed(0)
     batch, heads, length, rounds = 2, 2, 7, 2
@@ -163,6 +167,8 @@ def test_chunked_attention_gradcheck_with_arbitrary_orders():
         for h in range(heads):
             for r in range(rounds):
                 order[b, h, r] = torch.cat([torch.randperm(valid), torch.arange(valid, length)])
+    q, v = (t.detach().to(device).requires_grad_() for t in (q, v))
+    order, lengths = order.to(device), lengths.to(device)
     for chunk_size in (2, 3):
         assert torch.autograd.gradcheck(
             lambda q, v: lsh_chunked_attention(q, v, order, lengths, chunk_size), (q, v))
@@ -253,13 +259,14 @@ def test_bucket_count_follows_the_sequence_length():
     assert lsh_bucket_count(4096, 32) == 128
 
 
-def test_buckets_and_order_of_long_sequences():
+def test_buckets_and_order_of_long_sequences(device):
     """Many buckets (the kernel's vectorised argmax and its tail) and the counting sort."""
     torch.manual_seed(8)
     q = torch.randn(2, 2, 700, 8, dtype=torch.float64)
     lengths = torch.tensor([700, 333])
     attention = build_attention("lsh", rounds=2, chunk_size=8)
-    hashing = attention.hash(q, lengths, seed=123)
+    hashing = attention.hash(q.to(device), lengths.to(device), seed=123)
+    hashing.buckets, hashing.order = hashing.buckets.cpu(), hashing.order.cpu()
     assert hashing.n_buckets == [88, 42]
     for b, valid in enumerate(lengths.tolist()):
         for h in range(2):
@@ -270,15 +277,15 @@ def test_buckets_and_order_of_long_sequences():
                 assert hashing.order[b, h, r, :valid].tolist() == order
                 assert hashing.order[b, h, r, valid:].tolist() == list(range(valid, 700))
     # float32 hashing agrees except, at most, on rare near-ties
-    single = attention.hash(q.float(), lengths, seed=123)
-    assert (single.buckets == hashing.buckets).float().mean() > 0.99
+    single = attention.hash(q.float().to(device), lengths.to(device), seed=123)
+    assert (single.buckets.cpu() == hashing.buckets).float().mean() > 0.99
 
 
-def test_kernel_rejects_an_order_that_is_not_a_permutation():
-    q = torch.randn(1, 1, 4, 3)
-    order = torch.tensor([0, 1, 1, 3]).view(1, 1, 1, 4)  # position 1 twice, 2 missing
+def test_kernel_rejects_an_order_that_is_not_a_permutation(device):
+    q = torch.randn(1, 1, 4, 3, device=device)
+    order = torch.tensor([0, 1, 1, 3], device=device).view(1, 1, 1, 4)  # position 1 twice, 2 missing
     with pytest.raises(RuntimeError, match="permutation of the valid positions"):
-        lsh_chunked_attention(q, q, order, torch.tensor([4]), 2)
+        lsh_chunked_attention(q, q, order, torch.tensor([4], device=device), 2)
 
 
 def test_many_chunks_in_parallel_match_the_reference():

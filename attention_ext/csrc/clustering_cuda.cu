@@ -1,0 +1,379 @@
+// CUDA implementations of the query clustering of clustering.cpp (same operators, same
+// decisions; the comment at the top of clustering.cpp states them).
+//
+//   hyperplane_hash      projections by one matmul in opmath (float, or double for float64
+//                        inputs); per-(batch, head, bit) mean and standard deviation in
+//                        double (one block each, a fixed reduction order); one thread per
+//                        query packs its bits.
+//   hamming_kmeans_init  one block per (batch, head); its first thread runs the same
+//                        seeded Fisher-Yates walk as the CPU (splitmix64 stream of
+//                        (seed, b, h)), so the initial centroids are identical to the CPU's.
+//                        The walk is sequential but short (it stops after `clusters`
+//                        distinct codes).
+//   hamming_kmeans       the Lloyd loop runs on the host, three launches per step: assign
+//                        (one thread per query, centroids in shared memory) with the
+//                        members' bit counts added per warp (__match_any / __ballot) into
+//                        shared (or, for many clusters, global) integer counters; update
+//                        (majority vote, one block per (batch, head)); a (batch, head)
+//                        whose centroids did not change is marked settled and skipped,
+//                        as on the CPU. Integer counts make the result exact and identical
+//                        to the CPU's for the same codes and initial centroids.
+//
+// Codes computed from float projections can differ from the CPU's where a projection lies
+// within rounding of its threshold (the two sum in different orders); float64 inputs
+// give the same codes in practice.
+#include "cuda_common.cuh"
+
+#include <torch/library.h>
+
+#include <cmath>
+#include <cstdint>
+
+namespace {
+
+using namespace attention_ext_cuda;
+
+void check_lengths(const at::Tensor& lengths, int64_t batch) {
+  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch && lengths.scalar_type() == at::kLong,
+              "lengths must be an int64 tensor of shape (", batch, "), got ", lengths.sizes(), " ",
+              lengths.scalar_type());
+  TORCH_CHECK(lengths.is_cuda(), "lengths must be on the CUDA device of the codes/queries, got ",
+              lengths.device());
+}
+
+void check_codes(const at::Tensor& codes) {
+  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kLong,
+              "codes must be an int64 tensor of shape (batch, heads, length), got ", codes.sizes(),
+              " ", codes.scalar_type());
+}
+
+// --- hyperplane_hash -------------------------------------------------------------------------
+
+// threshold[g, bit] = mean + offset[bit] * std of proj[g, :valid, bit], in double.
+template <typename acc_t>
+__global__ void hash_threshold_kernel(const acc_t* __restrict__ proj, const double* __restrict__ offsets,
+                                      const int64_t* __restrict__ lengths, double* __restrict__ thresholds,
+                                      int64_t heads, int64_t length, int64_t bits) {
+  __shared__ double partial[kThreads];
+  const int64_t bit = blockIdx.x, g = blockIdx.y;
+  const int64_t valid = clipped_length(lengths, g / heads, length);
+  if (valid == 0) return;  // no valid query reads the threshold
+  const acc_t* column = proj + g * length * bits + bit;
+  auto block_sum = [&](double value) {
+    partial[threadIdx.x] = value;
+    __syncthreads();
+    for (int stride = kThreads / 2; stride > 0; stride /= 2) {
+      if (threadIdx.x < stride) partial[threadIdx.x] += partial[threadIdx.x + stride];
+      __syncthreads();
+    }
+    const double total = partial[0];
+    __syncthreads();
+    return total;
+  };
+  double sum = 0;
+  for (int64_t i = threadIdx.x; i < valid; i += kThreads) sum += static_cast<double>(column[i * bits]);
+  const double mean = block_sum(sum) / static_cast<double>(valid);
+  double squares = 0;
+  for (int64_t i = threadIdx.x; i < valid; i += kThreads) {
+    const double d = static_cast<double>(column[i * bits]) - mean;
+    squares += d * d;
+  }
+  const double variance = block_sum(squares) / static_cast<double>(valid);
+  if (threadIdx.x == 0) thresholds[g * bits + bit] = mean + offsets[bit] * sqrt(variance);
+}
+
+template <typename acc_t>
+__global__ void hash_pack_kernel(const acc_t* __restrict__ proj, const double* __restrict__ thresholds,
+                                 const int64_t* __restrict__ lengths, int64_t* __restrict__ codes,
+                                 int64_t heads, int64_t length, int64_t bits, int64_t total) {
+  const int64_t index = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (index >= total) return;
+  const int64_t g = index / length, i = index % length;
+  if (i >= clipped_length(lengths, g / heads, length)) return;  // padded: code 0
+  const acc_t* row = proj + index * bits;
+  const double* threshold = thresholds + g * bits;
+  int64_t code = 0;
+  for (int64_t b = 0; b < bits; ++b)
+    code |= static_cast<int64_t>(static_cast<double>(row[b]) > threshold[b]) << b;
+  codes[index] = code;
+}
+
+at::Tensor hyperplane_hash_cuda(const at::Tensor& queries, const at::Tensor& planes,
+                                const at::Tensor& offsets, const at::Tensor& lengths) {
+  TORCH_CHECK(queries.dim() == 4, "queries must have shape (batch, heads, length, dim), got ",
+              queries.sizes());
+  TORCH_CHECK(planes.dim() == 2 && planes.size(1) == queries.size(3),
+              "planes must have shape (bits, ", queries.size(3), "), got ", planes.sizes());
+  const int64_t bits = planes.size(0);
+  TORCH_CHECK(bits >= 1 && bits <= 63, "hyperplane_hash: bits must lie in 1..63, got ", bits);
+  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == bits, "offsets must have shape (", bits,
+              "), got ", offsets.sizes());
+  check_lengths(lengths, queries.size(0));
+  const c10::cuda::CUDAGuard guard(queries.device());
+  const int64_t batch = queries.size(0), heads = queries.size(1), length = queries.size(2);
+  const int64_t groups = batch * heads;
+  at::Tensor codes = at::zeros({batch, heads, length}, queries.options().dtype(at::kLong));
+  if (codes.numel() == 0) return codes;
+  // Half-precision queries are projected in float32 (their values exactly, planes unrounded).
+  const auto opmath = at::toOpMathType(queries.scalar_type());
+  const at::Tensor projections =
+      at::matmul(queries.to(opmath), planes.to(queries.device(), opmath).t()).contiguous();  // (B,H,N,bits)
+  const at::Tensor offsets64 = offsets.to(queries.device(), at::kDouble).contiguous();
+  const at::Tensor lengths_c = lengths.contiguous();
+  at::Tensor thresholds = at::zeros({groups, bits}, offsets64.options());
+  AT_DISPATCH_FLOATING_TYPES(opmath, "hyperplane_hash_cuda", [&] {
+    hash_threshold_kernel<scalar_t><<<dim3(bits, grid_y(groups)), kThreads, 0, stream()>>>(
+        projections.data_ptr<scalar_t>(), offsets64.data_ptr<double>(), lengths_c.data_ptr<int64_t>(),
+        thresholds.data_ptr<double>(), heads, length, bits);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+    hash_pack_kernel<scalar_t><<<blocks_for(groups * length), kThreads, 0, stream()>>>(
+        projections.data_ptr<scalar_t>(), thresholds.data_ptr<double>(), lengths_c.data_ptr<int64_t>(),
+        codes.data_ptr<int64_t>(), heads, length, bits, groups * length);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  });
+  return codes;
+}
+
+// --- hamming_kmeans_init -----------------------------------------------------------------------
+
+__device__ __forceinline__ uint64_t splitmix64(uint64_t& state) {
+  uint64_t z = (state += 0x9E3779B97F4A7C15ULL);
+  z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9ULL;
+  z = (z ^ (z >> 27)) * 0x94D049BB133111EBULL;
+  return z ^ (z >> 31);
+}
+
+// One block per (batch, head); `order` is (groups, length) scratch.
+__global__ void kmeans_init_kernel(const int64_t* __restrict__ codes, const int64_t* __restrict__ lengths,
+                                   int64_t* __restrict__ centroids, int64_t* __restrict__ order,
+                                   int64_t heads, int64_t length, int64_t clusters, uint64_t seed) {
+  const int64_t g = blockIdx.x, b = g / heads, h = g % heads;
+  const int64_t valid = clipped_length(lengths, b, length);
+  const int64_t* head_codes = codes + g * length;
+  int64_t* cent = centroids + g * clusters;
+  if (valid <= clusters) {  // one cluster per query; centroids are the codes themselves
+    for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) cent[i] = head_codes[i];
+    return;
+  }
+  int64_t* head_order = order + g * length;
+  for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) head_order[i] = i;
+  __syncthreads();
+  if (threadIdx.x != 0) return;
+  // The CPU's walk, step for step: the stream depends on (seed, b, h) only.
+  uint64_t state = seed;
+  state = splitmix64(state) ^ static_cast<uint64_t>(b);
+  state = splitmix64(state) ^ static_cast<uint64_t>(h);
+  int64_t filled = 0;
+  for (int64_t i = 0; i < valid && filled < clusters; ++i) {
+    const int64_t pick = i + static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(valid - i));
+    const int64_t swapped = head_order[pick];
+    head_order[pick] = head_order[i];
+    head_order[i] = swapped;
+    const int64_t candidate = head_codes[swapped];
+    bool taken = false;
+    for (int64_t c = 0; c < filled && !taken; ++c) taken = cent[c] == candidate;
+    if (!taken) cent[filled++] = candidate;
+  }
+  for (int64_t c = filled; c < clusters; ++c) cent[c] = cent[0];
+}
+
+at::Tensor hamming_kmeans_init_cuda(const at::Tensor& codes, const at::Tensor& lengths, int64_t clusters,
+                                    int64_t seed) {
+  check_codes(codes);
+  check_lengths(lengths, codes.size(0));
+  TORCH_CHECK(clusters >= 1, "hamming_kmeans_init: clusters must be >= 1, got ", clusters);
+  const c10::cuda::CUDAGuard guard(codes.device());
+  const int64_t heads = codes.size(1), length = codes.size(2), groups = codes.size(0) * heads;
+  at::Tensor centroids = at::zeros({codes.size(0), heads, clusters}, codes.options());
+  if (groups == 0) return centroids;
+  TORCH_CHECK(groups < (int64_t{1} << 31), "hamming_kmeans_init: too many (batch, head)s");
+  const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.contiguous();
+  at::Tensor order = at::empty({groups, std::max<int64_t>(length, 1)}, codes.options());
+  kmeans_init_kernel<<<static_cast<unsigned>(groups), kThreads, 0, stream()>>>(
+      codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
+      order.data_ptr<int64_t>(), heads, length, clusters, static_cast<uint64_t>(seed));
+  C10_CUDA_KERNEL_LAUNCH_CHECK();
+  return centroids;
+}
+
+// --- hamming_kmeans ----------------------------------------------------------------------------
+constexpr int64_t kPositionsPerBlock = 1024;   // queries assigned by one block
+constexpr int64_t kSharedCentroids = 4096;     // up to this many centroids are staged in shared memory
+constexpr int64_t kSharedCounts = 128;         // up to this many clusters count bits in shared memory
+
+// Assigns queries [blockIdx.x * kPositionsPerBlock, ...) of (batch, head) blockIdx.y to their
+// nearest centroid (fewest differing bits, ties to the lowest index); padded queries get -1.
+// With kCount, also adds every member's bits to ones[g, c, bit] and 1 to members[g, c].
+template <bool kCount>
+__global__ void kmeans_assign_kernel(const int64_t* __restrict__ codes, const int64_t* __restrict__ lengths,
+                                     const int64_t* __restrict__ centroids, const int32_t* __restrict__ settled,
+                                     int64_t* __restrict__ assignment, int32_t* __restrict__ ones,
+                                     int32_t* __restrict__ members, int64_t heads, int64_t length,
+                                     int64_t clusters, int64_t bits) {
+  extern __shared__ unsigned char shared_raw[];
+  const int64_t g = blockIdx.y;
+  if (settled[g]) return;  // its assignment is already final
+  const int64_t valid = clipped_length(lengths, g / heads, length);
+  const bool kmeans = valid > clusters;
+  const bool shared_centroids = clusters <= kSharedCentroids;
+  const bool shared_counts = kCount && clusters <= kSharedCounts;
+  int64_t* cent_s = reinterpret_cast<int64_t*>(shared_raw);
+  int32_t* counts_s = reinterpret_cast<int32_t*>(cent_s + (shared_centroids ? clusters : 0));
+  int32_t* members_s = counts_s + clusters * 64;
+  const int64_t* cent_g = centroids + g * clusters;
+  if (kmeans && shared_centroids)
+    for (int64_t c = threadIdx.x; c < clusters; c += blockDim.x) cent_s[c] = cent_g[c];
+  if (kmeans && shared_counts)
+    for (int64_t c = threadIdx.x; c < clusters * 65; c += blockDim.x) counts_s[c] = 0;
+  __syncthreads();
+  const int64_t* cent = shared_centroids ? cent_s : cent_g;
+  int32_t* count_ones = shared_counts ? counts_s : ones + g * clusters * 64;
+  int32_t* count_members = shared_counts ? members_s : members + g * clusters;
+  const int64_t first = blockIdx.x * kPositionsPerBlock;
+  const int64_t last = min(first + kPositionsPerBlock, length);
+  const int lane = threadIdx.x % kWarp;
+  // The loop bounds are the same for every thread, so whole warps take part in the
+  // warp-wide votes below.
+  for (int64_t base = first; base < last; base += blockDim.x) {
+    const int64_t i = base + threadIdx.x;
+    int64_t cluster = -1, x = 0;
+    if (i < last) {
+      if (i >= valid) {
+        assignment[g * length + i] = -1;
+      } else if (!kmeans) {
+        assignment[g * length + i] = i;
+      } else {
+        x = codes[g * length + i];
+        int best_distance = 65;
+        for (int64_t c = 0; c < clusters; ++c) {
+          const int distance = __popcll(static_cast<unsigned long long>(x ^ cent[c]));
+          if (distance < best_distance) {
+            best_distance = distance;
+            cluster = c;
+          }
+        }
+        assignment[g * length + i] = cluster;
+      }
+    }
+    if (!kCount || !kmeans) continue;  // block-uniform
+    // Lanes with the same cluster add their bit counts once, through their lowest lane.
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 700
+    const unsigned peers = __match_any_sync(kFullMask, static_cast<unsigned long long>(cluster));
+#else  // no __match_any_sync before Volta: every lane adds its own bits
+    const unsigned peers = 1u << lane;
+#endif
+    const bool leader = cluster >= 0 && (__ffs(peers) - 1) == lane;
+    for (int64_t bit = 0; bit < bits; ++bit) {
+      const unsigned set = __ballot_sync(kFullMask, cluster >= 0 && ((x >> bit) & 1));
+      const int count = __popc(set & peers);
+      if (leader && count > 0) atomicAdd(&count_ones[cluster * 64 + bit], count);
+    }
+    if (leader) atomicAdd(&count_members[cluster], __popc(peers));
+  }
+  if (!shared_counts || !kmeans) return;
+  __syncthreads();
+  int32_t* ones_g = ones + g * clusters * 64;
+  int32_t* members_g = members + g * clusters;
+  for (int64_t index = threadIdx.x; index < clusters * 64; index += blockDim.x)
+    if (counts_s[index]) atomicAdd(&ones_g[index], counts_s[index]);
+  for (int64_t c = threadIdx.x; c < clusters; c += blockDim.x)
+    if (members_s[c]) atomicAdd(&members_g[c], members_s[c]);
+}
+
+// One block per (batch, head): each centroid bit becomes its members' majority (an exact
+// tie keeps the old bit; a cluster without members keeps its code); a (batch, head) whose
+// centroids all stay the same is settled. Clears the counters for the next step.
+__global__ void kmeans_update_kernel(const int64_t* __restrict__ lengths, int64_t* __restrict__ centroids,
+                                     int32_t* __restrict__ settled, int32_t* __restrict__ ones,
+                                     int32_t* __restrict__ members, int64_t heads, int64_t length,
+                                     int64_t clusters, int64_t bits) {
+  const int64_t g = blockIdx.x;
+  if (settled[g]) return;
+  const int64_t valid = clipped_length(lengths, g / heads, length);
+  if (valid <= clusters) {  // one query per cluster, assigned by the assign before
+    if (threadIdx.x == 0) settled[g] = 1;
+    return;
+  }
+  int changed = 0;
+  for (int64_t c = threadIdx.x; c < clusters; c += blockDim.x) {
+    int32_t* count = ones + (g * clusters + c) * 64;
+    const int64_t size = members[g * clusters + c];
+    if (size == 0) continue;  // empty: keep the code
+    int64_t* cent = centroids + g * clusters + c;
+    const int64_t old = *cent;
+    int64_t fresh = 0;
+    for (int64_t b = 0; b < bits; ++b) {
+      const int64_t twice = 2 * static_cast<int64_t>(count[b]);
+      const int64_t bit = twice > size ? 1 : (twice < size ? 0 : (old >> b) & 1);
+      fresh |= bit << b;
+      count[b] = 0;
+    }
+    members[g * clusters + c] = 0;
+    changed |= fresh != old;
+    *cent = fresh;
+  }
+  changed = __syncthreads_or(changed);
+  if (threadIdx.x == 0) settled[g] = !changed;
+}
+
+std::tuple<at::Tensor, at::Tensor> hamming_kmeans_cuda(const at::Tensor& codes, const at::Tensor& lengths,
+                                                       const at::Tensor& initial_centroids,
+                                                       int64_t iterations, int64_t bits) {
+  check_codes(codes);
+  check_lengths(lengths, codes.size(0));
+  TORCH_CHECK(initial_centroids.dim() == 3 && initial_centroids.scalar_type() == at::kLong &&
+                  initial_centroids.size(0) == codes.size(0) &&
+                  initial_centroids.size(1) == codes.size(1) && initial_centroids.size(2) >= 1,
+              "centroids must be an int64 tensor of shape (", codes.size(0), ", ", codes.size(1),
+              ", clusters >= 1), got ", initial_centroids.sizes(), " ", initial_centroids.scalar_type());
+  TORCH_CHECK(iterations >= 0, "hamming_kmeans: iterations must be >= 0, got ", iterations);
+  TORCH_CHECK(bits >= 1 && bits <= 63, "hamming_kmeans: bits must lie in 1..63, got ", bits);
+  const c10::cuda::CUDAGuard guard(codes.device());
+  const int64_t heads = codes.size(1), length = codes.size(2);
+  const int64_t clusters = initial_centroids.size(2);
+  TORCH_CHECK(clusters < (int64_t{1} << 31), "hamming_kmeans: too many clusters: ", clusters);
+  const int64_t groups = codes.size(0) * heads;
+  at::Tensor centroids = initial_centroids.to(codes.device()).contiguous().clone();
+  at::Tensor assignment = at::empty({codes.size(0), heads, length}, codes.options());
+  if (assignment.numel() == 0) return {assignment, centroids};
+  const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.contiguous();
+  const auto int_options = codes.options().dtype(at::kInt);
+  at::Tensor settled = at::zeros({groups}, int_options);
+  at::Tensor ones = at::zeros({groups, clusters, 64}, int_options);
+  at::Tensor members = at::zeros({groups, clusters}, int_options);
+
+  const dim3 assign_grid(blocks_for(length, kPositionsPerBlock), grid_y(groups));
+  const size_t centroid_bytes = clusters <= kSharedCentroids ? clusters * sizeof(int64_t) : 0;
+  const size_t count_bytes = clusters <= kSharedCounts ? clusters * 65 * sizeof(int32_t) : 0;
+  auto assign = [&](bool count) {
+    if (count) {
+      kmeans_assign_kernel<true><<<assign_grid, kThreads, centroid_bytes + count_bytes, stream()>>>(
+          codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
+          settled.data_ptr<int32_t>(), assignment.data_ptr<int64_t>(), ones.data_ptr<int32_t>(),
+          members.data_ptr<int32_t>(), heads, length, clusters, bits);
+    } else {
+      kmeans_assign_kernel<false><<<assign_grid, kThreads, centroid_bytes, stream()>>>(
+          codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
+          settled.data_ptr<int32_t>(), assignment.data_ptr<int64_t>(), ones.data_ptr<int32_t>(),
+          members.data_ptr<int32_t>(), heads, length, clusters, bits);
+    }
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  };
+  for (int64_t it = 0; it < iterations; ++it) {
+    assign(/*count=*/true);
+    kmeans_update_kernel<<<static_cast<unsigned>(groups), kThreads, 0, stream()>>>(
+        lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(), settled.data_ptr<int32_t>(),
+        ones.data_ptr<int32_t>(), members.data_ptr<int32_t>(), heads, length, clusters, bits);
+    C10_CUDA_KERNEL_LAUNCH_CHECK();
+  }
+  assign(/*count=*/false);
+  return {assignment, centroids};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_IMPL(attention_ext, CUDA, m) {
+  m.impl("hyperplane_hash", &hyperplane_hash_cuda);
+  m.impl("hamming_kmeans_init", &hamming_kmeans_init_cuda);
+  m.impl("hamming_kmeans", &hamming_kmeans_cuda);
+}
