@@ -275,6 +275,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     with one_process_at_a_time(run_dir / ".data_preparation.lock"):
         ensure_corpus(cfg)
         datamodule.setup("fit")
+        if cfg.test:   # the test split's features too, now, not concurrently by every process later
+            datamodule.setup("test")
     attention_name, attention_options = attention_settings(cfg.attention)
     model = SpeechRecognizer(
         model=OmegaConf.to_container(cfg.model, resolve=True),
