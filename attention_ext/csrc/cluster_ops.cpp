@@ -18,6 +18,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "input_checks.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <functional>
@@ -27,15 +29,8 @@
 
 namespace {
 
-void check_index(const at::Tensor& t, const char* name, int64_t dims) {
-  TORCH_CHECK(t.dim() == dims && t.scalar_type() == at::kLong, name, " must be an int64 tensor with ",
-              dims, " dimensions, got ", t.sizes(), " ", t.scalar_type());
-}
-
-void check_rows(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.dim() == 4 && x.is_floating_point(), name,
-              " must be a floating tensor of shape (batch, heads, rows, dim), got ", x.sizes());
-}
+using attention_ext_checks::check_index;
+using attention_ext_checks::check_rows;
 
 std::tuple<at::Tensor, at::Tensor> group_by_cluster(const at::Tensor& assignment, int64_t clusters) {
   check_index(assignment, "assignment", 3);

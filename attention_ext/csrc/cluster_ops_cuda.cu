@@ -11,6 +11,7 @@
 //                         order, then lower position first), whose top-k torch.topk picks;
 //                         float64 weights (which do not fit 32 bits) use a stable sort.
 #include "cuda_common.cuh"
+#include "input_checks.h"
 
 #include <torch/library.h>
 
@@ -22,15 +23,8 @@ namespace {
 
 using namespace attention_ext_cuda;
 
-void check_index(const at::Tensor& t, const char* name, int64_t dims) {
-  TORCH_CHECK(t.dim() == dims && t.scalar_type() == at::kLong, name, " must be an int64 tensor with ",
-              dims, " dimensions, got ", t.sizes(), " ", t.scalar_type());
-}
-
-void check_rows(const at::Tensor& x, const char* name) {
-  TORCH_CHECK(x.dim() == 4 && x.is_floating_point(), name,
-              " must be a floating tensor of shape (batch, heads, rows, dim), got ", x.sizes());
-}
+using attention_ext_checks::check_index;
+using attention_ext_checks::check_rows;
 
 std::tuple<at::Tensor, at::Tensor> group_by_cluster_cuda(const at::Tensor& assignment, int64_t clusters) {
   check_index(assignment, "assignment", 3);

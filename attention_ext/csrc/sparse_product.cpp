@@ -23,6 +23,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "input_checks.h"
+
 #include <algorithm>
 #include <cstdint>
 #include <limits>
@@ -31,30 +33,8 @@
 
 namespace {
 
-struct SparseShape {
-  int64_t batch, heads, length, clusters, slots;
-};
-
-SparseShape check_sparse(const at::Tensor& rows, const at::Tensor& topk, const at::Tensor& offsets,
-                         const at::Tensor& members, const char* op) {
-  TORCH_CHECK(rows.dim() == 4 && rows.is_floating_point(), op,
-              ": expected a floating tensor of shape (batch, heads, length, dim), got ", rows.sizes());
-  TORCH_CHECK(topk.dim() == 4 && topk.scalar_type() == at::kLong && topk.size(0) == rows.size(0) &&
-                  topk.size(1) == rows.size(1),
-              op, ": topk must be int64 of shape (", rows.size(0), ", ", rows.size(1),
-              ", clusters, slots), got ", topk.sizes(), " ", topk.scalar_type());
-  TORCH_CHECK(offsets.dim() == 3 && offsets.scalar_type() == at::kLong &&
-                  offsets.size(0) == rows.size(0) && offsets.size(1) == rows.size(1) &&
-                  offsets.size(2) == topk.size(2) + 1,
-              op, ": offsets must be int64 of shape (", rows.size(0), ", ", rows.size(1), ", ",
-              topk.size(2) + 1, "), got ", offsets.sizes());
-  TORCH_CHECK(members.dim() == 3 && members.scalar_type() == at::kLong &&
-                  members.size(0) == rows.size(0) && members.size(1) == rows.size(1) &&
-                  members.size(2) == rows.size(2),
-              op, ": members must be int64 of shape ", rows.sizes().slice(0, 3), ", got ",
-              members.sizes());
-  return {rows.size(0), rows.size(1), rows.size(2), topk.size(2), topk.size(3)};
-}
+using attention_ext_checks::SparseShape;
+using attention_ext_checks::check_sparse;
 
 // Elements of one 512-bit vector: the width of a column tile of the small products.
 template <typename scalar_t>

@@ -11,6 +11,7 @@
 // key, the blocks that name it in increasing cluster order (the (key, cluster, slot)
 // triples are sorted once). The result is deterministic, like the CPU's.
 #include "cuda_common.cuh"
+#include "input_checks.h"
 
 #include <torch/library.h>
 
@@ -22,30 +23,13 @@ namespace {
 
 using namespace attention_ext_cuda;
 
-struct SparseShape {
-  int64_t batch, heads, length, clusters, slots;
-};
+using attention_ext_checks::SparseShape;
 
 SparseShape check_sparse(const at::Tensor& rows, const at::Tensor& topk, const at::Tensor& offsets,
                          const at::Tensor& members, const char* op) {
-  TORCH_CHECK(rows.dim() == 4 && rows.is_floating_point(), op,
-              ": expected a floating tensor of shape (batch, heads, length, dim), got ", rows.sizes());
-  TORCH_CHECK(topk.dim() == 4 && topk.scalar_type() == at::kLong && topk.size(0) == rows.size(0) &&
-                  topk.size(1) == rows.size(1),
-              op, ": topk must be int64 of shape (", rows.size(0), ", ", rows.size(1),
-              ", clusters, slots), got ", topk.sizes(), " ", topk.scalar_type());
-  TORCH_CHECK(offsets.dim() == 3 && offsets.scalar_type() == at::kLong &&
-                  offsets.size(0) == rows.size(0) && offsets.size(1) == rows.size(1) &&
-                  offsets.size(2) == topk.size(2) + 1,
-              op, ": offsets must be int64 of shape (", rows.size(0), ", ", rows.size(1), ", ",
-              topk.size(2) + 1, "), got ", offsets.sizes());
-  TORCH_CHECK(members.dim() == 3 && members.scalar_type() == at::kLong &&
-                  members.size(0) == rows.size(0) && members.size(1) == rows.size(1) &&
-                  members.size(2) == rows.size(2),
-              op, ": members must be int64 of shape ", rows.sizes().slice(0, 3), ", got ",
-              members.sizes());
+  const SparseShape shape = attention_ext_checks::check_sparse(rows, topk, offsets, members, op);
   for (const at::Tensor* t : {&topk, &offsets, &members}) check_cuda(*t, op, "topk/offsets/members");
-  return {rows.size(0), rows.size(1), rows.size(2), topk.size(2), topk.size(3)};
+  return shape;
 }
 
 // The cluster of this block: its flat (group, cluster) index, member rows and keys.
