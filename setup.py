@@ -45,7 +45,7 @@ cxx_flags = ["-O0", "-g"] if debug else ["-O3", f"-march={arch}"]
 # is compiled with OpenMP (without -fopenmp its header falls back to a serial loop).
 # Linking with -fopenmp adds a dependency on libgomp.so.1, which the dynamic loader
 # resolves to the copy torch has already loaded: one OpenMP runtime per process.
-cxx_flags += ["-fopenmp", "-std=c++17"]
+cxx_flags += ["-fopenmp"]  # no -std: torch adds the standard its headers need (C++20)
 link_flags = ["-fopenmp"]
 
 if with_cuda:
