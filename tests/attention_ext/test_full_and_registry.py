@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from attention_ext import AttentionConfigError, build_attention, resolve_options
+from attention_ext import AttentionConfigError, available_attentions, build_attention, resolve_options
 from attention_ext.contract import check_inputs
 
 
@@ -80,3 +80,12 @@ def test_contract_rejects_bad_shapes_and_lengths():
         check_inputs(q[0], q[0], q[0], None)
     with pytest.raises(ValueError, match="lengths must have shape"):
         check_inputs(q, q, q, torch.tensor([5]))
+
+
+@pytest.mark.parametrize("name", sorted(available_attentions()))
+def test_every_attention_refuses_inputs_on_two_devices(name):
+    """A kernel handed a tensor of another device would read a foreign pointer: refused first
+    (the meta device stands in for a second device on a machine with only a CPU)."""
+    q = torch.randn(1, 1, 4, 2)
+    with pytest.raises(ValueError, match=r"q, k, v must be on one device, got cpu, cpu, meta"):
+        build_attention(name)(q, q, q.to("meta"))
