@@ -119,7 +119,7 @@ at::Tensor hyperplane_hash_cuda(const at::Tensor& queries, const at::Tensor& pla
   const at::Tensor projections =
       at::matmul(queries.to(opmath), planes.to(queries.device(), opmath).t()).contiguous();  // (B,H,N,bits)
   const at::Tensor offsets64 = offsets.to(queries.device(), at::kDouble).contiguous();
-  const at::Tensor lengths_c = lengths.contiguous();
+  const at::Tensor lengths_c = lengths.to(queries.device()).contiguous();
   at::Tensor thresholds = at::zeros({groups, bits}, offsets64.options());
   AT_DISPATCH_FLOATING_TYPES(opmath, "hyperplane_hash_cuda", [&] {
     hash_threshold_kernel<scalar_t><<<dim3(bits, grid_y(groups)), kThreads, 0, stream()>>>(
@@ -187,7 +187,7 @@ at::Tensor hamming_kmeans_init_cuda(const at::Tensor& codes, const at::Tensor& l
   at::Tensor centroids = at::zeros({codes.size(0), heads, clusters}, codes.options());
   if (groups == 0) return centroids;
   TORCH_CHECK(groups < (int64_t{1} << 31), "hamming_kmeans_init: too many (batch, head)s");
-  const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.contiguous();
+  const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.to(codes.device()).contiguous();
   at::Tensor order = at::empty({groups, std::max<int64_t>(length, 1)}, codes.options());
   kmeans_init_kernel<<<static_cast<unsigned>(groups), kThreads, 0, stream()>>>(
       codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
@@ -336,7 +336,7 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans_cuda(const at::Tensor& codes, 
   at::Tensor centroids = initial_centroids.to(codes.device()).contiguous().clone();
   at::Tensor assignment = at::empty({codes.size(0), heads, length}, codes.options());
   if (assignment.numel() == 0) return {assignment, centroids};
-  const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.contiguous();
+  const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.to(codes.device()).contiguous();
   const auto int_options = codes.options().dtype(at::kInt);
   at::Tensor settled = at::zeros({groups}, int_options);
   at::Tensor ones = at::zeros({groups, clusters, 64}, int_options);
