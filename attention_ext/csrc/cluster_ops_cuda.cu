@@ -123,6 +123,7 @@ at::Tensor cluster_mean_cuda(const at::Tensor& x, const at::Tensor& offsets, con
   check_rows(x, "cluster_mean: x");
   check_index(offsets, "offsets", 3);
   check_index(members, "members", 3);
+  check_one_device("cluster_mean", {&x, &offsets, &members});
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t length = x.size(2), clusters = offsets.size(2) - 1;
   TORCH_CHECK(members.size(2) == length, "cluster_mean: members must have length ", length);
@@ -139,6 +140,7 @@ at::Tensor cluster_mean_backward_cuda(const at::Tensor& grad, const at::Tensor& 
   check_rows(grad, "cluster_mean_backward: grad");
   check_index(assignment, "assignment", 3);
   check_index(offsets, "offsets", 3);
+  check_one_device("cluster_mean_backward", {&grad, &assignment, &offsets});
   const c10::cuda::CUDAGuard guard(grad.device());
   const int64_t clusters = grad.size(2);
   TORCH_CHECK(offsets.size(2) == clusters + 1, "cluster_mean_backward: offsets must have ",
@@ -156,6 +158,7 @@ at::Tensor cluster_mean_backward_cuda(const at::Tensor& grad, const at::Tensor& 
 at::Tensor cluster_broadcast_cuda(const at::Tensor& x, const at::Tensor& assignment) {
   check_rows(x, "cluster_broadcast: x");
   check_index(assignment, "assignment", 3);
+  check_one_device("cluster_broadcast", {&x, &assignment});
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x_c = x.contiguous(), assign_c = assignment.contiguous();
   at::Tensor out = at::zeros({x.size(0), x.size(1), assignment.size(2), x.size(3)}, x.options());
@@ -170,6 +173,7 @@ at::Tensor cluster_broadcast_backward_cuda(const at::Tensor& grad, const at::Ten
   check_rows(grad, "cluster_broadcast_backward: grad");
   check_index(offsets, "offsets", 3);
   check_index(members, "members", 3);
+  check_one_device("cluster_broadcast_backward", {&grad, &offsets, &members});
   const c10::cuda::CUDAGuard guard(grad.device());
   const int64_t length = grad.size(2), clusters = offsets.size(2) - 1;
   const at::Tensor grad_c = grad.contiguous(), offsets_c = offsets.contiguous(),
@@ -186,8 +190,11 @@ constexpr int64_t kInvalidKey = std::numeric_limits<int64_t>::min();
 
 // A float's bits as an unsigned integer with the float's order (-0 counted as +0, so that
 // equal weights tie as on the CPU).
+// Tested on the bits: under --use_fast_math a float compare flushes subnormals, so
+// `value == 0.0f` would tie every subnormal weight with 0 (the CPU orders them).
 __device__ __forceinline__ uint32_t ordered_bits(float value) {
-  const uint32_t bits = __float_as_uint(value == 0.0f ? 0.0f : value);
+  uint32_t bits = __float_as_uint(value);
+  if ((bits & 0x7fffffffu) == 0) bits = 0;
   return (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);
 }
 
@@ -232,7 +239,7 @@ at::Tensor cluster_topk_cuda(const at::Tensor& weights, const at::Tensor& length
                 length = weights.size(3);
   TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch && lengths.scalar_type() == at::kLong,
               "cluster_topk: lengths must be an int64 tensor of shape (", batch, ")");
-  check_cuda(lengths, "cluster_topk", "lengths");
+  check_one_device("cluster_topk", {&weights, &lengths});
   TORCH_CHECK(length < 0xffffffffLL, "cluster_topk: at most 2^32 - 2 keys per row on CUDA, got ", length);
   const int64_t slots = std::min(k, length);
   at::Tensor out = at::full({batch, heads, rows_per_head, slots}, -1, weights.options().dtype(at::kLong));

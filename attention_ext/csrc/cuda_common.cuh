@@ -19,6 +19,7 @@
 #include <c10/cuda/CUDAStream.h>
 
 #include <cstdint>
+#include <initializer_list>
 
 namespace attention_ext_cuda {
 
@@ -46,6 +47,17 @@ inline unsigned grid_y(int64_t groups) {
 inline void check_cuda(const at::Tensor& t, const char* op, const char* name) {
   TORCH_CHECK(t.is_cuda(), op, ": ", name, " must be a CUDA tensor (all inputs on one device), got ",
               t.device());
+}
+
+// Every tensor on the CUDA device of the first. The dispatcher picks a CUDA kernel when any
+// input is on CUDA, so a CPU (or other-GPU) tensor would otherwise reach the kernel as a
+// foreign pointer (an illegal memory access instead of an error).
+inline void check_one_device(const char* op, std::initializer_list<const at::Tensor*> tensors) {
+  const at::Tensor& first = **tensors.begin();
+  check_cuda(first, op, "the first input");
+  for (const at::Tensor* t : tensors)
+    TORCH_CHECK(t->device() == first.device(), op, ": all inputs must be on one CUDA device, got ",
+                t->device(), " and ", first.device());
 }
 
 template <typename T>

@@ -181,6 +181,7 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& v, const at::Tensor& ord
   TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
               "lsh attention: v must share (B, H, N) with q; got ", q.sizes(), ", ", v.sizes());
   TORCH_CHECK(v.scalar_type() == q.scalar_type(), "lsh attention: q and v must share one dtype");
+  check_one_device("lsh attention", {&q, &v});
   TORCH_CHECK(chunk_size >= 1, "lsh attention: chunk_size must be >= 1, got ", chunk_size);
   TORCH_CHECK(order_in.dim() == 4 && order_in.size(0) == q.size(0) && order_in.size(1) == q.size(1) &&
                   order_in.size(3) == q.size(2) && order_in.size(2) >= 1,
@@ -533,6 +534,7 @@ std::tuple<at::Tensor, at::Tensor> lsh_attention_backward_cuda(
   TORCH_CHECK(lse_in.dim() == 3 && lse_in.size(0) == q_in.size(0) && lse_in.size(1) == q_in.size(1) &&
                   lse_in.size(2) == q_in.size(2),
               "lsh attention backward: lse must be (B, H, N), got ", lse_in.sizes());
+  check_one_device("lsh attention backward", {&q_in, &grad_out_in, &out_in, &lse_in});
   const auto opmath = at::toOpMathType(q_in.scalar_type());
   const at::Tensor q = q_in.contiguous(), v = v_in.contiguous();
   const at::Tensor grad_out = grad_out_in.to(q.scalar_type()).contiguous();

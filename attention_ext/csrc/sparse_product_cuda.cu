@@ -28,7 +28,7 @@ using attention_ext_checks::SparseShape;
 SparseShape check_sparse(const at::Tensor& rows, const at::Tensor& topk, const at::Tensor& offsets,
                          const at::Tensor& members, const char* op) {
   const SparseShape shape = attention_ext_checks::check_sparse(rows, topk, offsets, members, op);
-  for (const at::Tensor* t : {&topk, &offsets, &members}) check_cuda(*t, op, "topk/offsets/members");
+  check_one_device(op, {&rows, &topk, &offsets, &members});
   return shape;
 }
 
@@ -185,6 +185,7 @@ at::Tensor clustered_sparse_dot_cuda(const at::Tensor& q, const at::Tensor& k, c
   const SparseShape s = check_sparse(q, topk, offsets, members, "clustered_sparse_dot");
   TORCH_CHECK(k.sizes() == q.sizes() && k.scalar_type() == q.scalar_type(),
               "clustered_sparse_dot: k must match q ", q.sizes(), ", got ", k.sizes());
+  check_one_device("clustered_sparse_dot", {&q, &k});
   const c10::cuda::CUDAGuard guard(q.device());
   const at::Tensor q_c = q.contiguous(), k_c = k.contiguous();
   const SparseInputs in(topk, offsets, members);
@@ -207,6 +208,7 @@ std::tuple<at::Tensor, at::Tensor> clustered_sparse_dot_backward_cuda(
   TORCH_CHECK(grad.dim() == 4 && grad.size(2) == s.length && grad.size(3) == s.slots,
               "clustered_sparse_dot_backward: grad must have shape (B, H, ", s.length, ", ", s.slots,
               "), got ", grad.sizes());
+  check_one_device("clustered_sparse_dot_backward", {&q, &k, &grad});
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t dim = q.size(3);
   const at::Tensor grad_c = grad.to(q.scalar_type()).contiguous(), q_c = q.contiguous(), k_c = k.contiguous();
@@ -243,6 +245,7 @@ at::Tensor clustered_sparse_weighted_sum_cuda(const at::Tensor& weights, const a
                   weights.scalar_type() == v.scalar_type(),
               "clustered_sparse_weighted_sum: weights must have shape (", s.batch, ", ", s.heads, ", ",
               s.length, ", ", s.slots, ") and v's dtype, got ", weights.sizes(), " ", weights.scalar_type());
+  check_one_device("clustered_sparse_weighted_sum", {&v, &weights});
   const c10::cuda::CUDAGuard guard(v.device());
   const at::Tensor w_c = weights.contiguous(), v_c = v.contiguous();
   const SparseInputs in(topk, offsets, members);
@@ -290,6 +293,7 @@ std::tuple<at::Tensor, at::Tensor> clustered_sparse_weighted_sum_backward_cuda(
                   weights.scalar_type() == v.scalar_type(),
               "clustered_sparse_weighted_sum_backward: weights must have shape (B, H, ", s.length, ", ",
               s.slots, ") and v's dtype, got ", weights.sizes());
+  check_one_device("clustered_sparse_weighted_sum_backward", {&v, &weights, &grad});
   const c10::cuda::CUDAGuard guard(v.device());
   const int64_t dim = v.size(3);
   const at::Tensor grad_c = grad.to(v.scalar_type()).contiguous(), w_c = weights.contiguous(),
