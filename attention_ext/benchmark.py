@@ -431,7 +431,40 @@ def add_ratios_to_full(measurements: list[Measurement]) -> None:
 
 
 # ---------------------------------------------------------------------------
-# Targets of the issue, evaluated on the ratios of this run
+# Where an attention overtakes full
+
+
+def overtaking_lengths(measurements: list[Measurement]) -> dict[str, int | None]:
+    """For every attention but full: the shortest measured N from which it is faster than
+    full (speedup > 1) at that N and at every longer N where both were measured; None if it
+    is not faster at the longest such N. Attentions never compared with full are left out.
+    """
+    ratios: dict[str, dict[int, float]] = {}
+    for cell in measurements:
+        if cell.case.name != "full" and cell.speedup_vs_full is not None:
+            ratios.setdefault(cell.case.label, {})[cell.length] = cell.speedup_vs_full
+    overtakes = {}
+    for label, by_length in ratios.items():
+        overtakes[label] = None
+        for length in sorted(by_length, reverse=True):
+            if by_length[length] <= 1:
+                break
+            overtakes[label] = length
+    return overtakes
+
+
+def format_overtaking(overtakes: dict[str, int | None]) -> str:
+    lines = ["where each attention overtakes full (faster at that N and at every longer N measured):"]
+    if not overtakes:
+        lines.append("  no attention was compared with full")
+    for label, length in overtakes.items():
+        lines.append(f"  {label}: " + ("not faster at the longest N measured" if length is None
+                                       else f"from N={length}"))
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------------------
+# Targets of the issues, evaluated on the ratios of this run
 
 
 @dataclass(frozen=True)
@@ -453,6 +486,18 @@ class LinearScalingTarget:
     title: str
 
 
+@dataclass(frozen=True)
+class OvertakingTarget:
+    name: str
+    options: tuple[tuple[str, int], ...]
+    length: int        # the attention must overtake full at this N or a shorter one
+    title: str
+
+
+# The CPU targets: float32, against torch's CPU attention (issue 2). The GPU targets: bfloat16
+# against SDPA's FlashAttention kernels (issue 6). Each applies only to runs of its device and dtype.
+CPU_FLOAT32 = ("cpu", torch.float32)
+CUDA_BFLOAT16 = ("cuda", torch.bfloat16)
 SPEEDUP_TARGETS = (
     SpeedupTarget("clustered", (), 4096, 12.0, "clustered"),
     SpeedupTarget("clustered", (), 8192, 20.0, "clustered"),
@@ -466,6 +511,14 @@ LINEAR_SCALING_TARGETS = tuple(
     for name, options, title in (("clustered", (), "clustered"), ("iclustered", (), "iclustered"),
                                  ("lsh", (("rounds", 1),), "lsh-1"),
                                  ("lsh", (("rounds", 4),), "lsh-4")))
+OVERTAKING_TARGETS = (
+    OvertakingTarget("clustered", (), 8192, "clustered"),
+    OvertakingTarget("iclustered", (), 16384, "iclustered"),
+)
+TARGETS_BY_RUN = {
+    CPU_FLOAT32: (SPEEDUP_TARGETS, LINEAR_SCALING_TARGETS, ()),
+    CUDA_BFLOAT16: ((), (), OVERTAKING_TARGETS),
+}
 
 
 def _applies(case: BenchmarkCase, name: str, options: tuple[tuple[str, int], ...]) -> bool:
@@ -478,19 +531,23 @@ class TargetResult:
     text: str
 
 
-def evaluate_targets(measurements: list[Measurement], batch: int) -> list[TargetResult]:
-    """The issue's targets, for every measured case they apply to.
+def evaluate_targets(measurements: list[Measurement], batch: int, device_type: str,
+                     dtype: torch.dtype) -> list[TargetResult]:
+    """The issues' targets of this run's device and dtype, for every measured case they apply to.
 
     Speedup: full time / time at N, from this run. Linear scaling: time per
     element at every measured N in [2048, 8192] (both ends measured), largest
     over smallest <= 1.3, i.e. all those values lie within 1.3x of each other.
+    Overtaking: faster than full at N (measured) and at every longer N measured.
     A target whose attention or lengths were not measured is left out.
     """
+    speedup_targets, scaling_targets, overtaking_targets = TARGETS_BY_RUN.get((device_type, dtype),
+                                                                              ((), (), ()))
     results = []
     cases = list(dict.fromkeys(cell.case.label for cell in measurements))
     cells = {(cell.case.label, cell.length): cell for cell in measurements}
     case_by_label = {cell.case.label: cell.case for cell in measurements}
-    for target in SPEEDUP_TARGETS:
+    for target in speedup_targets:
         for label in cases:
             if not _applies(case_by_label[label], target.name, target.options):
                 continue
@@ -501,7 +558,7 @@ def evaluate_targets(measurements: list[Measurement], batch: int) -> list[Target
             results.append(TargetResult(passed, (
                 f"{label}: speedup vs full at N={target.length} >= {target.minimum:g}x "
                 f"(target for {target.title}): {cell.speedup_vs_full:.2f}x")))
-    for target in LINEAR_SCALING_TARGETS:
+    for target in scaling_targets:
         for label in cases:
             if not _applies(case_by_label[label], target.name, target.options):
                 continue
@@ -518,6 +575,18 @@ def evaluate_targets(measurements: list[Measurement], batch: int) -> list[Target
                 f"{label}: time per element within {target.factor:g}x over "
                 f"N={target.shortest}..{target.longest} (target for {target.title}): "
                 f"max/min = {spread:.2f} ({values})")))
+    overtakes = overtaking_lengths(measurements)
+    for target in overtaking_targets:
+        for label in cases:
+            cell = cells.get((label, target.length))
+            if (not _applies(case_by_label[label], target.name, target.options) or cell is None
+                    or cell.speedup_vs_full is None):
+                continue
+            length = overtakes[label]
+            results.append(TargetResult(length is not None and length <= target.length, (
+                f"{label}: overtakes full at N <= {target.length} (target for {target.title}): "
+                + ("not faster at the longest N measured" if length is None else f"from N={length}")
+                + f", {cell.speedup_vs_full:.2f}x at N={target.length}")))
     return results
 
 
@@ -591,7 +660,7 @@ def format_table(measurements: list[Measurement], config: BenchmarkConfig) -> st
 def format_targets(results: list[TargetResult]) -> str:
     lines = ["targets (ratios measured in this run):"]
     if not results:
-        lines.append("  none apply to the attentions and lengths measured")
+        lines.append("  none apply to this device, dtype, attentions and lengths")
     for result in results:
         lines.append(f"  {'PASS' if result.passed else 'FAIL'}  {result.text}")
     return "\n".join(lines)
@@ -715,10 +784,14 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.f
 
 def build_parser() -> argparse.ArgumentParser:
     targets = "\n".join(
-        [f"  {target.title}: speedup vs full >= {target.minimum:g}x at N={target.length}"
-         for target in SPEEDUP_TARGETS]
-        + [f"  {target.title}: time per element within {target.factor:g}x (max/min) over the "
-           f"measured N in {target.shortest}..{target.longest}" for target in LINEAR_SCALING_TARGETS])
+        ["  on cpu in float32:"]
+        + [f"    {target.title}: speedup vs full >= {target.minimum:g}x at N={target.length}"
+           for target in SPEEDUP_TARGETS]
+        + [f"    {target.title}: time per element within {target.factor:g}x (max/min) over the "
+           f"measured N in {target.shortest}..{target.longest}" for target in LINEAR_SCALING_TARGETS]
+        + ["  on cuda in bfloat16:"]
+        + [f"    {target.title}: faster than full at N={target.length} and every longer N measured"
+           for target in OVERTAKING_TARGETS])
     columns = textwrap.fill(", ".join(CSV_COLUMNS), width=78, initial_indent="  ",
                             subsequent_indent="  ")
     epilog = f"""\
@@ -839,7 +912,9 @@ def main(argv: list[str] | None = None) -> int:
     print()
     print(format_table(measurements, config))
     print()
-    print(format_targets(evaluate_targets(measurements, config.batch)))
+    print(format_overtaking(overtaking_lengths(measurements)))
+    print()
+    print(format_targets(evaluate_targets(measurements, config.batch, config.device.type, config.dtype)))
     args.out.mkdir(parents=True, exist_ok=True)
     stem = f"benchmark_{config.device.type}"
     csv_path, png_path = args.out / f"{stem}.csv", args.out / f"{stem}.png"

@@ -204,7 +204,7 @@ def test_targets_pass_fail_on_measured_ratios_only():
         # 400/200 = 2x < 3 at 4096; per element constant -> spread 1.0.
         + cells(lsh4, {2048: 100.0, 4096: 200.0, 8192: 400.0}))
     benchmark.add_ratios_to_full(measurements)
-    results = {result.text.split(" (target")[0]: result for result in evaluate_targets(measurements, 1)}
+    results = {result.text.split(" (target")[0]: result for result in evaluate_targets(measurements, 1, "cpu", torch.float32)}
     assert set(results) == {
         "clustered-100: speedup vs full at N=4096 >= 12x",
         "clustered-100: speedup vs full at N=8192 >= 20x",
@@ -225,8 +225,47 @@ def test_targets_need_full_at_the_same_length():
     clustered = fake_case("clustered-100", "clustered", clusters=100)
     measurements = cells(fake_case("full", "full"), {2048: 10.0}) + cells(clustered, {4096: 1.0})
     benchmark.add_ratios_to_full(measurements)
-    assert evaluate_targets(measurements, 1) == []
+    assert evaluate_targets(measurements, 1, "cpu", torch.float32) == []
     assert math.isclose(measurements[0].time_per_element_us(1), 10.0 * 1e3 / 2048)
+
+
+def test_overtaking_length_is_where_an_attention_stays_faster_than_full():
+    full = fake_case("full", "full")
+    clustered = fake_case("clustered-100", "clustered", clusters=100)
+    iclustered = fake_case("i-clustered-100", "iclustered", clusters=100, topk=32)
+    lsh4 = fake_case("lsh-4", "lsh", rounds=4, chunk_size=32)
+    measurements = (
+        cells(full, {1024: 1.0, 2048: 2.0, 4096: 4.0, 8192: 8.0, 16384: 16.0})
+        # faster at 1024, slower at 2048, faster from 4096 on: it overtakes for good at 4096
+        + cells(clustered, {1024: 0.5, 2048: 3.0, 4096: 3.0, 8192: 4.0, 16384: 5.0})
+        # slower up to 8192, faster (by 16/12) only at 16384
+        + cells(iclustered, {1024: 9.0, 2048: 9.0, 4096: 9.0, 8192: 10.0, 16384: 12.0})
+        # equal to full at the longest N: never strictly faster there
+        + cells(lsh4, {8192: 7.0, 16384: 16.0}))
+    benchmark.add_ratios_to_full(measurements)
+    assert benchmark.overtaking_lengths(measurements) == {
+        "clustered-100": 4096, "i-clustered-100": 16384, "lsh-4": None}
+    text = benchmark.format_overtaking(benchmark.overtaking_lengths(measurements))
+    assert "clustered-100: from N=4096" in text and "lsh-4: not faster at the longest N measured" in text
+
+    # the GPU aims (bfloat16 on cuda): clustered by N=8192 (met), i-clustered by N=16384 (met)
+    results = evaluate_targets(measurements, 1, "cuda", torch.bfloat16)
+    assert [(result.passed, result.text) for result in results] == [
+        (True, "clustered-100: overtakes full at N <= 8192 (target for clustered): from N=4096, 2.00x at N=8192"),
+        (True, "i-clustered-100: overtakes full at N <= 16384 (target for iclustered): "
+               "from N=16384, 1.33x at N=16384")]
+    # the CPU targets do not apply to a GPU run, nor the GPU aims to another dtype
+    assert evaluate_targets(measurements, 1, "cuda", torch.float32) == []
+    assert all("overtakes" not in result.text
+               for result in evaluate_targets(measurements, 1, "cpu", torch.float32))
+
+
+def test_overtaking_target_fails_when_full_is_still_faster_at_its_length():
+    full, clustered = fake_case("full", "full"), fake_case("clustered-100", "clustered", clusters=100)
+    measurements = cells(full, {8192: 8.0, 16384: 16.0}) + cells(clustered, {8192: 9.0, 16384: 10.0})
+    benchmark.add_ratios_to_full(measurements)
+    [result] = evaluate_targets(measurements, 1, "cuda", torch.bfloat16)
+    assert not result.passed and "from N=16384, 0.89x at N=8192" in result.text
 
 
 def test_out_of_memory_retires_an_attention_for_longer_sequences(test_registry, tmp_path, capsys):
