@@ -124,7 +124,10 @@ def test_cluster_ops_and_sparse_products_match_cpu(dtype):
     q, k, v, grad_rows = (torch.randn(batch, heads, length, dim, generator=generator).to(dtype)
                           for _ in range(4))
     grad_clusters = torch.randn(batch, heads, clusters, dim, generator=generator).to(dtype)
-    scores = torch.rand(batch, heads, clusters, length, generator=generator).to(dtype)
+    scores = torch.rand(batch, heads, clusters, length, generator=generator)
+    # zeros of both signs tie; subnormal weights are ordered by value (fast math must not flush them)
+    scores[0, 0, 0, :slots + 4] = torch.tensor([0.0, 3e-40, -0.0, 1e-39, 2e-40, 0.0, -1e-40, 5e-39] * 2)
+    scores = scores.to(dtype)
     topk = ops.cluster_topk(on_cpu_in_float(scores), lengths, slots)
     topk[1, :, :, 8:] = -1  # slots without a key
     weights = torch.randn(batch, heads, length, slots, generator=generator).to(dtype)
