@@ -47,6 +47,12 @@ cxx_flags = ["-O0", "-g"] if debug else ["-O3", f"-march={arch}"]
 # resolves to the copy torch has already loaded: one OpenMP runtime per process.
 cxx_flags += ["-fopenmp"]  # no -std: torch adds the standard its headers need (C++20)
 link_flags = ["-fopenmp"]
+# No -std here: torch adds the C++ standard its headers need. No -lineinfo (smaller
+# binaries); no -gencode (TORCH_CUDA_ARCH_LIST decides). --use_fast_math: the
+# kernels' float exp/log/division may differ from IEEE by a few ulp; statistics
+# that decide hash bits are computed in double, which fast math leaves alone.
+# tests/attention_ext/test_cuda_sources_compile.py reads this list (a literal, keep it one).
+NVCC_FLAGS = ["-O3", "--use_fast_math"]
 
 if with_cuda:
     extension = CUDAExtension(
@@ -54,11 +60,7 @@ if with_cuda:
         cpp_sources + cuda_sources,
         define_macros=[("WITH_CUDA", None)],
         depends=cuda_headers,
-        # No -std here: torch adds the C++ standard its headers need. No -lineinfo (smaller
-        # binaries); no -gencode (TORCH_CUDA_ARCH_LIST decides). --use_fast_math: the
-        # kernels' float exp/log/division may differ from IEEE by a few ulp; statistics
-        # that decide hash bits are computed in double, which fast math leaves alone.
-        extra_compile_args={"cxx": cxx_flags, "nvcc": ["-O3", "--use_fast_math"]},
+        extra_compile_args={"cxx": cxx_flags, "nvcc": NVCC_FLAGS},
         extra_link_args=link_flags,
     )
 else:
