@@ -188,8 +188,9 @@ def module_and_clusters(q, k, v, lengths, seed, **options):
     torch.manual_seed(seed)
     out = attention(q, k, v, lengths)
     torch.manual_seed(seed)
-    clusters = cluster_queries(q, lengths if lengths is not None else torch.full((q.shape[0],), q.shape[2]),
-                               attention.clusters, attention.bits, attention.iterations)
+    if lengths is None:
+        lengths = torch.full((q.shape[0],), q.shape[2], device=q.device)
+    clusters = cluster_queries(q, lengths, attention.clusters, attention.bits, attention.iterations)
     return out, clusters
 
 

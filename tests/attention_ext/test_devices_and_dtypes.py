@@ -206,9 +206,18 @@ def test_lsh_kernels_match_cpu(dtype, rounds, chunk_size):
                                       lengths, out_cpu, lse_cpu, chunk_size)
     got = ops.lsh_attention_backward(grad.cuda(), q.cuda(), v.cuda(), order.cuda(), lengths.cuda(), out, lse,
                                      chunk_size)
-    for g, w in zip(got, want):
+    # The zero query's gradient is scaled by 1 / eps (~1e11): compared on its own (float16 cannot hold
+    # it: inf), so that it does not set the scale of every other gradient.
+    zero = (0, 0, 5)
+    if dtype != torch.float16:
+        size = want[0][zero].abs().max()
+        torch.testing.assert_close(got[0][zero].cpu().to(size.dtype) / size, want[0][zero] / size, **tolerance(dtype))
+    for i, (g, w) in enumerate(zip(got, want)):
+        g, w = g.cpu().to(w.dtype), w.clone()
+        if i == 0:
+            g[zero], w[zero] = 0, 0
         scale = max(1.0, w.abs().max().item())  # half-precision gradients: relative to their size
-        torch.testing.assert_close(g.cpu().to(w.dtype) / scale, w / scale, **tolerance(dtype))
+        torch.testing.assert_close(g / scale, w / scale, **tolerance(dtype))
 
 
 @requires_cuda

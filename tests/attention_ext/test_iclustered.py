@@ -20,7 +20,7 @@ def module_and_clusters(q, k, v, lengths, seed, **options):
     out = attention(q, k, v, lengths)
     torch.manual_seed(seed)
     if lengths is None:
-        lengths = torch.full((q.shape[0],), q.shape[2])
+        lengths = torch.full((q.shape[0],), q.shape[2], device=q.device)
     clusters = cluster_queries(q, lengths, attention.clusters, attention.bits, attention.iterations)
     return out, clusters
 
@@ -150,7 +150,7 @@ def test_sparse_products_gradcheck_and_values(device):
     assert torch.autograd.gradcheck(
         lambda w, x: ClusteredSparseWeightedSum.apply(w, x, topk, clusters), (weights, v))
     assert torch.autograd.gradcheck(lambda x: ClusterBroadcast.apply(x, clusters),
-                                    (torch.randn(2, 2, 3, 1, dtype=torch.float64, requires_grad=True),))
+                                    (torch.randn(2, 2, 3, 1, dtype=torch.float64, requires_grad=True, device=device),))
     dots = ClusteredSparseDot.apply(q, k, topk, clusters, 0.7).cpu()
     summed = ClusteredSparseWeightedSum.apply(weights, v, topk, clusters).cpu()
     q, k, v, weights, topk = (t.detach().cpu() for t in (q, k, v, weights, topk))
