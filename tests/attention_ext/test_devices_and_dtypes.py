@@ -15,7 +15,7 @@ from attention_ext._ops import ops
 from attention_ext.clustered import cluster_queries, group_queries
 from attention_ext.lsh import lsh_hash
 
-from conftest import requires_cuda
+from kernel_devices import requires_cuda
 
 SHARED_QK = {"lsh", "shared_full"}
 # Options under which every attention is exact (full or shared-full attention), so that a
