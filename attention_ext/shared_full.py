@@ -41,7 +41,12 @@ class SharedFullAttention(torch.nn.Module):
     def forward(self, q, k, v, lengths=None):
         lengths = check_inputs(q, k, v, lengths)
         require_shared_qk(q, k, self.attention_name)
-        keys = F.normalize(q, dim=-1)  # x / max(||x||, 1e-12)
+        if q.dtype == torch.float16:
+            # eps 1e-12 rounds to 0 in float16, so a zero query would give a NaN key (and NaN
+            # outputs for its whole sequence): normalise in float32
+            keys = F.normalize(q.float(), dim=-1).to(q.dtype)
+        else:
+            keys = F.normalize(q, dim=-1)  # x / max(||x||, 1e-12)
         return attend_by_valid_length(self._attend, q, keys, v, lengths)
 
     @staticmethod

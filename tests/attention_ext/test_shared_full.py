@@ -65,3 +65,26 @@ def test_requires_shared_queries_and_keys():
     q = torch.randn(1, 1, 4, 4)
     with pytest.raises(ValueError, match="shared query/key projections"):
         build_attention("shared_full")(q, torch.randn(1, 1, 4, 4), q)
+
+
+def test_float16_zero_query_gives_a_zero_key_not_nan():
+    """F.normalize's eps (1e-12) is 0 in float16: a zero query would give a 0/0 key."""
+    torch.manual_seed(3)
+    q, v = torch.randn(1, 2, 6, 4), torch.randn(1, 2, 6, 4)
+    q[0, 0, 2] = 0
+    attention = build_attention("shared_full")
+    q_half = q.half()
+    half = attention(q_half, q_half, v.half())
+    assert half.dtype == torch.float16 and torch.isfinite(half).all()
+    torch.testing.assert_close(half.float(), dense_shared_full_with_zero_keys(q, v), atol=5e-3, rtol=5e-3)
+
+
+def dense_shared_full_with_zero_keys(q, v):
+    """dense_shared_full, where a zero query's key is the zero vector (x / max(||x||, eps))."""
+    safe = q.clone()
+    zero = q.norm(dim=-1) == 0
+    safe[zero] = 1  # any nonzero row: its key is replaced by 0 below
+    keys = torch.where(zero[..., None], torch.zeros_like(q), q / safe.norm(dim=-1, keepdim=True))
+    logits = q @ keys.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    logits = logits.masked_fill(torch.eye(q.shape[2], dtype=torch.bool), float("-inf"))
+    return torch.softmax(logits, dim=-1) @ v
