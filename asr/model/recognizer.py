@@ -321,9 +321,10 @@ class SpeechRecognizer(L.LightningModule):
         self._restored_plateau = checkpoint.get("plateau")
         states = checkpoint.get("rng_states")
         if states:
-            torch.set_rng_state(states["torch"])
+            # RNG states must be CPU tensors; load_from_checkpoint(map_location="cuda") moves them
+            torch.set_rng_state(states["torch"].cpu())
             random.setstate(states["python"])
             name, keys, position, has_gauss, cached = states["numpy"]
-            np.random.set_state((name, keys.numpy(), position, has_gauss, cached))
+            np.random.set_state((name, keys.cpu().numpy(), position, has_gauss, cached))
             if "cuda" in states and torch.cuda.is_available() and len(states["cuda"]) == torch.cuda.device_count():
-                torch.cuda.set_rng_state_all(states["cuda"])
+                torch.cuda.set_rng_state_all([state.cpu() for state in states["cuda"]])
