@@ -126,7 +126,9 @@ def attention_settings(attention: Any) -> tuple[str, dict[str, int]]:
 
 
 # Mixed precision runs the model under torch.autocast with float32 weights; the attentions with
-# C++ kernels (clustered, iclustered, lsh) compute in float32 inside it. The "-true" precisions
+# compiled kernels (clustered, iclustered, lsh) take the half-precision q, k, v as they are: on
+# CUDA they compute in that dtype (accumulating in float32), on the CPU in float32 (see
+# attention_ext.contract.kernel_dtype). The "-true" precisions
 # (weights in half precision) are not offered: they are untested here and RAdam's state would be
 # half precision too.
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
