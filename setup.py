@@ -45,13 +45,14 @@ cxx_flags = ["-O0", "-g"] if debug else ["-O3", f"-march={arch}"]
 # is compiled with OpenMP (without -fopenmp its header falls back to a serial loop).
 # Linking with -fopenmp adds a dependency on libgomp.so.1, which the dynamic loader
 # resolves to the copy torch has already loaded: one OpenMP runtime per process.
-cxx_flags += ["-fopenmp"]  # no -std: torch adds the standard its headers need (C++20)
+cxx_flags += ["-fopenmp"]
 link_flags = ["-fopenmp"]
-# No -std here: torch adds the C++ standard its headers need. No -lineinfo (smaller
-# binaries); no -gencode (TORCH_CUDA_ARCH_LIST decides). --use_fast_math: the
-# kernels' float exp/log/division may differ from IEEE by a few ulp; statistics
-# that decide hash bits are computed in double, which fast math leaves alone.
-# tests/attention_ext/test_cuda_sources_compile.py reads this list (a literal, keep it one).
+# No -std in either list: torch adds the C++ standard its headers need (C++20 for torch 2.13;
+# they warn under C++17). nvcc: no -lineinfo (smaller binaries); no -gencode
+# (TORCH_CUDA_ARCH_LIST decides). --use_fast_math: the kernels' float exp/log/division may
+# differ from IEEE by a few ulp; statistics that decide hash bits are computed in double,
+# which fast math leaves alone. tests/attention_ext/test_cuda_sources_compile.py reads
+# NVCC_FLAGS (keep it a literal list).
 NVCC_FLAGS = ["-O3", "--use_fast_math"]
 
 if with_cuda:
