@@ -187,6 +187,13 @@ def validate_config(cfg: Any) -> None:
              trainer.precision, f"float16 mixed precision needs a GPU, and this run trains on the CPU "
              f"(trainer.accelerator={trainer.accelerator}); use trainer.precision=bf16-mixed (bfloat16 "
              "autocast, which CPUs support) or 32-true")
+    # torch.use_deterministic_algorithms refuses CTC's backward on CUDA: the first training step
+    # would stop with a RuntimeError from inside the loss
+    _require(not (trainer.deterministic and not trains_on_cpu(trainer)), "trainer.deterministic",
+             trainer.deterministic, f"PyTorch has no deterministic CTC loss backward on a GPU, and this run "
+             f"trains on one (trainer.accelerator={trainer.accelerator}); use trainer.deterministic=false "
+             "(the run is still seeded, but not bit-for-bit repeatable on a GPU) or train on the CPU "
+             "(trainer.accelerator=cpu)")
     _require(trainer.num_nodes >= 1, "trainer.num_nodes", trainer.num_nodes, "must be >= 1")
     _require(trainer.val_check_interval is None or trainer.val_check_interval >= 1, "trainer.val_check_interval",
              trainer.val_check_interval, "must be a number of training batches >= 1, or null (once per epoch)")

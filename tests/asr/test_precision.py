@@ -97,6 +97,14 @@ def test_16_mixed_on_the_cpu_is_refused_with_the_alternative():
             validate_config(compose_config("trainer.precision=16-mixed"))
 
 
+def test_deterministic_training_on_a_gpu_is_refused():
+    # torch's deterministic mode has no CTC backward on CUDA: refused before anything runs
+    with pytest.raises(ConfigError, match=r"trainer.deterministic=True is not allowed: PyTorch has no "
+                                          r"deterministic CTC loss backward on a GPU.*trainer.accelerator=gpu"):
+        validate_config(compose_config("trainer.deterministic=true", "trainer.accelerator=gpu"))
+    validate_config(compose_config("trainer.deterministic=true", "trainer.accelerator=cpu"))
+
+
 @pytest.mark.parametrize("override, message", [
     ("trainer.precision=bf16-true", r"trainer.precision='bf16-true' is not allowed: choose one of 32-true, "
                                     r"bf16-mixed, 16-mixed"),
