@@ -204,7 +204,8 @@ def test_targets_pass_fail_on_measured_ratios_only():
         # 400/200 = 2x < 3 at 4096; per element constant -> spread 1.0.
         + cells(lsh4, {2048: 100.0, 4096: 200.0, 8192: 400.0}))
     benchmark.add_ratios_to_full(measurements)
-    results = {result.text.split(" (target")[0]: result for result in evaluate_targets(measurements, 1, "cpu", torch.float32)}
+    results = {result.text.split(" (target")[0]: result
+               for result in evaluate_targets(measurements, 1, "cpu", torch.float32)}
     assert set(results) == {
         "clustered-100: speedup vs full at N=4096 >= 12x",
         "clustered-100: speedup vs full at N=8192 >= 20x",

@@ -211,7 +211,8 @@ def test_lsh_kernels_match_cpu(dtype, rounds, chunk_size):
     zero = (0, 0, 5)
     if dtype != torch.float16:
         size = want[0][zero].abs().max()
-        torch.testing.assert_close(got[0][zero].cpu().to(size.dtype) / size, want[0][zero] / size, **tolerance(dtype))
+        torch.testing.assert_close(got[0][zero].cpu().to(size.dtype) / size, want[0][zero] / size,
+                                   **tolerance(dtype))
     for i, (g, w) in enumerate(zip(got, want)):
         g, w = g.cpu().to(w.dtype), w.clone()
         if i == 0:

@@ -150,7 +150,8 @@ def test_sparse_products_gradcheck_and_values(device):
     assert torch.autograd.gradcheck(
         lambda w, x: ClusteredSparseWeightedSum.apply(w, x, topk, clusters), (weights, v))
     assert torch.autograd.gradcheck(lambda x: ClusterBroadcast.apply(x, clusters),
-                                    (torch.randn(2, 2, 3, 1, dtype=torch.float64, requires_grad=True, device=device),))
+                                    (torch.randn(2, 2, 3, 1, dtype=torch.float64, requires_grad=True,
+                                                 device=device),))
     dots = ClusteredSparseDot.apply(q, k, topk, clusters, 0.7).cpu()
     summed = ClusteredSparseWeightedSum.apply(weights, v, topk, clusters).cpu()
     q, k, v, weights, topk = (t.detach().cpu() for t in (q, k, v, weights, topk))
