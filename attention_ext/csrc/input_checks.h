@@ -1,5 +1,16 @@
 // Argument checks shared by the CPU (.cpp) and CUDA (.cu) implementations of an operator,
 // so both refuse the same inputs with the same message.
+//
+// Rule for every kernel, CPU and CUDA: nothing that can throw (TORCH_CHECK, throw, .item(),
+// tensor allocation) runs inside a parallel region (an at::parallel_for body, an OpenMP block,
+// any host-side parallel loop), nor in a helper such a body calls: an exception may not leave
+// an OpenMP block, and a TORCH_CHECK inside lsh.cpp's parallel order check is where a
+// torch 2.11 test run died with a segfault. Validate the inputs before the region; where the
+// check is part of the parallel work (lsh.cpp's index_chunks), each task records what it
+// found and the error is raised after the region, naming the argument, the index, the bad
+// value and what is expected. Device code sets a flag the host reads after the kernel
+// (lsh_cuda.cu). The one allowance: a worker's own scratch std::vector, whose only failure is
+// std::bad_alloc, which at::parallel_for catches on the worker and rethrows after the region.
 #pragma once
 
 #include <ATen/ATen.h>

@@ -33,6 +33,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <cstdint>
@@ -70,6 +71,8 @@ class TaskQueue {
 
 // Runs worker(queue) on up to tasks / grain of torch's intra-op threads (inline when that
 // is one); each worker sets up its scratch buffers once, then pops tasks until none is left.
+// A worker must not throw (see input_checks.h): it records a failure for the caller to
+// raise after the region.
 template <typename Worker>
 void run_tasks(int64_t tasks, int64_t grain, const Worker& worker) {
   TaskQueue queue(tasks);
@@ -150,8 +153,12 @@ struct LshProblem {
 
 // Checks that each round's first L entries are a permutation of 0..L-1 (a wrong
 // order would read out of bounds) and records every position's chunk per round.
+// No check throws inside the parallel region (see input_checks.h): a task that meets a bad
+// entry notes its slot and stops, and the error is raised after the region for the first
+// task (in task order) with one, so the message does not depend on the thread count.
 void index_chunks(const LshProblem& p, int32_t* chunk_of) {
   const int64_t tasks = p.batch * p.heads * p.rounds;
+  std::vector<int64_t> bad_slot(tasks, -1);  // per task: the first slot that breaks the permutation
   run_tasks(tasks, grain_for(8 * p.length), [&](TaskQueue& queue) {
     std::vector<char> seen(p.length);
     for (int64_t t; queue.pop(t);) {
@@ -162,14 +169,24 @@ void index_chunks(const LshProblem& p, int32_t* chunk_of) {
       std::fill(seen.begin(), seen.end(), 0);
       for (int64_t s = 0; s < valid; ++s) {
         const int64_t pos = order[s];
-        TORCH_CHECK(pos >= 0 && pos < valid && !seen[pos],
-                    "lsh attention: order[", b, ", :, ", r, ", :", valid,
-                    "] must be a permutation of the valid positions 0..", valid - 1);
+        if (pos < 0 || pos >= valid || seen[pos]) {
+          bad_slot[t] = s;
+          break;
+        }
         seen[pos] = 1;
         chunks[pos] = static_cast<int32_t>(s / p.chunk);
       }
     }
   });
+  const auto bad = std::find_if(bad_slot.begin(), bad_slot.end(), [](int64_t s) { return s >= 0; });
+  if (bad == bad_slot.end()) return;
+  const int64_t t = bad - bad_slot.begin(), s = *bad;
+  const int64_t bh = t / p.rounds, r = t % p.rounds, b = bh / p.heads, h = bh % p.heads;
+  const int64_t valid = p.valid(b), pos = p.round_order(bh, r)[s];
+  TORCH_CHECK(false, "lsh attention: order[", b, ", ", h, ", ", r, ", :", valid,
+              "] must be a permutation of the valid positions 0..", valid - 1, ", but order[", b,
+              ", ", h, ", ", r, ", ", s, "] = ", pos,
+              pos < 0 || pos >= valid ? " is outside that range" : " repeats an earlier entry");
 }
 
 // --- Small dense products on per-chunk buffers ------------------------------------------
