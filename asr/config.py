@@ -79,6 +79,9 @@ class TrainerConfig:
     # Debugging: every process writes the utterance ids of each batch it ran to
     # <run folder>/batches/rank<global rank>.jsonl (see asr.train.BatchRecorder).
     record_batches: bool = False
+    # Diagnosis: every N steps, per-layer gradient norms, query norms and attention entropy into
+    # <run folder>/diagnostics.csv (asr.model.diagnostics); None: off.
+    diagnostics_every_n_steps: Optional[int] = None
 
 
 @dataclass
@@ -194,6 +197,8 @@ def validate_config(cfg: Any) -> None:
              f"trains on one (trainer.accelerator={trainer.accelerator}); use trainer.deterministic=false "
              "(the run is still seeded, but not bit-for-bit repeatable on a GPU) or train on the CPU "
              "(trainer.accelerator=cpu)")
+    _require(trainer.diagnostics_every_n_steps is None or trainer.diagnostics_every_n_steps >= 1,
+             "trainer.diagnostics_every_n_steps", trainer.diagnostics_every_n_steps, "must be >= 1 or null (off)")
     _require(trainer.num_nodes >= 1, "trainer.num_nodes", trainer.num_nodes, "must be >= 1")
     _require(trainer.val_check_interval is None or trainer.val_check_interval >= 1, "trainer.val_check_interval",
              trainer.val_check_interval, "must be a number of training batches >= 1, or null (once per epoch)")

@@ -51,6 +51,7 @@ from omegaconf import DictConfig, OmegaConf
 from asr.config import ConfigError, attention_settings, register_schema, validate_config
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError, preparation_hint
+from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
 from attention_ext import AttentionConfigError
 
@@ -232,6 +233,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
     callbacks: list[Callback] = [best, latest, timer]
     if t.record_batches:
         callbacks.append(BatchRecorder(run_dir / "batches"))
+    if t.diagnostics_every_n_steps:
+        callbacks.append(TrainingDiagnostics(t.diagnostics_every_n_steps, run_dir / "diagnostics.csv"))
     if t.early_stopping_patience:
         callbacks.append(EarlyStopping(monitor="val/primary_error", mode="min",
                                        patience=t.early_stopping_patience))

@@ -115,10 +115,14 @@ class EncoderLayer(nn.Module):
         batch, length, width = x.shape
         return x.view(batch, length, self.heads, width // self.heads).transpose(1, 2)
 
+    def queries_and_keys(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, H, N, E) queries and keys of the normalised input h; the same object when shared."""
+        q = self._split_heads(self.query(h))
+        return q, (q if self.shared_qk else self._split_heads(self.key(h)))
+
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
         h = self.attention_norm(x)
-        q = self._split_heads(self.query(h))
-        k = q if self.shared_qk else self._split_heads(self.key(h))   # the same object when shared
+        q, k = self.queries_and_keys(h)
         v = self._split_heads(self.value(h))
         attended = self.attention(q, k, v, lengths)                    # (B, H, N, E)
         batch, heads, length, dim = attended.shape
