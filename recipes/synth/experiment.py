@@ -1,35 +1,80 @@
 """The train-with x evaluate-with experiment of the paper's sec. 4.1 (Table 1) on the built-in corpus.
 
-    python -m recipes.synth.experiment                      # all six presets, then the matrix
-    python -m recipes.synth.experiment --minutes 5          # shorter training per preset
+    python -m recipes.synth.experiment                        # the paper's regime (~780 positions)
+    python -m recipes.synth.experiment --setting short        # the synth presets as they are (~390)
+    python -m recipes.synth.experiment --steps 600            # another training budget per preset
     python -m recipes.synth.experiment --presets synth_full synth_iclustered
 
 Trains the six synth presets one after the other (full, shared_full, lsh1, lsh4, clustered,
-iclustered), each for --minutes of wall-clock time, into <out>/<preset>/, then evaluates every
-preset's best checkpoint with every evaluate-with spec (`asr.cross_matrix`) into <out>/matrix/.
+iclustered), each for the same number of optimiser steps (--steps: a step budget, so a shared or
+busy machine does not decide which model learns), into <out>/<preset>/, then evaluates every
+preset's best checkpoint with every evaluate-with spec (`asr.cross_matrix`) into <out>/matrix/,
+checks the paper's findings on it, and writes <out>/results.json and <out>/training_curves.png.
+
+Two settings (--setting):
+  paper  the paper's sequence length: no subsampling (model.subsampling=1, the paper's linear
+         front end), so the ~7.8 s utterances give ~780 encoder positions (the paper's WSJ average);
+         clustered and i-clustered train with 100 clusters; the matrix rows use 100 and 200
+         clusters as in Table 1. The model is shrunk (see SETTINGS) so that the whole experiment
+         fits in about two hours on a 2-core CPU.
+  short  the synth presets unchanged: subsampling 2, ~390 positions, 64 clusters in training,
+         rows with 32 and 64 clusters (the cluster counts scaled with the length).
 
 Run it again after an interruption and it picks up where it stopped: a preset whose run has
 results.json is done and skipped, one with checkpoints/last.ckpt is resumed, and the matrix
 reuses the cells it has already computed.
-
-The default evaluate-with specs are the paper's rows with the cluster counts scaled to this
-corpus: its utterances give ~390 encoder positions (the paper's WSJ ~780), so the presets train
-with 64 clusters and the matrix asks for 32 and 64 where the paper has 100 and 200.
 """
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import subprocess
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 PRESETS = ("synth_full", "synth_shared_full", "synth_lsh1", "synth_lsh4", "synth_clustered",
            "synth_iclustered")
-SMALL, LARGE = 32, 64        # the two cluster counts of the matrix (the paper's 100 and 200)
-SPECS = ("full", "shared-full", "lsh-1", "lsh-4", f"clustered-{SMALL}", f"clustered-{LARGE}",
-         f"i-clustered-{SMALL}", f"i-clustered-{LARGE}", "oracle-top")
+CLUSTERED_PRESETS = ("synth_clustered", "synth_iclustered")
+
+
+@dataclass(frozen=True)
+class Setting:
+    """What one setting changes: asr.train overrides for every preset, the cluster count the
+    clustered presets train with, and the matrix's two cluster counts (Table 1's 100 and 200)."""
+    description: str
+    overrides: tuple[str, ...]
+    train_clusters: int
+    small: int
+    large: int
+    steps: int
+
+    @property
+    def specs(self) -> tuple[str, ...]:
+        return ("full", "shared-full", "lsh-1", "lsh-4", f"clustered-{self.small}", f"clustered-{self.large}",
+                f"i-clustered-{self.small}", f"i-clustered-{self.large}", "oracle-top")
+
+    def preset_overrides(self, preset: str) -> list[str]:
+        clusters = [f"attention.clusters={self.train_clusters}"] if preset in CLUSTERED_PRESETS else []
+        return [*self.overrides, *clusters]
+
+
+SETTINGS = {
+    # ~780 encoder positions: no subsampling (the paper's linear front end). 4 layers of 4 heads x 32
+    # instead of 6: the 2 cores pay twice the positions and four times the attention per layer.
+    "paper": Setting("the paper's length: ~780 encoder positions, 100/200 clusters",
+                     ("model.subsampling=1", "model.layers=4", "trainer.val_check_interval=200",
+                      "trainer.diagnostics_every_n_steps=50"),
+                     train_clusters=100, small=100, large=200, steps=1500),
+    "short": Setting("the synth presets: ~390 encoder positions, 32/64 clusters",
+                     ("trainer.val_check_interval=200", "trainer.diagnostics_every_n_steps=50"),
+                     train_clusters=64, small=32, large=64, steps=1600),
+}
+DEFAULT_SETTING = "paper"
+SPECS = SETTINGS["short"].specs      # the rows of the short setting (the tests' hand-made matrix)
+SMALL, LARGE = SETTINGS["short"].small, SETTINGS["short"].large
 
 
 # ---- the paper's findings of sec. 4.1, checked on a matrix ------------------------------------------
@@ -67,6 +112,12 @@ def paper_findings(matrix: dict, small: int = SMALL, large: int = LARGE) -> list
         mark = {True: "yes", False: "NO", None: "missing"}[ok]
         return f"{a[1]} model: {a[0]} {_pct(pa)} < {b[0]} {_pct(pb)}: {mark}", ok
 
+    def close(a: tuple[str, str], b: tuple[str, str]) -> tuple[str, bool | None]:
+        pa, pb = _per(matrix, *a), _per(matrix, *b)
+        ok = None if pa is None or pb is None else abs(pa - pb) <= CLOSE
+        mark = {True: "yes", False: "NO", None: "missing"}[ok]
+        return f"{a[1]} model: {a[0]} {_pct(pa)} within {100 * CLOSE:.0f} of {b[0]} {_pct(pb)}: {mark}", ok
+
     approximated = [c for c in ("full", "shared_full") if c in columns]
     finding("i-clustered approximates full and shared-full better than clustered",
             [less((f"i-clustered-{n}", c), (f"clustered-{n}", c)) for c in approximated for n in (small, large)])
@@ -83,7 +134,22 @@ def paper_findings(matrix: dict, small: int = SMALL, large: int = LARGE) -> list
             lsh_checks)
     finding("oracle-top (each query's 32 best keys) is worse than i-clustered",
             [less((f"i-clustered-{large}", c), ("oracle-top", c)) for c in columns])
+    finding(f"a model trained with clustered or i-clustered attention stays close when evaluated with full "
+            f"(within {100 * CLOSE:.0f} PER point of its own attention)",
+            [close(("full", c), (_training_row(matrix, c), c)) for c in ("clustered", "iclustered")
+             if c in columns])
     return findings
+
+
+CLOSE = 0.01   # "stays close": the paper's 5.56 vs 5.95 and 7.10 vs 7.06 differ by < 0.4 points
+
+
+def _training_row(matrix: dict, column: str) -> str:
+    """The evaluate-with row that equals the column's training attention (its diagonal cell)."""
+    for line in matrix["rows"]:
+        if line["cells"].get(column, {}).get("same_as_training"):
+            return line["evaluate_with"]
+    return "(none)"
 
 
 def format_findings(findings: list[dict]) -> str:
@@ -96,14 +162,20 @@ def format_findings(findings: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def train_preset(preset: str, run_dir: Path, minutes: float, overrides: list[str]) -> None:
+def train_preset(preset: str, run_dir: Path, budget: list[str], overrides: list[str]) -> None:
     """Trains (or resumes) one preset in run_dir with `python -m asr.train`."""
-    command = [sys.executable, "-m", "asr.train", f"conf={preset}", f"run_dir={run_dir}",
-               f"trainer.max_minutes={minutes}", *overrides]
+    command = [sys.executable, "-m", "asr.train", f"conf={preset}", f"run_dir={run_dir}", *budget, *overrides]
     if (run_dir / "checkpoints" / "last.ckpt").is_file():
         command.append(f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}")
     print(f"[experiment] {' '.join(command[1:])}", flush=True)
     subprocess.run(command, check=True)
+
+
+def training_budget(steps: int | None, minutes: float | None) -> list[str]:
+    """asr.train overrides of the budget: steps (the default, what comparisons need) or minutes."""
+    if minutes is not None:
+        return [f"trainer.max_minutes={minutes}", "trainer.max_steps=-1"]
+    return ["trainer.max_minutes=null", f"trainer.max_steps={steps}", "trainer.max_epochs=-1"]
 
 
 def best_checkpoint(run_dir: Path) -> Path:
@@ -114,17 +186,75 @@ def best_checkpoint(run_dir: Path) -> Path:
     return path
 
 
+# ---- what the experiment keeps: results.json and the training curves ----------------------------------
+def validation_curve(run_dir: Path) -> list[tuple[int, float]]:
+    """(step, validation PER) of every validation of a run, over all its starts (logs/version_N)."""
+    points = {}
+    for metrics in sorted(run_dir.glob("logs/version_*/metrics.csv")):
+        with open(metrics, newline="") as handle:
+            for row in csv.DictReader(handle):
+                if row.get("val/per"):
+                    points[int(row["step"]) + 1] = float(row["val/per"])
+    return sorted(points.items())
+
+
+def experiment_results(out: Path, presets: list[str], matrix: dict, setting: str) -> dict:
+    """results.json: per preset its steps and test rates, and every matrix cell."""
+    results = {"setting": setting, "presets": {}, "matrix": []}
+    for preset in presets:
+        run = json.loads((out / preset / "results.json").read_text())
+        test = run.get("test", {})
+        results["presets"][preset.removeprefix("synth_")] = {
+            "steps": run.get("steps"), "epochs": run.get("epochs"), "test_per": test.get("per"),
+            "test_wer": test.get("wer"), "encoder_length": test.get("encoder_length"),
+            "train_seconds": sum(epoch["train_seconds"] for epoch in run.get("epoch_times", []))}
+    for row in matrix["rows"]:
+        for column, cell in row["cells"].items():
+            if cell["valid"]:
+                results["matrix"].append({"train": column, "evaluate": row["evaluate_with"], "per": cell["per"],
+                                          "wer": cell["wer"],
+                                          "forward_ms_per_utterance": cell["forward_ms_per_utterance"]})
+    return results
+
+
+def plot_training_curves(out: Path, presets: list[str], path: Path) -> None:
+    """Validation PER against training steps, one line per preset (did every model learn?)."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    figure, axis = plt.subplots(figsize=(7, 4.5))
+    for preset in presets:
+        curve = validation_curve(out / preset)
+        if curve:
+            axis.plot([step for step, _ in curve], [100 * per for _, per in curve], marker="o", markersize=3,
+                      label=preset.removeprefix("synth_"))
+    axis.set_xlabel("training step")
+    axis.set_ylabel("validation PER (%)")
+    axis.set_ylim(0, 105)
+    axis.grid(alpha=0.3)
+    axis.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m recipes.synth.experiment", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", type=Path, default=Path("runs/synth_experiment"),
-                        help="folder of the runs and the matrix (default: runs/synth_experiment)")
+    parser.add_argument("--setting", choices=sorted(SETTINGS), default=DEFAULT_SETTING,
+                        help=f"sequence length and cluster counts (default: {DEFAULT_SETTING})")
+    parser.add_argument("--out", type=Path, default=None,
+                        help="folder of the runs and the matrix (default: runs/synth_experiment_<setting>)")
     parser.add_argument("--presets", nargs="+", default=list(PRESETS), metavar="PRESET",
                         help="train-with presets, the matrix's columns (default: the six synth ones)")
-    parser.add_argument("--specs", nargs="+", default=list(SPECS), metavar="SPEC",
-                        help=f"evaluate-with attention specs, the rows (default: {' '.join(SPECS)})")
-    parser.add_argument("--minutes", type=float, default=12.0,
-                        help="wall-clock training budget per preset (default: 12)")
+    parser.add_argument("--specs", nargs="+", default=None, metavar="SPEC",
+                        help="evaluate-with attention specs, the rows (default: the setting's Table 1 rows)")
+    parser.add_argument("--steps", type=int, default=None,
+                        help="training steps per preset (default: the setting's, "
+                             + ", ".join(f"{name} {s.steps}" for name, s in SETTINGS.items()) + ")")
+    parser.add_argument("--minutes", type=float, default=None,
+                        help="a wall-clock budget per preset instead of --steps (not for comparisons: "
+                             "a busy machine then decides how far each model gets)")
     parser.add_argument("--split", default="test", help="split the matrix is scored on (default: test)")
     parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra asr.train override for every preset (repeatable)")
@@ -133,26 +263,33 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    setting = SETTINGS[args.setting]
+    out = args.out or Path(f"runs/synth_experiment_{args.setting}")
+    specs = args.specs or list(setting.specs)
+    budget = training_budget(args.steps or setting.steps, args.minutes)
     started = time.perf_counter()
     checkpoints = []
     for preset in args.presets:
-        run_dir = args.out / preset
+        run_dir = out / preset
         if (run_dir / "results.json").is_file():
             print(f"[experiment] {preset}: trained already ({run_dir / 'results.json'})", flush=True)
         else:
-            train_preset(preset, run_dir, args.minutes, args.train_override)
+            train_preset(preset, run_dir, budget, [*setting.preset_overrides(preset), *args.train_override])
         checkpoints.append(f"{preset.removeprefix('synth_')}={best_checkpoint(run_dir)}")
     from asr import cross_matrix
-    code = cross_matrix.main([*checkpoints, "--specs", *args.specs, "--split", args.split,
-                              "--out", str(args.out / "matrix")])
+    code = cross_matrix.main([*checkpoints, "--specs", *specs, "--split", args.split,
+                              "--out", str(out / "matrix")])
     if code != 0:
         return code
-    matrix = json.loads((args.out / "matrix" / "matrix.json").read_text())
-    findings = format_findings(paper_findings(matrix))
-    (args.out / "matrix" / "findings.md").write_text(findings)
+    matrix = json.loads((out / "matrix" / "matrix.json").read_text())
+    findings = format_findings(paper_findings(matrix, setting.small, setting.large))
+    (out / "matrix" / "findings.md").write_text(findings)
+    (out / "results.json").write_text(json.dumps(experiment_results(out, args.presets, matrix, args.setting),
+                                                 indent=2) + "\n")
+    plot_training_curves(out, args.presets, out / "training_curves.png")
     print(f"\nthe paper's sec. 4.1 findings on this matrix:\n{findings}")
-    print(f"[experiment] done in {(time.perf_counter() - started) / 60:.1f} min; "
-          f"matrix and findings.md in {args.out / 'matrix'}", flush=True)
+    print(f"[experiment] done in {(time.perf_counter() - started) / 60:.1f} min; results.json, "
+          f"training_curves.png in {out}, the matrix and findings.md in {out / 'matrix'}", flush=True)
     return 0
 
 

@@ -1,9 +1,19 @@
-"""recipes.synth.experiment's check of the paper's findings, on a hand-made matrix with a known verdict."""
-from recipes.synth.experiment import SPECS, format_findings, paper_findings
+"""recipes.synth.experiment: the check of the paper's findings on a hand-made matrix with a known verdict,
+the step budget, the paper-length setting's config, and what the experiment keeps (results.json, curves)."""
+import json
+import math
+
+import pytest
+
+from recipes.synth.experiment import (PRESETS, SETTINGS, SPECS, experiment_results, format_findings,
+                                      paper_findings, plot_training_curves, training_budget, validation_curve)
+from test_presets_on_fixtures import compose_config   # composes conf/ as asr.train does
 
 COLUMNS = ["full", "shared_full", "lsh1", "lsh4", "clustered", "iclustered"]
 NEEDS_SHARED_QK = {"shared-full", "lsh-1", "lsh-4"}
 SHARED_QK_MODELS = {"shared_full", "lsh1", "lsh4"}
+DIAGONAL = {("full", "full"), ("shared-full", "shared_full"), ("lsh-1", "lsh1"), ("lsh-4", "lsh4"),
+            ("clustered-64", "clustered"), ("i-clustered-64", "iclustered")}
 
 
 def matrix(per):
@@ -14,21 +24,26 @@ def matrix(per):
         for column in COLUMNS:
             valid = spec not in NEEDS_SHARED_QK or column in SHARED_QK_MODELS
             cells[column] = {"valid": valid, "per": per(spec, column) if valid else None}
+            cells[column]["same_as_training"] = (spec, column) in DIAGONAL
         rows.append({"evaluate_with": spec, "cells": cells})
     return {"columns": [{"label": column} for column in COLUMNS], "rows": rows}
 
 
 def paper_like(spec, column):
-    """Table 1's pattern: i-clustered < clustered, 64 < 32, lsh bad on shared_full, oracle-top worse."""
+    """Table 1's pattern: i-clustered < clustered, 64 < 32, lsh bad on shared_full, oracle-top worse,
+    and the clustered / i-clustered models about as good under full as under their own attention."""
     base = {"full": 0.10, "shared-full": 0.10, "lsh-1": 0.70, "lsh-4": 0.60, "clustered-32": 0.45,
             "clustered-64": 0.25, "i-clustered-32": 0.15, "i-clustered-64": 0.12, "oracle-top": 0.30}
+    own = {"clustered": "clustered-64", "iclustered": "i-clustered-64"}
+    if spec == "full" and column in own:
+        return base[own[column]] + 0.004
     return base[spec]
 
 
 def test_every_finding_holds_on_a_matrix_shaped_like_table_1():
     findings = paper_findings(matrix(paper_like))
-    assert [item["holds"] for item in findings] == [True, True, True, True]
-    assert [item["compared"] for item in findings] == [4, 12, 4, 6]
+    assert [item["holds"] for item in findings] == [True, True, True, True, True]
+    assert [item["compared"] for item in findings] == [4, 12, 4, 6, 2]
     text = format_findings(findings)
     assert "full model: i-clustered-32 15.00 < clustered-32 45.00: yes" in text
 
@@ -44,3 +59,75 @@ def test_a_broken_comparison_is_reported_with_its_numbers():
     assert not oracle["holds"] and (oracle["held"], oracle["compared"]) == (5, 6)
     assert "full model: i-clustered-64 12.00 < oracle-top 5.00: NO" in oracle["evidence"]
     assert all(item["holds"] for item in findings[:3])
+
+
+def test_a_model_far_from_its_own_attention_under_full_breaks_the_closeness_finding():
+    def iclustered_falls_apart_under_full(spec, column):
+        if (spec, column) == ("full", "iclustered"):
+            return 0.30
+        return paper_like(spec, column)
+
+    closeness = paper_findings(matrix(iclustered_falls_apart_under_full))[4]
+    assert not closeness["holds"] and (closeness["held"], closeness["compared"]) == (1, 2)
+    assert "iclustered model: full 30.00 within 1 of i-clustered-64 12.00: NO" in closeness["evidence"]
+
+
+# ---- budgets and settings ------------------------------------------------------------------------
+def test_the_budget_is_steps_unless_minutes_are_asked_for():
+    assert training_budget(800, None) == ["trainer.max_minutes=null", "trainer.max_steps=800",
+                                          "trainer.max_epochs=-1"]
+    assert training_budget(800, 5.0) == ["trainer.max_minutes=5.0", "trainer.max_steps=-1"]
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_the_paper_setting_gives_about_780_positions_and_100_clusters(preset):
+    """recipes/synth utterances last ~7.8 s (780 frames of 10 ms): no subsampling keeps all of them."""
+    setting = SETTINGS["paper"]
+    cfg = compose_config(f"conf={preset}", *setting.preset_overrides(preset),
+                         *training_budget(setting.steps, None))
+    assert 780 / cfg.model.subsampling == 780
+    assert cfg.trainer.max_minutes is None and cfg.trainer.max_steps == setting.steps
+    if cfg.attention.name in ("clustered", "iclustered"):
+        assert cfg.attention.clusters == 100
+    assert setting.specs == ("full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "clustered-200",
+                             "i-clustered-100", "i-clustered-200", "oracle-top")
+
+
+# ---- what the experiment keeps -------------------------------------------------------------------
+def fake_run(folder, steps, per, curve):
+    """A finished asr.train run folder: results.json and two starts' metrics.csv (a resumed run)."""
+    (folder / "logs" / "version_0").mkdir(parents=True)
+    (folder / "logs" / "version_1").mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({
+        "steps": steps, "epochs": 2, "test": {"per": per, "wer": 2 * per, "encoder_length": 780},
+        "epoch_times": [{"train_seconds": 10.0}, {"train_seconds": 12.5}]}))
+    header = "epoch,step,train/loss,val/per\n"
+    half = len(curve) // 2
+    for version, points in (("version_0", curve[:half]), ("version_1", curve[half:])):
+        lines = [f"0,{step - 1},,{value}" for step, value in points] + ["0,5,3.0,"]
+        (folder / "logs" / version / "metrics.csv").write_text(header + "\n".join(lines) + "\n")
+
+
+def test_results_json_holds_steps_rates_and_every_valid_cell(tmp_path):
+    fake_run(tmp_path / "synth_full", 1600, 0.05, [(200, 0.9), (400, 0.3), (600, 0.1), (800, 0.05)])
+    fake_run(tmp_path / "synth_lsh1", 1600, 0.12, [(200, 1.0), (400, 0.8)])
+    columns = ["full", "lsh1"]
+    table = {"columns": [{"label": c} for c in columns], "rows": [
+        {"evaluate_with": "full", "cells": {
+            "full": {"valid": True, "per": 0.05, "wer": 0.2, "forward_ms_per_utterance": 20.0},
+            "lsh1": {"valid": True, "per": 0.5, "wer": 0.9, "forward_ms_per_utterance": 21.0}}},
+        {"evaluate_with": "lsh-1", "cells": {
+            "full": {"valid": False, "per": None, "wer": None, "forward_ms_per_utterance": None},
+            "lsh1": {"valid": True, "per": 0.12, "wer": 0.4, "forward_ms_per_utterance": 9.0}}}]}
+    results = experiment_results(tmp_path, ["synth_full", "synth_lsh1"], table, "paper")
+    assert results["presets"]["full"] == {"steps": 1600, "epochs": 2, "test_per": 0.05, "test_wer": 0.1,
+                                          "encoder_length": 780, "train_seconds": 22.5}
+    assert results["matrix"] == [
+        {"train": "full", "evaluate": "full", "per": 0.05, "wer": 0.2, "forward_ms_per_utterance": 20.0},
+        {"train": "lsh1", "evaluate": "full", "per": 0.5, "wer": 0.9, "forward_ms_per_utterance": 21.0},
+        {"train": "lsh1", "evaluate": "lsh-1", "per": 0.12, "wer": 0.4, "forward_ms_per_utterance": 9.0}]
+    # the curve joins both starts of a resumed run, at the step the validation ran after
+    assert validation_curve(tmp_path / "synth_full") == [(200, 0.9), (400, 0.3), (600, 0.1), (800, 0.05)]
+    plot_training_curves(tmp_path, ["synth_full", "synth_lsh1"], tmp_path / "curves.png")
+    assert (tmp_path / "curves.png").stat().st_size > 1000
+    assert all(math.isfinite(value) for _, value in validation_curve(tmp_path / "synth_lsh1"))
