@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import sys
+import tempfile
 import time
 import warnings
 from contextlib import contextmanager
@@ -44,6 +45,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from omegaconf import DictConfig, OmegaConf
@@ -217,6 +219,32 @@ class EpochTimer(Callback):
                             "seconds": end - self._start})
 
 
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes each checkpoint to a temporary file in its folder, fsyncs it, and renames it over the
+    old one, so `last.ckpt` and `best.ckpt` are always either the old or the new file, whole: a run
+    killed (kill -9, out of memory, a lost machine) during a write leaves at most a stray
+    `.<name>.*.tmp`, never a truncated checkpoint that a resume would then trust."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(descriptor, "wb") as handle:
+                torch.save(checkpoint, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        folder = os.open(path.parent, os.O_RDONLY)   # the rename itself survives a power loss
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)
+
+
 def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
                   ) -> tuple[L.Trainer, ModelCheckpoint, ModelCheckpoint]:
     """The Trainer, and its checkpoints of the best (lowest primary error) and of the latest epoch."""
@@ -254,6 +282,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
         check_val_every_n_epoch=t.check_val_every_n_epoch, num_sanity_val_steps=t.num_sanity_val_steps,
         enable_progress_bar=t.enable_progress_bar, deterministic=t.deterministic,
         use_distributed_sampler=False,   # the data module's lhotse samplers shard by rank themselves
+        plugins=[AtomicCheckpointIO()],
         **limits)
     return trainer, best, latest
 
