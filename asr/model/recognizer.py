@@ -32,6 +32,15 @@ from asr.model.encoder import TransformerEncoder
 
 # The batch field holding each tokenizer field's reference strings (see asr.data's Batch).
 REFERENCE_FIELD = {"phones": "phones", "text": "texts"}
+# The seed of the attention's randomness during validation and test (asr.evaluate's default `seed`).
+EVALUATION_SEED = 0
+
+
+def seed_evaluation_batch(seed: int, batch_index: int) -> None:
+    """Seeds torch's generator for evaluation batch `batch_index`: the attention's random draws
+    (hash planes, K-Means starts, LSH rotations) then depend on the seed and the batch alone, not
+    on what else drew from the generator before (a DataLoader iterator draws once when created)."""
+    torch.manual_seed((seed * 1_000_003 + batch_index) % 2**63)
 ENCODER_ARGUMENTS = ("layers", "heads", "head_dim", "ff_dim", "dropout", "subsampling",
                      "subsampling_channels", "shared_qk")
 
@@ -181,10 +190,11 @@ class SpeechRecognizer(L.LightningModule):
         self.log("train/lr", self.optimizers().param_groups[0]["lr"] * self._warmup_factor(),
                  batch_size=len(batch["ids"]))
 
-    def _evaluation_step(self, batch: dict, stage: str) -> None:
+    def _evaluation_step(self, batch: dict, batch_index: int, stage: str) -> None:
         """Adds the batch to the stage's tally; the losses and error rates are logged at the end of
         the stage from the tallies of all processes (_evaluation_epoch_end), so they are exact sums
         over the utterances, whatever the batches and however many processes."""
+        seed_evaluation_batch(EVALUATION_SEED, batch_index)
         total, losses, log_probs, lengths = self._losses(batch)
         if batch.get("padding"):
             return   # a DDP rank's stand-in batch: run (above) to stay in step with the others, not counted
@@ -201,10 +211,10 @@ class SpeechRecognizer(L.LightningModule):
             tally.head_loss_sums[kind] = tally.head_loss_sums.get(kind, 0.0) + float(loss) * size
 
     def validation_step(self, batch: dict, batch_index: int) -> None:
-        self._evaluation_step(batch, "val")
+        self._evaluation_step(batch, batch_index, "val")
 
     def test_step(self, batch: dict, batch_index: int) -> None:
-        self._evaluation_step(batch, "test")
+        self._evaluation_step(batch, batch_index, "test")
 
     def _gathered(self, stage: str) -> EvaluationTally:
         """This stage's tally, merged over all processes when training runs on several devices."""
@@ -244,16 +254,32 @@ class SpeechRecognizer(L.LightningModule):
         if stage == "val":
             self._step_plateau(tally.loss_sum / tally.utterances)
 
+    # Validation and test batches draw the attention's randomness from torch's generator seeded by
+    # (EVALUATION_SEED, batch index), as asr.evaluate does with its default seed, so the test rates
+    # asr.train prints equal what asr.evaluate gives for the same checkpoint whatever the attention;
+    # the training stream is put back afterwards, so evaluating does not change what training draws.
+    def _save_training_rng(self) -> None:
+        self._training_rng_state = torch.get_rng_state()
+
+    def _restore_training_rng(self) -> None:
+        if getattr(self, "_training_rng_state", None) is not None:
+            torch.set_rng_state(self._training_rng_state)
+            self._training_rng_state = None
+
     def on_validation_epoch_start(self) -> None:
         self._tallies.pop("val", None)
+        self._save_training_rng()
 
     def on_test_epoch_start(self) -> None:
         self._tallies.pop("test", None)
+        self._save_training_rng()
 
     def on_validation_epoch_end(self) -> None:
+        self._restore_training_rng()
         self._evaluation_epoch_end("val")
 
     def on_test_epoch_end(self) -> None:
+        self._restore_training_rng()
         self._evaluation_epoch_end("test")
 
     # ---- optimisation ------------------------------------------------------------------------

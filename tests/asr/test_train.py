@@ -13,6 +13,7 @@ import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from asr.config import ConfigError, validate_config
+from asr.evaluate import EvaluateConfig, evaluate
 from asr.model.recognizer import CheckpointMismatchError
 from asr.train import train
 from attention_ext import AttentionConfigError
@@ -51,6 +52,12 @@ def test_every_preset_trains_validates_and_tests(preset, tiny_synth, tmp_path):
     assert checkpoint["hyper_parameters"]["attention"]["name"] == cfg.attention.name
     assert checkpoint["hyper_parameters"]["model"]["shared_qk"] == (preset in
                                                                    ("synth_shared_full", "synth_lsh1", "synth_lsh4"))
+    # the test rates asr.train reports are what asr.evaluate gives for its best checkpoint (same seed
+    # of the attention's randomness, whatever the attention)
+    report = evaluate(EvaluateConfig(checkpoint=str(run / "checkpoints" / "best.ckpt"), out=str(tmp_path / "eval"),
+                                     progress=False))
+    assert {m: report["error_rates"][m] for m in ("per", "wer", "cer")} == {m: saved["test"][m]
+                                                                          for m in ("per", "wer", "cer")}
 
 
 def test_presets_cover_the_attention_types():
