@@ -7,9 +7,9 @@
 The package knows nothing about speech. See README.md for the list of attention
 types and their options.
 """
-from .registry import (AttentionConfigError, Option, available_attentions, build_attention,
-                       describe_attentions, parse_attention_spec, register_attention,
-                       resolve_options)
+from .registry import (AttentionConfigError, Option, SharedQKRequiredError, ValidatedAttention,
+                       available_attentions, build_attention, describe_attentions,
+                       parse_attention_spec, register_attention, validate_attention)
 
 # Importing the modules registers their attention types.
 from .full import FullAttention  # noqa: E402
@@ -20,8 +20,9 @@ from .clustered import ClusteredAttention  # noqa: E402
 from .iclustered import ImprovedClusteredAttention  # noqa: E402
 
 __all__ = [
-    "AttentionConfigError", "Option", "available_attentions", "build_attention",
-    "describe_attentions", "parse_attention_spec", "register_attention", "resolve_options",
+    "AttentionConfigError", "Option", "SharedQKRequiredError", "ValidatedAttention",
+    "available_attentions", "build_attention", "describe_attentions", "parse_attention_spec",
+    "register_attention", "validate_attention",
     "FullAttention", "SharedFullAttention", "LSHAttention", "OracleTopAttention",
     "ClusteredAttention", "ImprovedClusteredAttention",
 ]

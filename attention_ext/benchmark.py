@@ -7,8 +7,8 @@ Like supplementary C.1 / Fig. 4 of "Fast Transformers with Clustered Attention":
 random queries, keys and values of shape (batch, heads, N, dim), one
 forward+backward through each attention, reported per sequence element
 (divided by batch * N). Every attention in the registry can be benchmarked by
-its spec (`parse_attention_spec`); lsh and shared_full get k = q (the same
-tensor), because they are defined for shared query/key projections.
+its spec (`parse_attention_spec`); an attention registered with needs_shared_qk
+(lsh, shared_full) gets k = q (the same tensor).
 
 All cells (every N, every attention) are measured in the same run, interleaved
 repeat by repeat: each repeat is one round over all of them. So the speedup
@@ -42,7 +42,7 @@ from typing import Callable
 
 import torch
 
-from .registry import AttentionConfigError, accepted_spec_forms, build_attention, parse_attention_spec
+from .registry import AttentionConfigError, accepted_spec_forms, available_attentions, parse_attention_spec
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096, 8192)
 # On a GPU the lengths where the linear attentions are meant to overtake SDPA (clustered
@@ -52,9 +52,6 @@ DEFAULT_CUDA_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 # same with k = 32; Reformer with 1 and 4 hashing rounds (those are the registry's
 # defaults, so the short specs suffice; the run header prints the full options).
 DEFAULT_ATTENTIONS = ("full", "clustered-100", "i-clustered-100", "lsh-1", "lsh-4")
-# Attentions defined for shared query/key projections (they refuse a separate k):
-# the benchmark calls them with k = q. A new such attention adds its name here.
-SHARED_QK_ATTENTIONS = frozenset({"lsh", "shared_full"})
 
 CSV_COLUMNS = (
     "length", "attention", "name", "options", "status", "batch", "heads", "dim", "dtype",
@@ -177,7 +174,7 @@ class BenchmarkCase:
     name: str
     options: dict[str, int]
     module: torch.nn.Module
-    shared_qk: bool
+    shared_qk: bool                 # called with k = q (registered with needs_shared_qk)
     max_length: int | None = None
 
     @property
@@ -243,9 +240,9 @@ def build_cases(config: BenchmarkConfig) -> list[BenchmarkCase]:
         if label in seen:
             raise AttentionConfigError(f"attention {label!r} is listed twice in --attentions")
         seen.add(label)
-        name, options = parse_attention_spec(label)
-        module = build_attention(name, **options).to(config.device)
-        cases.append(BenchmarkCase(label, name, options, module, name in SHARED_QK_ATTENTIONS))
+        attention = parse_attention_spec(label)
+        cases.append(BenchmarkCase(label, attention.name, attention.options,
+                                   attention.build().to(config.device), attention.needs_shared_qk))
     by_label = {case.label: case for case in cases}
     for key, limit in config.max_lengths.items():
         matched = [case for case in cases if key in (case.label, case.name)]
@@ -793,13 +790,14 @@ def build_parser() -> argparse.ArgumentParser:
         + ["  on cuda in bfloat16:"]
         + [f"    {target.title}: faster than full at N={target.length} and every longer N measured"
            for target in OVERTAKING_TARGETS])
+    shared_qk = sorted(name for name, entry in available_attentions().items() if entry.needs_shared_qk)
     columns = textwrap.fill(", ".join(CSV_COLUMNS), width=78, initial_indent="  ",
                             subsequent_indent="  ")
     epilog = f"""\
 attention specs (parse_attention_spec):
 {accepted_spec_forms()}
   e.g. full, clustered-100, i-clustered-100, lsh-4, lsh-4:chunk_size=64, oracle-top-32
-  lsh and shared_full are called with k = q (the same tensor).
+  {" and ".join(shared_qk)} {"is" if len(shared_qk) == 1 else "are"} called with k = q (the same tensor).
 
 what is measured (every N and attention interleaved repeat by repeat):
   time    wall-clock of out = attn(q, k, v); out.backward(grad) with q, k, v

@@ -101,7 +101,8 @@ def test_registry(monkeypatch):
     register_attention("scratch_test")(ScratchAttention)
     register_attention("oom_test")(RunsOutOfMemory)
     register_attention("broken_test")(Broken)
-    register_attention("lsh", (Option("rounds", 1, 1), Option("chunk_size", 32, 1)))(SharedKeyProbe)
+    register_attention("lsh", (Option("rounds", 1, 1), Option("chunk_size", 32, 1)),
+                       needs_shared_qk=True, number_option="rounds")(SharedKeyProbe)
     SharedKeyProbe.calls_with_shared_qk.clear()
     threads = torch.get_num_threads()
     yield

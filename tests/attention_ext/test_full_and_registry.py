@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from attention_ext import AttentionConfigError, available_attentions, build_attention, resolve_options
+from attention_ext import AttentionConfigError, available_attentions, build_attention, validate_attention
 from attention_ext.contract import check_inputs
 
 
@@ -69,7 +69,8 @@ def test_defaults_are_filled_in():
     from attention_ext import available_attentions
     if "iclustered" not in available_attentions():
         pytest.skip("iclustered is not registered")
-    assert resolve_options("iclustered") == {"clusters": 100, "bits": 63, "iterations": 10, "topk": 32}
+    assert validate_attention("iclustered") == (
+        "iclustered", {"clusters": 100, "bits": 63, "iterations": 10, "topk": 32})
 
 
 def test_contract_rejects_bad_shapes_and_lengths():
