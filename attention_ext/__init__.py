@@ -7,6 +7,9 @@
 The package knows nothing about speech. See README.md for the list of attention
 types and their options.
 """
+import importlib
+import pkgutil
+
 from .registry import (AttentionConfigError, Option, SharedQKRequiredError, ValidatedAttention,
                        available_attentions, build_attention, describe_attentions,
                        parse_attention_spec, register_attention, validate_attention)
@@ -18,6 +21,12 @@ from .lsh import LSHAttention  # noqa: E402
 from .oracle_top import OracleTopAttention  # noqa: E402
 from .clustered import ClusteredAttention  # noqa: E402
 from .iclustered import ImprovedClusteredAttention  # noqa: E402
+
+# Every other module of the package is imported too, so that a new attention type registers
+# itself by being a module here (the imports above keep the order the registry lists them in).
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.ispkg and not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
 
 __all__ = [
     "AttentionConfigError", "Option", "SharedQKRequiredError", "ValidatedAttention",
