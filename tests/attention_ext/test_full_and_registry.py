@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from attention_ext import AttentionConfigError, available_attentions, build_attention, validate_attention
+from attention_ext import (AttentionConfigError, SharedQKRequiredError, available_attentions, build_attention,
+                           validate_attention)
 from attention_ext.contract import check_inputs
 
 
@@ -90,3 +91,12 @@ def test_every_attention_refuses_inputs_on_two_devices(name):
     q = torch.randn(1, 1, 4, 2)
     with pytest.raises(ValueError, match=r"q, k, v must be on one device, got cpu, cpu, meta"):
         build_attention(name)(q, q, q.to("meta"))
+
+
+@pytest.mark.parametrize("name", sorted(name for name, entry in available_attentions().items()
+                                        if entry.needs_shared_qk))
+def test_shared_qk_attentions_refuse_a_separate_key_tensor(name):
+    q, k = torch.randn(1, 1, 4, 2), torch.randn(1, 1, 4, 2)
+    with pytest.raises(SharedQKRequiredError, match=f"attention '{name}' needs a model with shared query/key"):
+        build_attention(name)(q, k, q)
+    assert validate_attention(name).needs_shared_qk
