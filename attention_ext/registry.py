@@ -88,13 +88,12 @@ def register_attention(name: str, options: tuple[Option, ...] = (), summary: str
     number_option: the option a spec's number sets, e.g. "rounds" for "lsh-4".
     """
     def decorate(cls: type) -> type:
-        taken = {_spec_word(alias): entry.name for entry in _REGISTRY.values() for alias in entry.aliases}
-        if name in _REGISTRY or _spec_word(name) in taken:
+        if name in _REGISTRY:
             raise RuntimeError(f"attention '{name}' is registered twice")
-        for alias in aliases:
-            word = _spec_word(alias)
-            if word in _REGISTRY or word in taken:
-                raise RuntimeError(f"attention '{name}': alias {alias!r} already names an attention")
+        taken = {_spec_word(spelling) for entry in _REGISTRY.values() for spelling in (entry.name, *entry.aliases)}
+        for spelling in (name, *aliases):
+            if _spec_word(spelling) in taken:
+                raise RuntimeError(f"attention '{name}': {spelling!r} already names an attention in a spec")
         if number_option is not None and number_option not in {option.name for option in options}:
             raise RuntimeError(f"attention '{name}': number_option {number_option!r} is none of its options")
         _REGISTRY[name] = AttentionType(

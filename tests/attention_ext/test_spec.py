@@ -101,8 +101,8 @@ def test_registration_refuses_a_number_option_it_lacks_and_a_taken_alias(paper_r
         return type("StandIn_other", (torch.nn.Module,), {})
     with pytest.raises(RuntimeError, match="number_option 'rounds' is none of its options"):
         register_attention("other", (Option("topk", 1, 1),), number_option="rounds")(stand_in())
-    with pytest.raises(RuntimeError, match="alias 'I-Clustered' already names an attention"):
+    with pytest.raises(RuntimeError, match="'I-Clustered' already names an attention"):
         register_attention("other", aliases=("I-Clustered",))(stand_in())
-    with pytest.raises(RuntimeError, match="alias 'shared-full' already names an attention"):
+    with pytest.raises(RuntimeError, match="'shared-full' already names an attention"):
         register_attention("other", aliases=("shared-full",))(stand_in())
     assert "other" not in available_attentions()
