@@ -8,8 +8,9 @@ composes the config, before anything runs. `validate_config` then checks what ty
 ConfigError with the offending key, its value and what is allowed.
 
 `attention` is the one open node: its keys are `name` plus that attention's options, checked by
-attention_ext.resolve_options (the group files in conf/attention/ list every option, so
-`attention.clusters=200` is an ordinary override).
+attention_ext.validate_attention (the group files in conf/attention/ list every option, so
+`attention.clusters=200` is an ordinary override). That is its one check: `validate_config`
+returns the ValidatedAttention, which the model builds as it is.
 """
 from __future__ import annotations
 
@@ -20,7 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from asr.data.datamodule import DataConfig, as_data_config, validate_data_config
-from attention_ext import AttentionConfigError, resolve_options
+from attention_ext import AttentionConfigError, ValidatedAttention, validate_attention
 
 
 class ConfigError(ValueError):
@@ -118,14 +119,13 @@ def _require(ok: bool, key: str, value: Any, rule: str) -> None:
         raise ConfigError(f"{key}={value!r} is not allowed: {rule}")
 
 
-def attention_settings(attention: Any) -> tuple[str, dict[str, int]]:
-    """(name, options) of an attention node, validated by attention_ext's registry."""
+def attention_settings(attention: Any) -> ValidatedAttention:
+    """An attention node, validated by attention_ext's registry (it unpacks as name, options)."""
     attention = dict(OmegaConf.to_container(attention, resolve=True) if isinstance(attention, DictConfig)
                      else attention)
     if "name" not in attention:
         raise ConfigError("attention has no name; choose one with attention=NAME (e.g. attention=full)")
-    name = attention.pop("name")
-    return name, resolve_options(name, **attention)
+    return validate_attention(**attention)
 
 
 # Mixed precision runs the model under torch.autocast with float32 weights; the attentions with
@@ -145,15 +145,18 @@ def trains_on_cpu(trainer: Any) -> bool:
     return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
 
 
-def validate_config(cfg: Any) -> None:
-    """Checks ranges and combinations; raises ConfigError / AttentionConfigError with the fix."""
+def validate_config(cfg: Any) -> ValidatedAttention:
+    """Checks ranges and combinations; raises ConfigError / AttentionConfigError with the fix.
+
+    Returns the validated attention, for the model to build without checking it again.
+    """
     model, optim, trainer = cfg.model, cfg.optim, cfg.trainer
     try:
-        name, _ = attention_settings(cfg.attention)
+        attention = attention_settings(cfg.attention)
     except AttentionConfigError as error:
         raise AttentionConfigError(f"attention: {error}") from None
     from asr.model.encoder import check_attention_fits
-    check_attention_fits(name, model.shared_qk)
+    check_attention_fits(attention, model.shared_qk)
     for key in ("layers", "heads", "head_dim", "ff_dim", "subsampling_channels"):
         _require(getattr(model, key) >= 1, f"model.{key}", getattr(model, key), "must be >= 1")
     _require(model.subsampling in (1, 2, 4), "model.subsampling", model.subsampling, "must be 1, 2 or 4")
@@ -202,3 +205,4 @@ def validate_config(cfg: Any) -> None:
     _require(trainer.num_nodes >= 1, "trainer.num_nodes", trainer.num_nodes, "must be >= 1")
     _require(trainer.val_check_interval is None or trainer.val_check_interval >= 1, "trainer.val_check_interval",
              trainer.val_check_interval, "must be a number of training batches >= 1, or null (once per epoch)")
+    return attention

@@ -33,8 +33,7 @@ import torch
 from asr.evaluate import (EvaluationError, decode_split, evaluation_attention, evaluation_data, load_model,
                           run_folder_of, write_outputs)
 from asr.data.manifests import ManifestError
-from asr.model.encoder import check_attention_fits
-from attention_ext import AttentionConfigError
+from attention_ext import AttentionConfigError, SharedQKRequiredError
 
 PAPER_SPECS = ("full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "clustered-200", "i-clustered-100",
                "i-clustered-200", "oracle-top")
@@ -116,25 +115,22 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
     for spec in todo:
         cell = {"column": column.label, "spec": spec, "checkpoint": identity, "settings": settings,
                 "trained_with": trained}
+        attention = evaluation_attention(model, spec)
         try:
-            name, options = evaluation_attention(model, spec)
-            check_attention_fits(name, model.encoder.shared_qk)
-        except AttentionConfigError as error:
-            if "shared query/key" not in str(error):
-                raise
+            model.set_attention(attention)   # refuses lsh / shared_full without shared QK, changing nothing
+        except SharedQKRequiredError as error:
             cell.update(valid=False, reason=str(error))
             _write_json_atomic(cell_path(args.out, column.label, spec), cell)
             progress(f"{column.label} x {spec}: {INVALID} (needs shared query/key projections)")
             continue
-        model.set_attention(name, **options)
         if data is None:
             split = "eval" if args.data_dir else args.split
             data = evaluation_data(model, column.checkpoint, split, args.data_dir, dict(args.data),
                                    progress=False)
         result = decode_split(model, data, args.decoder, args.beam_size, args.seed, args.limit,
                               progress=sys.stderr.isatty())
-        cell.update(valid=True, evaluated_with={"name": name, **options},
-                    same_as_training={"name": name, **options} == trained, split=data.split,
+        cell.update(valid=True, evaluated_with=attention.as_config(),
+                    same_as_training=attention.as_config() == trained, split=data.split,
                     utterances=len(result.utterances), error_rates=result.rates, **result.timing())
         write_outputs(args.out / "hypotheses" / _safe(column.label) / _safe(spec), result, cell)
         _write_json_atomic(cell_path(args.out, column.label, spec), cell)

@@ -48,7 +48,7 @@ from asr.data.manifests import ManifestError
 from asr.model.ctc import greedy_decode, prefix_beam_search
 from asr.model.recognizer import (EVALUATION_SEED, REFERENCE_FIELD, EvaluationTally, SpeechRecognizer,
                                   seed_evaluation_batch)
-from attention_ext import AttentionConfigError, parse_attention_spec, resolve_options
+from attention_ext import AttentionConfigError, ValidatedAttention, parse_attention_spec, validate_attention
 
 log = logging.getLogger("asr.evaluate")
 DECODERS = ("greedy", "beam")
@@ -109,21 +109,19 @@ def parse_arguments(argv: list[str]) -> tuple[EvaluateConfig, dict[str, str]]:
 
 
 def evaluation_attention(model: SpeechRecognizer, spec: str | None,
-                         options: dict[str, Any] | None = None) -> tuple[str, dict[str, int]]:
-    """(name, options) to evaluate with: `spec` plus `options`, or the training attention when
+                         options: dict[str, Any] | None = None) -> ValidatedAttention:
+    """The attention to evaluate with: `spec` plus `options`, or the training attention when
     both are empty; options alone modify the training attention (e.g. more clusters)."""
-    trained = model.hparams.attention
-    if spec is None:
-        name, base = trained["name"], {k: v for k, v in trained.items() if k != "name"}
-    else:
-        name, base = parse_attention_spec(spec)
-    merged = {**base}
-    for key, value in (options or {}).items():
+    base = parse_attention_spec(spec) if spec is not None else validate_attention(**model.hparams.attention)
+    if not options:
+        return base
+    merged = dict(base.options)
+    for key, value in options.items():
         try:
             merged[key] = int(value)
         except (TypeError, ValueError):
             raise AttentionConfigError(f"attention.{key}={value!r} is not a whole number") from None
-    return name, resolve_options(name, **merged)
+    return validate_attention(base.name, **merged)
 
 
 def attention_label(name: str, options: dict[str, int]) -> str:
@@ -338,9 +336,9 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
         torch.set_num_threads(config.threads)
     model = load_model(config.checkpoint, config.device)
     trained = dict(model.hparams.attention)
-    name, options = evaluation_attention(model, config.attention, attention_options)
-    model.set_attention(name, **options)          # refuses lsh / shared_full without shared QK
-    label = attention_label(name, options)
+    attention = evaluation_attention(model, config.attention, attention_options)
+    model.set_attention(attention)          # refuses lsh / shared_full without shared QK
+    label = attention_label(attention.name, attention.options)
     split_name = KALDI_SPLIT if config.data_dir else config.split
     out = Path(config.out) if config.out else None
     data = evaluation_data(model, config.checkpoint, split_name, config.data_dir, dict(config.data),
@@ -350,8 +348,8 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
                           config.progress)
     report = {
         "checkpoint": str(config.checkpoint), "data": data.source, "split": data.split,
-        "trained_with": trained, "evaluated_with": {"name": name, **options},
-        "same_as_training": {"name": name, **options} == trained,
+        "trained_with": trained, "evaluated_with": attention.as_config(),
+        "same_as_training": attention.as_config() == trained,
         "decoder": config.decoder if config.decoder == "greedy" else f"beam (size {config.beam_size})",
         "seed": config.seed, "utterances": len(result.utterances), "scored_heads": data.scored,
         "error_rates": result.rates, **result.timing(),

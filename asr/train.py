@@ -50,7 +50,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from omegaconf import DictConfig, OmegaConf
 
-from asr.config import ConfigError, attention_settings, register_schema, validate_config
+from asr.config import ConfigError, register_schema, validate_config
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError, preparation_hint
 from asr.model.diagnostics import TrainingDiagnostics
@@ -291,7 +291,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Trains (or resumes) one run in `run_dir`, tests its best checkpoint, writes results.json."""
     started = time.perf_counter()
-    validate_config(cfg)
+    attention = validate_config(cfg)
     check_launch_shares_run_folder(cfg.run_dir)
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
@@ -309,10 +309,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         datamodule.setup("fit")
         if cfg.test:   # the test split's features too, now, not concurrently by every process later
             datamodule.setup("test")
-    attention_name, attention_options = attention_settings(cfg.attention)
     model = SpeechRecognizer(
         model=OmegaConf.to_container(cfg.model, resolve=True),
-        attention={"name": attention_name, **attention_options},
+        attention=attention,
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         feature_dim=datamodule.feature_dim,
         tokenizers={kind: tokenizer.state_dict() for kind, tokenizer in datamodule.tokenizers.items()})
@@ -323,8 +322,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                  checkpoint.get("global_step"))
         del checkpoint
     parameters = sum(p.numel() for p in model.parameters())
-    log.info("model: %d parameters, attention %s %s, targets %s", parameters, attention_name,
-             attention_options, list(datamodule.tokenizers))
+    log.info("model: %d parameters, attention %s %s, targets %s", parameters, attention.name,
+             attention.options, list(datamodule.tokenizers))
 
     timer = EpochTimer()
     trainer, best, latest = build_trainer(cfg, run_dir, timer)
@@ -332,8 +331,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 
     best_path = best.best_model_path or latest.best_model_path   # the latest one when nothing was validated
     results = {
-        "preset": _preset_name(), "run_dir": str(run_dir), "attention": attention_name,
-        "attention_options": attention_options, "parameters": parameters,
+        "preset": _preset_name(), "run_dir": str(run_dir), "attention": attention.name,
+        "attention_options": attention.options, "parameters": parameters,
         "epochs": trainer.current_epoch, "steps": trainer.global_step,
         "seconds_per_epoch": _mean([e["seconds"] for e in timer.epochs]),
         "train_seconds_per_epoch": _mean([e["train_seconds"] for e in timer.epochs]),

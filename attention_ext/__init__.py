@@ -7,9 +7,12 @@
 The package knows nothing about speech. See README.md for the list of attention
 types and their options.
 """
-from .registry import (AttentionConfigError, Option, available_attentions, build_attention,
-                       describe_attentions, parse_attention_spec, register_attention,
-                       resolve_options)
+import importlib
+import pkgutil
+
+from .registry import (AttentionConfigError, Option, SharedQKRequiredError, ValidatedAttention,
+                       available_attentions, build_attention, describe_attentions,
+                       parse_attention_spec, register_attention, validate_attention)
 
 # Importing the modules registers their attention types.
 from .full import FullAttention  # noqa: E402
@@ -19,9 +22,16 @@ from .oracle_top import OracleTopAttention  # noqa: E402
 from .clustered import ClusteredAttention  # noqa: E402
 from .iclustered import ImprovedClusteredAttention  # noqa: E402
 
+# Every other module of the package is imported too, so that a new attention type registers
+# itself by being a module here (the imports above keep the order the registry lists them in).
+for _module in pkgutil.iter_modules(__path__):
+    if not _module.ispkg and not _module.name.startswith("_"):
+        importlib.import_module(f"{__name__}.{_module.name}")
+
 __all__ = [
-    "AttentionConfigError", "Option", "available_attentions", "build_attention",
-    "describe_attentions", "parse_attention_spec", "register_attention", "resolve_options",
+    "AttentionConfigError", "Option", "SharedQKRequiredError", "ValidatedAttention",
+    "available_attentions", "build_attention", "describe_attentions", "parse_attention_spec",
+    "register_attention", "validate_attention",
     "FullAttention", "SharedFullAttention", "LSHAttention", "OracleTopAttention",
     "ClusteredAttention", "ImprovedClusteredAttention",
 ]

@@ -158,7 +158,7 @@ def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
     return torch.softmax(scores, dim=-1)
 
 
-@register_attention("clustered", options=CLUSTERING_OPTIONS,
+@register_attention("clustered", options=CLUSTERING_OPTIONS, number_option="clusters",
                     summary="clustered attention: one softmax per query cluster (Vyas et al. 2020)")
 class ClusteredAttention(torch.nn.Module):
     """Clustered attention: queries share the attention of their cluster's centroid."""
@@ -171,7 +171,7 @@ class ClusteredAttention(torch.nn.Module):
         return f"clusters={self.clusters}, bits={self.bits}, iterations={self.iterations}"
 
     def forward(self, q, k, v, lengths=None):
-        lengths = check_inputs(q, k, v, lengths)
+        lengths = check_inputs(q, k, v, lengths, attention=self)
         if q.numel() == 0 or v.numel() == 0:
             return empty_attention(q, k, v)
         dtype = kernel_dtype(q.dtype, q.device)

@@ -4,19 +4,23 @@
                                    # out: (B, H, N, E); padded query rows are 0,
                                    # padded keys get no weight
 
-Every attention module calls `check_inputs` first, so a caller gets the same
-clear error whatever attention it runs.
+Every attention module calls `check_inputs(q, k, v, lengths, attention=self)`
+first, so a caller gets the same clear error whatever attention it runs, and an
+attention registered with needs_shared_qk refuses a separate key tensor.
 """
 from __future__ import annotations
 
 import torch
 
+from .registry import SharedQKRequiredError
 
-def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                 lengths: torch.Tensor | None) -> torch.Tensor:
+
+def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None,
+                 attention: torch.nn.Module | None = None) -> torch.Tensor:
     """Validates shapes and returns `lengths` as an int64 tensor on q's device.
 
-    A `lengths` of None means every sequence has the full length N.
+    A `lengths` of None means every sequence has the full length N. `attention` is the
+    calling module: if its type was registered with needs_shared_qk, k must be q.
     """
     if q.dim() != 4 or k.dim() != 4 or v.dim() != 4:
         raise ValueError(
@@ -33,15 +37,21 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     if not (q.dtype == k.dtype == v.dtype) or not q.is_floating_point():
         raise ValueError(f"q, k, v must share one floating dtype, got {q.dtype}, {k.dtype}, {v.dtype}")
     if lengths is None:
-        return torch.full((batch,), length, dtype=torch.long, device=q.device)
-    if lengths.dim() != 1 or lengths.shape[0] != batch:
-        raise ValueError(f"lengths must have shape ({batch},), got {tuple(lengths.shape)}")
-    if lengths.is_floating_point():
-        raise ValueError(f"lengths must be integers, got dtype {lengths.dtype}")
-    lengths = lengths.to(device=q.device, dtype=torch.long)
-    if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > length):
-        raise ValueError(
-            f"lengths must lie in [0, {length}] (the padded length), got {lengths.tolist()}")
+        lengths = torch.full((batch,), length, dtype=torch.long, device=q.device)
+    else:
+        if lengths.dim() != 1 or lengths.shape[0] != batch:
+            raise ValueError(f"lengths must have shape ({batch},), got {tuple(lengths.shape)}")
+        if lengths.is_floating_point():
+            raise ValueError(f"lengths must be integers, got dtype {lengths.dtype}")
+        lengths = lengths.to(device=q.device, dtype=torch.long)
+        if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > length):
+            raise ValueError(
+                f"lengths must lie in [0, {length}] (the padded length), got {lengths.tolist()}")
+    if getattr(attention, "needs_shared_qk", False) and not is_shared_qk(q, k):
+        raise SharedQKRequiredError(
+            f"attention '{attention.attention_name}' needs a model with shared query/key projections: "
+            "call it with k = q (the same tensor), e.g. build the model with shared_qk=True; it got a "
+            "separate key tensor. Use 'full', 'clustered' or 'iclustered' for separate keys.")
     return lengths
 
 

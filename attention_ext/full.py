@@ -12,7 +12,7 @@ class FullAttention(torch.nn.Module):
 
     def forward(self, q, k, v, lengths=None):
         lengths_given = lengths is not None
-        lengths = check_inputs(q, k, v, lengths)
+        lengths = check_inputs(q, k, v, lengths, attention=self)
         if not lengths_given:
             return F.scaled_dot_product_attention(q, k, v)
         # A sequence of length 0 keeps key 0 unmasked so softmax has no empty row;

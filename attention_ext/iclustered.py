@@ -112,7 +112,8 @@ def top_keys(attention: torch.Tensor, lengths: torch.Tensor, topk: int) -> torch
 @register_attention("iclustered", options=CLUSTERING_OPTIONS + (
                         Option("topk", 32, 1, help="keys per cluster attended exactly"),),
                     summary="improved clustered attention: clustered + exact attention on each "
-                            "cluster's top-k keys (Vyas et al. 2020)")
+                            "cluster's top-k keys (Vyas et al. 2020)",
+                    aliases=("i-clustered", "improved-clustered"), number_option="clusters")
 class ImprovedClusteredAttention(torch.nn.Module):
     """Improved clustered attention: exact attention on each cluster's top-k keys,
     rescaled to their clustered mass, plus the clustered attention on the other keys."""
@@ -126,7 +127,7 @@ class ImprovedClusteredAttention(torch.nn.Module):
                 f"topk={self.topk}")
 
     def forward(self, q, k, v, lengths=None):
-        lengths = check_inputs(q, k, v, lengths)
+        lengths = check_inputs(q, k, v, lengths, attention=self)
         if q.numel() == 0 or v.numel() == 0:
             return empty_attention(q, k, v)
         with autocast_disabled(q.device):

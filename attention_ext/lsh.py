@@ -46,7 +46,6 @@ import torch
 from ._ops import ops
 from .contract import autocast_disabled, check_inputs, draw_seed, hashing_dtype, kernel_dtype
 from .registry import Option, register_attention
-from .shared_full import require_shared_qk
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # spreads consecutive batch indices over the seed space
 
@@ -130,7 +129,8 @@ def lsh_chunked_attention(q: torch.Tensor, v: torch.Tensor, order: torch.Tensor,
 @register_attention("lsh", options=(
     Option("rounds", 1, 1, help="independent hashing rounds, combined by log-sum-exp"),
     Option("chunk_size", 32, 1, help="positions per chunk of the sorted buckets"),
-), summary="Reformer LSH attention (needs shared QK: k = q)")
+), summary="Reformer LSH attention (needs shared QK: k = q)",
+   needs_shared_qk=True, number_option="rounds")
 class LSHAttention(torch.nn.Module):
     """Reformer LSH attention: `rounds` hashing rounds, chunks of `chunk_size` (see module doc)."""
 
@@ -151,8 +151,7 @@ class LSHAttention(torch.nn.Module):
                         self.chunk_size, seed)
 
     def forward(self, q, k, v, lengths=None):
-        lengths = check_inputs(q, k, v, lengths)
-        require_shared_qk(q, k, self.attention_name)
+        lengths = check_inputs(q, k, v, lengths, attention=self)
         dtype = kernel_dtype(q.dtype, q.device)
         with autocast_disabled(q.device):
             q_kernel, v_kernel = q.to(dtype), v.to(dtype)

@@ -17,7 +17,8 @@ _SCORE_BLOCK_ELEMENTS = 1 << 24
 
 @register_attention("oracle_top", options=(
     Option("topk", 32, 1, help="keys kept per query (those with the highest scores)"),
-), summary="exact softmax over each query's top-k valid keys (an evaluation probe)")
+), summary="exact softmax over each query's top-k valid keys (an evaluation probe)",
+   number_option="topk")
 class OracleTopAttention(torch.nn.Module):
     """softmax over the `topk` largest q_i . k_j / sqrt(E) of each query's valid keys, times V.
 
@@ -34,7 +35,7 @@ class OracleTopAttention(torch.nn.Module):
         return f"topk={self.topk}"
 
     def forward(self, q, k, v, lengths=None):
-        lengths = check_inputs(q, k, v, lengths)
+        lengths = check_inputs(q, k, v, lengths, attention=self)
         return attend_by_valid_length(self._attend, q, k, v, lengths)
 
     def _attend(self, q, k, v):

@@ -1,23 +1,31 @@
-"""Names -> attention types, with their options validated at build time.
+"""Names -> attention types, with what the rest of the code needs to know about each.
 
     attn = build_attention("iclustered", clusters=100, topk=32)
 
-An attention type registers itself with `@register_attention(name, options)`;
-`build_attention` rejects an unknown name or option, or a bad value, with a
-message that lists what is allowed. This is the one place that turns a config
-into an attention module.
+An attention type registers itself with `@register_attention(name, options, ...)`,
+declaring there every fact about it: its options, whether it needs shared
+query/key projections, its short spec spellings. Nothing else keeps a list of
+attention names. `validate_attention` (and `parse_attention_spec` for short
+specs) rejects an unknown name or option, or a bad value, with a message that
+lists what is allowed, and returns a `ValidatedAttention`, which builds the
+module.
 """
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, NamedTuple
 
 import torch
 
 
 class AttentionConfigError(ValueError):
     """An unknown attention name, an unknown option, or an option value out of range."""
+
+
+class SharedQKRequiredError(AttentionConfigError):
+    """An attention registered with needs_shared_qk, given separate queries and keys (or a
+    model without shared query/key projections)."""
 
 
 @dataclass(frozen=True)
@@ -51,23 +59,48 @@ class Option:
 
 @dataclass(frozen=True)
 class AttentionType:
+    """A registered attention type and everything declared about it."""
     name: str
     cls: type
     options: tuple[Option, ...]
     summary: str
+    needs_shared_qk: bool      # only defined for k = q (a model with shared query/key projections)
+    aliases: tuple[str, ...]   # other spellings of the name in a spec ("i-clustered")
+    number_option: str | None  # the option a spec's number sets ("lsh-4" -> rounds=4)
 
 
 _REGISTRY: dict[str, AttentionType] = {}
 
 
-def register_attention(name: str, options: tuple[Option, ...] = (), summary: str = ""
-                       ) -> Callable[[type], type]:
-    """Class decorator: makes `cls` buildable as `build_attention(name, **options)`."""
+def _spec_word(text: str) -> str:
+    """A name as specs compare it: lower case, "-" and "_" alike."""
+    return text.strip().lower().replace("-", "_")
+
+
+def register_attention(name: str, options: tuple[Option, ...] = (), summary: str = "", *,
+                       needs_shared_qk: bool = False, aliases: tuple[str, ...] = (),
+                       number_option: str | None = None) -> Callable[[type], type]:
+    """Class decorator: makes `cls` buildable as `build_attention(name, **options)`.
+
+    needs_shared_qk: the attention is only defined when k is q; it is refused for a separate
+    key tensor and for a model without shared query/key projections.
+    aliases: further spellings of the name in a spec, e.g. ("i-clustered",).
+    number_option: the option a spec's number sets, e.g. "rounds" for "lsh-4".
+    """
     def decorate(cls: type) -> type:
         if name in _REGISTRY:
             raise RuntimeError(f"attention '{name}' is registered twice")
-        _REGISTRY[name] = AttentionType(name, cls, tuple(options), summary or (cls.__doc__ or "").strip().split("\n")[0])
+        taken = {_spec_word(spelling) for entry in _REGISTRY.values() for spelling in (entry.name, *entry.aliases)}
+        for spelling in (name, *aliases):
+            if _spec_word(spelling) in taken:
+                raise RuntimeError(f"attention '{name}': {spelling!r} already names an attention in a spec")
+        if number_option is not None and number_option not in {option.name for option in options}:
+            raise RuntimeError(f"attention '{name}': number_option {number_option!r} is none of its options")
+        _REGISTRY[name] = AttentionType(
+            name, cls, tuple(options), summary or (cls.__doc__ or "").strip().split("\n")[0],
+            needs_shared_qk, tuple(aliases), number_option)
         cls.attention_name = name
+        cls.needs_shared_qk = needs_shared_qk
         return cls
     return decorate
 
@@ -86,7 +119,31 @@ def describe_attentions() -> str:
     return "\n".join(lines)
 
 
-def resolve_options(name: str, **options) -> dict[str, int]:
+# Options are validated once, where they enter: a config, a spec, a library call. What that
+# check returns, a ValidatedAttention, is the proof, so code that holds one builds it without
+# checking again. `build_attention(name, **options)` is the library's entry point for a plain
+# name and options, which it cannot trust, so it validates them itself.
+class ValidatedAttention(NamedTuple):
+    """A registered attention name with all its options, checked and defaults filled in.
+
+    Made by `validate_attention` or `parse_attention_spec`; unpacks as (name, options).
+    """
+    name: str
+    options: dict[str, int]
+
+    @property
+    def needs_shared_qk(self) -> bool:
+        return _REGISTRY[self.name].needs_shared_qk
+
+    def as_config(self) -> dict:
+        """{"name": name, **options}: the form of a config's attention node."""
+        return {"name": self.name, **self.options}
+
+    def build(self) -> torch.nn.Module:
+        return _REGISTRY[self.name].cls(**self.options)
+
+
+def validate_attention(name: str, **options) -> ValidatedAttention:
     """Validates `options` for attention `name` and fills in the defaults."""
     if name not in _REGISTRY:
         raise AttentionConfigError(
@@ -102,32 +159,25 @@ def resolve_options(name: str, **options) -> dict[str, int]:
     resolved = {option.name: option.default for option in entry.options}
     for key, value in options.items():
         resolved[key] = known[key].validate(name, value)
-    return resolved
+    return ValidatedAttention(name, resolved)
 
 
 def build_attention(name: str, **options) -> torch.nn.Module:
     """Builds the attention module `name` with validated `options`."""
-    resolved = resolve_options(name, **options)
-    return _REGISTRY[name].cls(**resolved)
+    return validate_attention(name, **options).build()
 
-
-# The option that the number in a short spec sets ("lsh-4" -> rounds=4). A new
-# attention type that wants a short numeric form adds its entry here.
-SPEC_NUMBER_OPTION: dict[str, str] = {
-    "clustered": "clusters",
-    "iclustered": "clusters",
-    "lsh": "rounds",
-    "oracle_top": "topk",
-}
-
-# Spellings people use for a registered name, after lower-casing and "-" -> "_".
-SPEC_NAME_ALIASES: dict[str, str] = {
-    "i_clustered": "iclustered",
-    "improved_clustered": "iclustered",
-}
 
 _SPEC_PATTERN = re.compile(
     r"^(?P<name>[a-z][a-z0-9_-]*?)(?:[-_](?P<number>\d+))?(?::(?P<settings>.*))?$")
+
+
+def _spec_name(word: str) -> str | None:
+    """The registered name a spec's name part stands for (the name itself or an alias), or None."""
+    word = _spec_word(word)
+    if word in _REGISTRY:
+        return word
+    return next((entry.name for entry in _REGISTRY.values()
+                 if word in (_spec_word(alias) for alias in entry.aliases)), None)
 
 
 def accepted_spec_forms() -> str:
@@ -135,18 +185,15 @@ def accepted_spec_forms() -> str:
     lines = ["  spec = name[-number][:option=<int>,...]; '-' and '_' are interchangeable"]
     for name, entry in _REGISTRY.items():
         forms = [name]
-        number_option = SPEC_NUMBER_OPTION.get(name)
-        if number_option and any(option.name == number_option for option in entry.options):
-            forms.append(f"{name}-<{number_option}>")
-        aliases = [alias.replace("_", "-") for alias, target in SPEC_NAME_ALIASES.items()
-                   if target == name]
-        also = f" (also written {', '.join(aliases)})" if aliases else ""
+        if entry.number_option:
+            forms.append(f"{name}-<{entry.number_option}>")
+        also = f" (also written {', '.join(entry.aliases)})" if entry.aliases else ""
         options = ", ".join(option.name for option in entry.options) or "none"
         lines.append(f"  {', '.join(forms)}{also}; options: {options}")
     return "\n".join(lines)
 
 
-def parse_attention_spec(spec: str) -> tuple[str, dict[str, int]]:
+def parse_attention_spec(spec: str) -> ValidatedAttention:
     """Turns a short attention spec into a registered name and its full, validated options.
 
     Grammar (case-insensitive, surrounding spaces ignored):
@@ -154,10 +201,10 @@ def parse_attention_spec(spec: str) -> tuple[str, dict[str, int]]:
         spec     := name [ "-" number ] [ ":" setting { "," setting } ]
         setting  := option "=" integer
 
-    - `name` is a registered name; "-" and "_" are interchangeable ("shared-full" is
-      "shared_full", "oracle-top" is "oracle_top"), and "i-clustered" (or
-      "improved-clustered") is "iclustered".
-    - `number` sets the attention's main option (SPEC_NUMBER_OPTION): clusters for
+    - `name` is a registered name or one of its aliases; "-" and "_" are interchangeable
+      ("shared-full" is "shared_full", "oracle-top" is "oracle_top"), and "i-clustered"
+      (or "improved-clustered") is "iclustered".
+    - `number` sets the attention's main option (its number_option): clusters for
       clustered and iclustered ("clustered-100", "i-clustered-200"), rounds for lsh
       ("lsh-4"), topk for oracle_top ("oracle-top-16"). Attentions without a main
       option (full, shared_full) take no number.
@@ -165,26 +212,22 @@ def parse_attention_spec(spec: str) -> tuple[str, dict[str, int]]:
       "lsh-4:chunk_size=64". A setting may not repeat the option the number set.
     - Options not given keep the registered defaults (the paper's settings).
 
-    Returns (name, options) with every option of the type filled in, so
-    `build_attention(name, **options)` builds it and a caller can print exactly
+    Returns the ValidatedAttention (name, options) with every option of the type
+    filled in, so its `build()` makes the module and a caller can print exactly
     what runs. An unknown spec, option or value raises AttentionConfigError that
     lists the accepted forms.
     """
     text = spec.strip().lower() if isinstance(spec, str) else ""
     match = _SPEC_PATTERN.match(text)
-    name = None
-    if match:
-        name = match["name"].replace("-", "_")
-        name = SPEC_NAME_ALIASES.get(name, name)
-    if name not in _REGISTRY:
+    name = _spec_name(match["name"]) if match else None
+    if name is None:
         raise AttentionConfigError(
             f"unknown attention spec {spec!r}; accepted forms:\n{accepted_spec_forms()}")
 
     options: dict[str, int] = {}
     if match["number"] is not None:
-        number_option = SPEC_NUMBER_OPTION.get(name)
-        known = {option.name for option in _REGISTRY[name].options}
-        if number_option is None or number_option not in known:
+        number_option = _REGISTRY[name].number_option
+        if number_option is None:
             raise AttentionConfigError(
                 f"attention spec {spec!r}: '{name}' takes no number; accepted forms:\n"
                 f"{accepted_spec_forms()}")
@@ -200,4 +243,4 @@ def parse_attention_spec(spec: str) -> tuple[str, dict[str, int]]:
                 raise AttentionConfigError(
                     f"attention spec {spec!r}: option {key} is given twice")
             options[key] = int(value)
-    return name, resolve_options(name, **options)
+    return validate_attention(name, **options)

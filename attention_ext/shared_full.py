@@ -15,21 +15,11 @@ conventions (Kitaev et al. 2020, sec. 2):
 import torch
 import torch.nn.functional as F
 
-from .contract import attend_by_valid_length, check_inputs, is_shared_qk
+from .contract import attend_by_valid_length, check_inputs
 from .registry import register_attention
 
 
-def require_shared_qk(q: torch.Tensor, k: torch.Tensor, attention: str) -> None:
-    """Raises ValueError unless k is q (the same tensor): these attentions only make sense
-    for a model whose queries and keys come from one projection."""
-    if not is_shared_qk(q, k):
-        raise ValueError(
-            f"attention '{attention}' needs a model with shared query/key projections: call it "
-            "with k = q (the same tensor), e.g. build the model with shared_qk=True; it got a "
-            "separate key tensor. Use 'full', 'clustered' or 'iclustered' for separate keys.")
-
-
-@register_attention("shared_full",
+@register_attention("shared_full", needs_shared_qk=True,
                     summary="full attention with shared QK: unit keys, no attention to self")
 class SharedFullAttention(torch.nn.Module):
     """softmax(Q K^T / sqrt(E)) V with K = Q / ||Q|| and the diagonal masked (see module doc).
@@ -39,8 +29,7 @@ class SharedFullAttention(torch.nn.Module):
     """
 
     def forward(self, q, k, v, lengths=None):
-        lengths = check_inputs(q, k, v, lengths)
-        require_shared_qk(q, k, self.attention_name)
+        lengths = check_inputs(q, k, v, lengths, attention=self)
         if q.dtype == torch.float16:
             # eps 1e-12 rounds to 0 in float16, so a zero query would give a NaN key (and NaN
             # outputs for its whole sequence): normalise in float32

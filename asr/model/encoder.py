@@ -1,12 +1,14 @@
 """The CTC transformer encoder: subsampling front end, fixed sinusoidal positions, pre-norm layers.
 
     encoder = TransformerEncoder(feature_dim=40, layers=9, heads=6, head_dim=32, ff_dim=768,
-                                 attention="iclustered", attention_options={"clusters": 100})
+                                 attention=validate_attention("iclustered", clusters=100))
     states, lengths = encoder(features, feature_lengths)   # normalised (B, T, F) -> (B, T', D)
-    encoder.set_attention("full")                           # same weights, other attention
+    encoder.set_attention(validate_attention("full"))       # same weights, other attention
 
-Each layer owns its query/key/value/output projections; the attention itself
-(attention_ext.build_attention) is parameter-free, so a state dict runs under any attention.
+The attention comes as an attention_ext.ValidatedAttention: it was checked where it was read
+(a config, a spec, a checkpoint), so the encoder builds it as it is. Each layer owns its
+query/key/value/output projections; the attention itself is parameter-free, so a state dict
+runs under any attention.
 With `shared_qk` the layer has one query/key projection and passes the very same tensor as
 q and k (what lsh and shared_full need, and what lets clustered attention approximate
 shared-full).
@@ -19,19 +21,16 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_ext import AttentionConfigError, build_attention
-
-# Attentions that are only defined when queries and keys are the same tensor.
-SHARED_QK_ATTENTIONS = frozenset({"shared_full", "lsh"})
+from attention_ext import SharedQKRequiredError, ValidatedAttention, validate_attention
 
 
-def check_attention_fits(name: str, shared_qk: bool) -> None:
+def check_attention_fits(attention: ValidatedAttention, shared_qk: bool) -> None:
     """Refuses an attention that needs shared query/key projections on a model without them."""
-    if name in SHARED_QK_ATTENTIONS and not shared_qk:
-        raise AttentionConfigError(
-            f"attention '{name}' needs shared query/key projections, but this model has "
+    if attention.needs_shared_qk and not shared_qk:
+        raise SharedQKRequiredError(
+            f"attention '{attention.name}' needs shared query/key projections, but this model has "
             "model.shared_qk=false; train with model.shared_qk=true (a model trained without "
-            f"them cannot run '{name}')")
+            f"them cannot run '{attention.name}')")
 
 
 def valid_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
@@ -137,21 +136,20 @@ class TransformerEncoder(nn.Module):
     def __init__(self, feature_dim: int, layers: int = 9, heads: int = 6, head_dim: int = 32,
                  ff_dim: int = 768, dropout: float = 0.1, subsampling: int = 1,
                  subsampling_channels: int = 32, shared_qk: bool = False,
-                 attention: str = "full", attention_options: dict | None = None):
+                 attention: ValidatedAttention | None = None):
         super().__init__()
         self.d_model = heads * head_dim
         self.input_scale = math.sqrt(self.d_model)
         self.shared_qk = shared_qk
         self.frontend = ConvSubsampling(feature_dim, self.d_model, subsampling, subsampling_channels)
         self.input_dropout = nn.Dropout(dropout)
+        attention = attention or validate_attention("full")
         check_attention_fits(attention, shared_qk)
-        options = dict(attention_options or {})
         self.layers = nn.ModuleList(
-            EncoderLayer(self.d_model, heads, ff_dim, dropout, shared_qk,
-                         build_attention(attention, **options))
+            EncoderLayer(self.d_model, heads, ff_dim, dropout, shared_qk, attention.build())
             for _ in range(layers))
         self.final_norm = nn.LayerNorm(self.d_model)
-        self.attention_name, self.attention_options = attention, options
+        self.attention_name, self.attention_options = attention.name, dict(attention.options)
 
     @property
     def subsampling(self) -> int:
@@ -160,17 +158,17 @@ class TransformerEncoder(nn.Module):
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         return self.frontend.output_lengths(lengths)
 
-    def set_attention(self, name: str, **options) -> None:
-        """Replaces every layer's attention by `build_attention(name, **options)` (weights unchanged).
+    def set_attention(self, attention: ValidatedAttention) -> None:
+        """Replaces every layer's attention by `attention` (weights unchanged).
 
-        Raises attention_ext.AttentionConfigError for an unknown name or a bad option, and
-        for an attention that needs shared query/key projections the model does not have.
+        Raises attention_ext.SharedQKRequiredError for an attention that needs shared
+        query/key projections the model does not have, and then changes nothing.
         """
-        check_attention_fits(name, self.shared_qk)
-        modules = [build_attention(name, **options) for _ in self.layers]   # validate before changing
+        check_attention_fits(attention, self.shared_qk)
+        modules = [attention.build() for _ in self.layers]   # all built before any layer changes
         for layer, module in zip(self.layers, modules):
             layer.attention = module
-        self.attention_name, self.attention_options = name, dict(options)
+        self.attention_name, self.attention_options = attention.name, dict(attention.options)
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, F) normalised features, (B,) frame counts -> (B, T', D) states, (B,) lengths T'."""

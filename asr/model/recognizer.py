@@ -1,6 +1,6 @@
 """The LightningModule: features -> normalisation -> encoder -> CTC heads -> loss, decoding, error rates.
 
-    recognizer = SpeechRecognizer(model=dict(layers=9, ...), attention=dict(name="full"),
+    recognizer = SpeechRecognizer(model=dict(layers=9, ...), attention=validate_attention("full"),
                                   optim=dict(lr=1e-4, ...), feature_dim=40,
                                   tokenizers={kind: tokenizer.state_dict()})
     recognizer.set_feature_stats(datamodule.feature_mean, datamodule.feature_std)
@@ -29,6 +29,7 @@ from asr.data.tokenizers import Tokenizer, tokenizer_from_state_dict
 from asr.metrics import char_error_rate, phone_error_rate, word_error_rate
 from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode
 from asr.model.encoder import TransformerEncoder
+from attention_ext import ValidatedAttention, validate_attention
 
 # The batch field holding each tokenizer field's reference strings (see asr.data's Batch).
 REFERENCE_FIELD = {"phones": "phones", "text": "texts"}
@@ -118,15 +119,21 @@ def check_state_dict_fits(model: nn.Module, state_dict: dict[str, torch.Tensor],
 
 
 class SpeechRecognizer(L.LightningModule):
-    def __init__(self, model: dict, attention: dict, optim: dict, feature_dim: int,
+    def __init__(self, model: dict, attention: ValidatedAttention | dict, optim: dict, feature_dim: int,
                  tokenizers: dict[str, dict]):
         super().__init__()
+        # The attention comes validated from the config (asr.config.attention_settings), or as the
+        # plain {"name": ..., **options} that Lightning passes back from a checkpoint's
+        # hyper-parameters: a file, checked here like a config.
+        validated = attention if isinstance(attention, ValidatedAttention) else validate_attention(**attention)
+        # The hyper-parameters hold the plain form; save_hyperparameters reads the arguments'
+        # values as they are when it is called.
+        attention = validated.as_config()
         self.save_hyperparameters()
         self.tokenizers: dict[str, Tokenizer] = {kind: tokenizer_from_state_dict(state)
                                                  for kind, state in tokenizers.items()}
-        options = {key: value for key, value in attention.items() if key != "name"}
         self.encoder = TransformerEncoder(feature_dim, **{key: model[key] for key in ENCODER_ARGUMENTS},
-                                          attention=attention["name"], attention_options=options)
+                                          attention=validated)
         self.heads = CTCHeads(self.encoder.d_model, {kind: t.vocab_size for kind, t in self.tokenizers.items()})
         unknown = sorted(set(model.get("loss_weights") or {}) - set(self.tokenizers))
         if unknown:
@@ -146,9 +153,9 @@ class SpeechRecognizer(L.LightningModule):
         self.feature_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
         self.feature_std.copy_(torch.as_tensor(std, dtype=torch.float32).clamp(min=1e-5))
 
-    def set_attention(self, name: str, **options) -> None:
+    def set_attention(self, attention: ValidatedAttention) -> None:
         """Runs the same weights under another attention (see TransformerEncoder.set_attention)."""
-        self.encoder.set_attention(name, **options)
+        self.encoder.set_attention(attention)
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor
                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -37,6 +37,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "input_checks.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -45,17 +47,8 @@
 
 namespace {
 
-void check_lengths(const at::Tensor& lengths, int64_t batch) {
-  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch && lengths.scalar_type() == at::kLong,
-              "lengths must be an int64 tensor of shape (", batch, "), got ", lengths.sizes(), " ",
-              lengths.scalar_type());
-}
-
-void check_codes(const at::Tensor& codes) {
-  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kLong,
-              "codes must be an int64 tensor of shape (batch, heads, length), got ", codes.sizes(),
-              " ", codes.scalar_type());
-}
+using attention_ext_checks::check_codes;
+using attention_ext_checks::check_lengths;
 
 // Valid length of batch row b, clipped to [0, length].
 inline int64_t valid_length(const int64_t* lengths, int64_t b, int64_t length) {
@@ -134,14 +127,7 @@ void hyperplane_hash_kernel(const scalar_t* proj, const double* offset, const in
 
 at::Tensor hyperplane_hash(const at::Tensor& queries, const at::Tensor& planes,
                            const at::Tensor& offsets, const at::Tensor& lengths) {
-  TORCH_CHECK(queries.dim() == 4, "queries must have shape (batch, heads, length, dim), got ",
-              queries.sizes());
-  TORCH_CHECK(planes.dim() == 2 && planes.size(1) == queries.size(3),
-              "planes must have shape (bits, ", queries.size(3), "), got ", planes.sizes());
-  const int64_t bits = planes.size(0);
-  TORCH_CHECK(bits >= 1 && bits <= 63, "hyperplane_hash: bits must lie in 1..63, got ", bits);
-  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == bits, "offsets must have shape (", bits,
-              "), got ", offsets.sizes());
+  const int64_t bits = attention_ext_checks::check_hash_inputs(queries, planes, offsets);
   check_lengths(lengths, queries.size(0));
   const int64_t batch = queries.size(0), heads = queries.size(1), length = queries.size(2);
   const int64_t groups = batch * heads;
@@ -216,14 +202,7 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans(const at::Tensor& codes, const
                                                   int64_t iterations, int64_t bits) {
   check_codes(codes);
   check_lengths(lengths, codes.size(0));
-  TORCH_CHECK(initial_centroids.dim() == 3 && initial_centroids.scalar_type() == at::kLong &&
-                  initial_centroids.size(0) == codes.size(0) &&
-                  initial_centroids.size(1) == codes.size(1) && initial_centroids.size(2) >= 1,
-              "centroids must be an int64 tensor of shape (", codes.size(0), ", ", codes.size(1),
-              ", clusters >= 1), got ", initial_centroids.sizes(), " ",
-              initial_centroids.scalar_type());
-  TORCH_CHECK(iterations >= 0, "hamming_kmeans: iterations must be >= 0, got ", iterations);
-  TORCH_CHECK(bits >= 1 && bits <= 63, "hamming_kmeans: bits must lie in 1..63, got ", bits);
+  attention_ext_checks::check_kmeans_inputs(codes, initial_centroids, iterations, bits);
   const int64_t heads = codes.size(1), length = codes.size(2);
   const int64_t clusters = initial_centroids.size(2);
   TORCH_CHECK(clusters < (int64_t{1} << 31), "hamming_kmeans: too many clusters: ", clusters);

@@ -23,6 +23,7 @@
 // within rounding of its threshold (the two sum in different orders); float64 inputs
 // give the same codes in practice.
 #include "cuda_common.cuh"
+#include "input_checks.h"
 
 #include <torch/library.h>
 
@@ -33,18 +34,13 @@ namespace {
 
 using namespace attention_ext_cuda;
 
+using attention_ext_checks::check_codes;
+
+// The CPU operators' check, then the device: the kernels read the lengths.
 void check_lengths(const at::Tensor& lengths, int64_t batch) {
-  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch && lengths.scalar_type() == at::kLong,
-              "lengths must be an int64 tensor of shape (", batch, "), got ", lengths.sizes(), " ",
-              lengths.scalar_type());
+  attention_ext_checks::check_lengths(lengths, batch);
   TORCH_CHECK(lengths.is_cuda(), "lengths must be on the CUDA device of the codes/queries, got ",
               lengths.device());
-}
-
-void check_codes(const at::Tensor& codes) {
-  TORCH_CHECK(codes.dim() == 3 && codes.scalar_type() == at::kLong,
-              "codes must be an int64 tensor of shape (batch, heads, length), got ", codes.sizes(),
-              " ", codes.scalar_type());
 }
 
 // --- hyperplane_hash -------------------------------------------------------------------------
@@ -100,14 +96,7 @@ __global__ void hash_pack_kernel(const acc_t* __restrict__ proj, const double* _
 
 at::Tensor hyperplane_hash_cuda(const at::Tensor& queries, const at::Tensor& planes,
                                 const at::Tensor& offsets, const at::Tensor& lengths) {
-  TORCH_CHECK(queries.dim() == 4, "queries must have shape (batch, heads, length, dim), got ",
-              queries.sizes());
-  TORCH_CHECK(planes.dim() == 2 && planes.size(1) == queries.size(3),
-              "planes must have shape (bits, ", queries.size(3), "), got ", planes.sizes());
-  const int64_t bits = planes.size(0);
-  TORCH_CHECK(bits >= 1 && bits <= 63, "hyperplane_hash: bits must lie in 1..63, got ", bits);
-  TORCH_CHECK(offsets.dim() == 1 && offsets.size(0) == bits, "offsets must have shape (", bits,
-              "), got ", offsets.sizes());
+  const int64_t bits = attention_ext_checks::check_hash_inputs(queries, planes, offsets);
   check_lengths(lengths, queries.size(0));
   const c10::cuda::CUDAGuard guard(queries.device());
   const int64_t batch = queries.size(0), heads = queries.size(1), length = queries.size(2);
@@ -321,13 +310,7 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans_cuda(const at::Tensor& codes, 
                                                        int64_t iterations, int64_t bits) {
   check_codes(codes);
   check_lengths(lengths, codes.size(0));
-  TORCH_CHECK(initial_centroids.dim() == 3 && initial_centroids.scalar_type() == at::kLong &&
-                  initial_centroids.size(0) == codes.size(0) &&
-                  initial_centroids.size(1) == codes.size(1) && initial_centroids.size(2) >= 1,
-              "centroids must be an int64 tensor of shape (", codes.size(0), ", ", codes.size(1),
-              ", clusters >= 1), got ", initial_centroids.sizes(), " ", initial_centroids.scalar_type());
-  TORCH_CHECK(iterations >= 0, "hamming_kmeans: iterations must be >= 0, got ", iterations);
-  TORCH_CHECK(bits >= 1 && bits <= 63, "hamming_kmeans: bits must lie in 1..63, got ", bits);
+  attention_ext_checks::check_kmeans_inputs(codes, initial_centroids, iterations, bits);
   const c10::cuda::CUDAGuard guard(codes.device());
   const int64_t heads = codes.size(1), length = codes.size(2);
   const int64_t clusters = initial_centroids.size(2);

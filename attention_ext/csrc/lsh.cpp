@@ -33,6 +33,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "input_checks.h"
+
 #include <algorithm>
 #include <atomic>
 #include <cmath>
@@ -596,19 +598,8 @@ struct PreparedInputs {
 
 PreparedInputs prepare(const at::Tensor& q, const at::Tensor& v, const at::Tensor& order_in,
                        const at::Tensor& lengths_in, int64_t chunk_size) {
-  TORCH_CHECK(q.dim() == 4, "lsh attention: q must be (B, H, N, E), got ", q.sizes());
-  TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) &&
-                  v.size(2) == q.size(2),
-              "lsh attention: v must share (B, H, N) with q; got ", q.sizes(), ", ", v.sizes());
-  TORCH_CHECK(v.scalar_type() == q.scalar_type(), "lsh attention: q and v must share one dtype");
-  TORCH_CHECK(chunk_size >= 1, "lsh attention: chunk_size must be >= 1, got ", chunk_size);
-  TORCH_CHECK(order_in.dim() == 4 && order_in.size(0) == q.size(0) &&
-                  order_in.size(1) == q.size(1) && order_in.size(3) == q.size(2) &&
-                  order_in.size(2) >= 1,
-              "lsh attention: order must be (B, H, rounds, N) for q ", q.sizes(), ", got ",
-              order_in.sizes());
-  TORCH_CHECK(lengths_in.dim() == 1 && lengths_in.size(0) == q.size(0),
-              "lsh attention: lengths must be (B,), got ", lengths_in.sizes());
+  attention_ext_checks::check_lsh_rows(q, v);
+  attention_ext_checks::check_lsh_schedule(q, order_in, lengths_in, chunk_size);
   PreparedInputs prepared;
   prepared.order = order_in.to(at::kLong).contiguous();
   prepared.lengths = lengths_in.to(at::kLong).contiguous();

@@ -20,6 +20,7 @@
 // the returned log-sum-exp are in opmath (float, or double for float64), out and the
 // gradients in the input dtype. Head and value dims up to 32 * kMaxPerLane (256).
 #include "cuda_common.cuh"
+#include "input_checks.h"
 
 #include <torch/library.h>
 
@@ -177,17 +178,9 @@ struct Prepared {
 
 Prepared prepare(const at::Tensor& q, const at::Tensor& v, const at::Tensor& order_in,
                  const at::Tensor& lengths_in, int64_t chunk_size) {
-  TORCH_CHECK(q.dim() == 4, "lsh attention: q must be (B, H, N, E), got ", q.sizes());
-  TORCH_CHECK(v.dim() == 4 && v.size(0) == q.size(0) && v.size(1) == q.size(1) && v.size(2) == q.size(2),
-              "lsh attention: v must share (B, H, N) with q; got ", q.sizes(), ", ", v.sizes());
-  TORCH_CHECK(v.scalar_type() == q.scalar_type(), "lsh attention: q and v must share one dtype");
+  attention_ext_checks::check_lsh_rows(q, v);
   check_one_device("lsh attention", {&q, &v});
-  TORCH_CHECK(chunk_size >= 1, "lsh attention: chunk_size must be >= 1, got ", chunk_size);
-  TORCH_CHECK(order_in.dim() == 4 && order_in.size(0) == q.size(0) && order_in.size(1) == q.size(1) &&
-                  order_in.size(3) == q.size(2) && order_in.size(2) >= 1,
-              "lsh attention: order must be (B, H, rounds, N) for q ", q.sizes(), ", got ", order_in.sizes());
-  TORCH_CHECK(lengths_in.dim() == 1 && lengths_in.size(0) == q.size(0),
-              "lsh attention: lengths must be (B,), got ", lengths_in.sizes());
+  attention_ext_checks::check_lsh_schedule(q, order_in, lengths_in, chunk_size);
   const int64_t per_lane = (std::max(q.size(3), v.size(3)) + kWarp - 1) / kWarp;
   TORCH_CHECK(per_lane <= kMaxPerLane, "lsh attention on CUDA: head and value dims up to ",
               kWarp * kMaxPerLane, " are supported, got ", q.size(3), " and ", v.size(3));

@@ -33,6 +33,7 @@
 
 namespace {
 
+using attention_ext_checks::SparseInputs;
 using attention_ext_checks::SparseShape;
 using attention_ext_checks::check_sparse;
 
@@ -335,12 +336,6 @@ void sparse_weighted_sum_backward_kernel(const scalar_t* grad, const scalar_t* w
       std::copy(sc.d.data() + slot * padded_dim, sc.d.data() + slot * padded_dim + dim, value_grad + slot * dim);
   });
 }
-
-struct SparseInputs {
-  at::Tensor topk, offsets, members;
-  SparseInputs(const at::Tensor& t, const at::Tensor& o, const at::Tensor& m)
-      : topk(t.contiguous()), offsets(o.contiguous()), members(m.contiguous()) {}
-};
 
 at::Tensor clustered_sparse_dot(const at::Tensor& q, const at::Tensor& k, const at::Tensor& topk,
                                 const at::Tensor& offsets, const at::Tensor& members, double scale) {

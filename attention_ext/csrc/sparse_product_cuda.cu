@@ -23,6 +23,7 @@ namespace {
 
 using namespace attention_ext_cuda;
 
+using attention_ext_checks::SparseInputs;
 using attention_ext_checks::SparseShape;
 
 SparseShape check_sparse(const at::Tensor& rows, const at::Tensor& topk, const at::Tensor& offsets,
@@ -173,12 +174,6 @@ void add_blocks_to_rows(const at::Tensor& blocks, const at::Tensor& topk, const 
       entries, per_group, key_rows, s.length, s.slots, dim);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
 }
-
-struct SparseInputs {
-  at::Tensor topk, offsets, members;
-  SparseInputs(const at::Tensor& t, const at::Tensor& o, const at::Tensor& m)
-      : topk(t.contiguous()), offsets(o.contiguous()), members(m.contiguous()) {}
-};
 
 at::Tensor clustered_sparse_dot_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& topk,
                                      const at::Tensor& offsets, const at::Tensor& members, double scale) {

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from attention_ext import AttentionConfigError
+from attention_ext import AttentionConfigError, SharedQKRequiredError, validate_attention
 from asr.model.encoder import ConvSubsampling, EncoderLayer, TransformerEncoder, sinusoidal_positions
 from asr.model.recognizer import CheckpointMismatchError, check_state_dict_fits
 
@@ -37,7 +37,7 @@ def brute_force_layer(layer: EncoderLayer, x: torch.Tensor, length: int) -> torc
 @pytest.mark.parametrize("shared_qk", [False, True])
 def test_layer_equals_brute_force_transformer_layer_on_valid_positions(shared_qk):
     torch.manual_seed(0)
-    encoder = tiny_encoder(shared_qk=shared_qk, attention="full")
+    encoder = tiny_encoder(shared_qk=shared_qk, attention=validate_attention("full"))
     layer = encoder.layers[0]
     x = torch.randn(2, 7, 8)
     lengths = torch.tensor([7, 4])
@@ -98,7 +98,7 @@ def test_set_attention_swaps_every_layer_and_keeps_the_weights():
     encoder = tiny_encoder()
     before = {k: v.clone() for k, v in encoder.state_dict().items()}
 
-    encoder.set_attention("full")
+    encoder.set_attention(validate_attention("full"))
     assert all(type(layer.attention).__name__ == "FullAttention" for layer in encoder.layers)
     assert len({id(layer.attention) for layer in encoder.layers}) == len(encoder.layers)
     after = encoder.state_dict()
@@ -109,12 +109,12 @@ def test_set_attention_rejects_unknown_names_and_unshared_models():
     encoder = tiny_encoder()
     original = encoder.layers[0].attention
     with pytest.raises(AttentionConfigError, match="unknown attention 'fancy'"):
-        encoder.set_attention("fancy")
-    with pytest.raises(AttentionConfigError, match="model.shared_qk=true"):
-        encoder.set_attention("lsh")
+        validate_attention("fancy")
+    with pytest.raises(SharedQKRequiredError, match="model.shared_qk=true"):
+        encoder.set_attention(validate_attention("lsh"))
     assert encoder.layers[0].attention is original        # nothing changed on failure
     with pytest.raises(AttentionConfigError, match="needs shared query/key"):
-        tiny_encoder(attention="shared_full")
+        tiny_encoder(attention=validate_attention("shared_full"))
 
 
 def test_state_dict_runs_under_another_attention_instance():
@@ -148,13 +148,13 @@ def test_swapped_in_attention_is_what_runs(name, options):
     features, lengths = torch.randn(2, 20, 12), torch.tensor([20, 13])
     with torch.no_grad():
         reference, _ = encoder(features, lengths)
-        encoder.set_attention(name, **options)
+        encoder.set_attention(validate_attention(name, **options))
         assert all(layer.attention.attention_name == name for layer in encoder.layers)
         exact, _ = encoder(features, lengths)
         torch.testing.assert_close(exact[0], reference[0], rtol=1e-4, atol=1e-4)
         torch.testing.assert_close(exact[1, :13], reference[1, :13], rtol=1e-4, atol=1e-4)
         if name == "clustered":
-            encoder.set_attention(name, clusters=2)
+            encoder.set_attention(validate_attention(name, clusters=2))
             approximate, _ = encoder(features, lengths)
             assert not torch.allclose(approximate[0], reference[0], atol=1e-3)
 
@@ -164,7 +164,7 @@ def test_swapped_in_attention_is_what_runs(name, options):
 def test_shared_qk_model_runs_under_every_attention_with_gradients(name, options):
     torch.manual_seed(0)
     encoder = tiny_encoder(shared_qk=True).train()
-    encoder.set_attention(name, **options)
+    encoder.set_attention(validate_attention(name, **options))
     features, lengths = torch.randn(2, 17, 12, requires_grad=True), torch.tensor([17, 9])
     out, _ = encoder(features, lengths)
     out[0].sum().backward()

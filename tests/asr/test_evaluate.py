@@ -13,7 +13,7 @@ from asr import cross_matrix
 from asr.evaluate import (EvaluateConfig, EvaluationError, decode_split, evaluate, evaluation_data, load_model,
                           main, parse_arguments)
 from asr.train import train
-from attention_ext import AttentionConfigError
+from attention_ext import AttentionConfigError, validate_attention
 from tiny_runs import tiny_config
 
 
@@ -50,7 +50,7 @@ def test_swapping_attention_changes_no_weight(trained):
     checkpoint = best(trained["synth_full"])
     saved = torch.load(checkpoint, map_location="cpu", weights_only=True)["state_dict"]
     model = load_model(checkpoint)
-    model.set_attention("iclustered", clusters=3, topk=4)
+    model.set_attention(validate_attention("iclustered", clusters=3, topk=4))
     data = evaluation_data(model, checkpoint, "test", progress=False)
     result = decode_split(model, data, progress=False)
     assert result.rates["per"] >= 0

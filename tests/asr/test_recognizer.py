@@ -10,6 +10,7 @@ import torch
 from asr.data.tokenizers import build_tokenizer
 from asr.metrics import phone_error_rate
 from asr.model.recognizer import SpeechRecognizer, warmup_factor
+from attention_ext import validate_attention
 
 FEATURES = 12
 PHONE_SPECTRA = torch.Generator().manual_seed(1)
@@ -39,13 +40,13 @@ def toy_batch(utterances, noise=0.1, seed=0):
     return batch
 
 
-def toy_recognizer(**optim):
+def toy_recognizer(attention=None, **optim):
     model = dict(layers=2, heads=2, head_dim=16, ff_dim=64, dropout=0.0, subsampling=1,
                  subsampling_channels=4, shared_qk=False, loss_weights={"chars": 0.5})
     settings = dict(lr=3e-3, weight_decay=0.0, clip_norm=10.0, plateau_factor=0.5, plateau_patience=5,
                     min_lr=1e-6, warmup_steps=0)
     settings.update(optim)
-    return SpeechRecognizer(model=model, attention={"name": "full"}, optim=settings, feature_dim=FEATURES,
+    return SpeechRecognizer(model=model, attention=attention or {"name": "full"}, optim=settings, feature_dim=FEATURES,
                             tokenizers={kind: t.state_dict() for kind, t in TOKENIZERS.items()})
 
 
@@ -152,3 +153,13 @@ def test_warmup_scales_the_learning_rate_only_during_the_step():
         recognizer.optimizer_step(0, step, optimizer)
     assert seen == [0.25, 0.5, 0.75, 1.0, 1.0, 1.0]
     assert optimizer.param_groups[0]["lr"] == 1.0          # what the plateau schedule sees is unchanged
+
+
+def test_attention_is_built_as_validated_and_kept_as_a_plain_hyper_parameter():
+    """train hands over a ValidatedAttention; the checkpoint keeps {"name", **options}, which a
+    model rebuilt from the hyper-parameters validates (and completes) again."""
+    recognizer = toy_recognizer(validate_attention("clustered", clusters=7))
+    expected = {"name": "clustered", "clusters": 7, "bits": 63, "iterations": 10}
+    assert recognizer.hparams.attention == expected
+    assert repr(recognizer.encoder.layers[0].attention) == "ClusteredAttention(clusters=7, bits=63, iterations=10)"
+    assert toy_recognizer({"name": "clustered", "clusters": 7}).hparams.attention == expected

@@ -13,13 +13,13 @@ import math
 import pytest
 import torch
 
-from attention_ext import build_attention
+from attention_ext import available_attentions, build_attention
 
 KERNEL_ATTENTIONS = {"clustered": dict(clusters=4, bits=16, iterations=3),
                      "iclustered": dict(clusters=4, bits=16, iterations=3, topk=5),
                      "lsh": dict(rounds=2, chunk_size=8)}
 TORCH_ATTENTIONS = {"full": {}, "shared_full": {}, "oracle_top": dict(topk=5)}
-SHARED_QK = {"lsh", "shared_full"}
+SHARED_QK = {name for name, entry in available_attentions().items() if entry.needs_shared_qk}
 
 
 def bfloat16_inputs(name: str, seed: int = 0):

@@ -10,6 +10,7 @@ import torch
 from attention_ext import benchmark, registry
 from attention_ext.benchmark import (CSV_COLUMNS, BenchmarkCase, Measurement, cpu_peak_memory_bytes,
                                      evaluate_targets)
+from attention_ext.benchmark.__main__ import main
 from attention_ext.registry import Option, register_attention
 
 MIB = 2 ** 20
@@ -101,7 +102,8 @@ def test_registry(monkeypatch):
     register_attention("scratch_test")(ScratchAttention)
     register_attention("oom_test")(RunsOutOfMemory)
     register_attention("broken_test")(Broken)
-    register_attention("lsh", (Option("rounds", 1, 1), Option("chunk_size", 32, 1)))(SharedKeyProbe)
+    register_attention("lsh", (Option("rounds", 1, 1), Option("chunk_size", 32, 1)),
+                       needs_shared_qk=True, number_option="rounds")(SharedKeyProbe)
     SharedKeyProbe.calls_with_shared_qk.clear()
     threads = torch.get_num_threads()
     yield
@@ -116,9 +118,9 @@ def read_rows(path):
 
 def test_tiny_benchmark_writes_csv_png_ratios_and_memory(test_registry, tmp_path, capsys):
     batch, heads, dim = 1, 2, 16
-    benchmark.main(["--lengths", "64", "128", "--attentions", "full", "scratch-test", "lsh-2",
-                    "--repeats", "1", "--warmup", "1", "--batch", str(batch), "--heads", str(heads),
-                    "--dim", str(dim), "--threads", "1", "--out", str(tmp_path)])
+    main(["--lengths", "64", "128", "--attentions", "full", "scratch-test", "lsh-2",
+          "--repeats", "1", "--warmup", "1", "--batch", str(batch), "--heads", str(heads),
+          "--dim", str(dim), "--threads", "1", "--out", str(tmp_path)])
     stdout = capsys.readouterr().out
 
     columns, rows = read_rows(tmp_path / "benchmark_cpu.csv")
@@ -158,9 +160,9 @@ def test_tiny_benchmark_writes_csv_png_ratios_and_memory(test_registry, tmp_path
 
 
 def test_max_length_skips_an_attention_and_leaves_its_ratio_empty(test_registry, tmp_path, capsys):
-    benchmark.main(["--lengths", "32,64", "--attentions", "full,scratch-test", "--repeats", "1",
-                    "--warmup", "0", "--heads", "1", "--dim", "8", "--max-length", "full=32",
-                    "--out", str(tmp_path)])
+    main(["--lengths", "32,64", "--attentions", "full,scratch-test", "--repeats", "1",
+          "--warmup", "0", "--heads", "1", "--dim", "8", "--max-length", "full=32",
+          "--out", str(tmp_path)])
     _, rows = read_rows(tmp_path / "benchmark_cpu.csv")
     by_key = {(row["length"], row["attention"]): row for row in rows}
     assert by_key[("64", "full")]["status"] == "skipped (--max-length 32)"
@@ -180,7 +182,7 @@ def test_max_length_skips_an_attention_and_leaves_its_ratio_empty(test_registry,
 ])
 def test_bad_arguments_name_the_value(test_registry, tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit):
-        benchmark.main(argv + ["--out", str(tmp_path)])
+        main(argv + ["--out", str(tmp_path)])
     assert message in capsys.readouterr().err
 
 
@@ -270,8 +272,8 @@ def test_overtaking_target_fails_when_full_is_still_faster_at_its_length():
 
 
 def test_out_of_memory_retires_an_attention_for_longer_sequences(test_registry, tmp_path, capsys):
-    benchmark.main(["--lengths", "64", "128", "256", "--attentions", "full", "oom-test",
-                    "--repeats", "1", "--heads", "1", "--dim", "8", "--out", str(tmp_path)])
+    main(["--lengths", "64", "128", "256", "--attentions", "full", "oom-test",
+          "--repeats", "1", "--heads", "1", "--dim", "8", "--out", str(tmp_path)])
     _, rows = read_rows(tmp_path / "benchmark_cpu.csv")
     status = {row["length"]: row["status"] for row in rows if row["name"] == "oom_test"}
     assert status == {"64": "ok", "128": "out of memory",
@@ -282,7 +284,7 @@ def test_out_of_memory_retires_an_attention_for_longer_sequences(test_registry, 
 
 def test_an_attention_bug_is_raised_with_the_attention_and_length(test_registry, tmp_path):
     with pytest.raises(ValueError, match="a bug in the attention") as error:
-        benchmark.main(["--lengths", "16", "--attentions", "full", "broken-test", "--repeats", "1",
-                        "--heads", "1", "--dim", "8", "--out", str(tmp_path)])
+        main(["--lengths", "16", "--attentions", "full", "broken-test", "--repeats", "1",
+              "--heads", "1", "--dim", "8", "--out", str(tmp_path)])
     if sys.version_info >= (3, 11):  # exception notes
         assert "while benchmarking broken-test = broken_test() at N=16" in error.value.__notes__

@@ -17,7 +17,7 @@ from attention_ext.lsh import lsh_hash
 
 from kernel_devices import requires_cuda
 
-SHARED_QK = {"lsh", "shared_full"}
+SHARED_QK = {name for name, entry in available_attentions().items() if entry.needs_shared_qk}
 # Options under which every attention is exact (full or shared-full attention), so that a
 # half-precision run can be compared with a float32 run whatever the rounding did to hashes.
 EXACT_OPTIONS = {"clustered": dict(clusters=24), "iclustered": dict(clusters=3, topk=24),

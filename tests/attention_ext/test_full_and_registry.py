@@ -4,7 +4,8 @@ import math
 import pytest
 import torch
 
-from attention_ext import AttentionConfigError, available_attentions, build_attention, resolve_options
+from attention_ext import (AttentionConfigError, SharedQKRequiredError, available_attentions, build_attention,
+                           validate_attention)
 from attention_ext.contract import check_inputs
 
 
@@ -69,7 +70,8 @@ def test_defaults_are_filled_in():
     from attention_ext import available_attentions
     if "iclustered" not in available_attentions():
         pytest.skip("iclustered is not registered")
-    assert resolve_options("iclustered") == {"clusters": 100, "bits": 63, "iterations": 10, "topk": 32}
+    assert validate_attention("iclustered") == (
+        "iclustered", {"clusters": 100, "bits": 63, "iterations": 10, "topk": 32})
 
 
 def test_contract_rejects_bad_shapes_and_lengths():
@@ -89,3 +91,12 @@ def test_every_attention_refuses_inputs_on_two_devices(name):
     q = torch.randn(1, 1, 4, 2)
     with pytest.raises(ValueError, match=r"q, k, v must be on one device, got cpu, cpu, meta"):
         build_attention(name)(q, q, q.to("meta"))
+
+
+@pytest.mark.parametrize("name", sorted(name for name, entry in available_attentions().items()
+                                        if entry.needs_shared_qk))
+def test_shared_qk_attentions_refuse_a_separate_key_tensor(name):
+    q, k = torch.randn(1, 1, 4, 2), torch.randn(1, 1, 4, 2)
+    with pytest.raises(SharedQKRequiredError, match=f"attention '{name}' needs a model with shared query/key"):
+        build_attention(name)(q, k, q)
+    assert validate_attention(name).needs_shared_qk

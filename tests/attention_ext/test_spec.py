@@ -2,27 +2,28 @@
 import pytest
 import torch
 
-from attention_ext import AttentionConfigError, available_attentions, parse_attention_spec, resolve_options
+from attention_ext import AttentionConfigError, available_attentions, parse_attention_spec, validate_attention
 from attention_ext import registry
 from attention_ext.registry import Option, register_attention
 
 
 @pytest.fixture
 def paper_registry(monkeypatch):
-    """A registry holding stand-ins with the options (and paper defaults) of the real types,
-    so the grammar is tested whether or not the real modules are written yet."""
+    """A registry holding stand-ins with the options (and paper defaults), number options and
+    aliases of the real types, so the grammar is tested whether or not the real modules are written yet."""
     monkeypatch.setattr(registry, "_REGISTRY", {})
+    clustering = (Option("clusters", 100, 1), Option("bits", 63, 1, 63), Option("iterations", 10, 0))
     kinds = {
-        "full": (),
-        "shared_full": (),
-        "clustered": (Option("clusters", 100, 1), Option("bits", 63, 1, 63), Option("iterations", 10, 0)),
-        "iclustered": (Option("clusters", 100, 1), Option("bits", 63, 1, 63), Option("iterations", 10, 0),
-                       Option("topk", 32, 1)),
-        "lsh": (Option("rounds", 1, 1), Option("chunk_size", 32, 1)),
-        "oracle_top": (Option("topk", 32, 1),),
+        "full": ((), {}),
+        "shared_full": ((), {}),
+        "clustered": (clustering, {"number_option": "clusters"}),
+        "iclustered": (clustering + (Option("topk", 32, 1),),
+                       {"number_option": "clusters", "aliases": ("i-clustered", "improved-clustered")}),
+        "lsh": ((Option("rounds", 1, 1), Option("chunk_size", 32, 1)), {"number_option": "rounds"}),
+        "oracle_top": ((Option("topk", 32, 1),), {"number_option": "topk"}),
     }
-    for name, options in kinds.items():
-        register_attention(name, options)(type(f"StandIn_{name}", (torch.nn.Module,), {}))
+    for name, (options, facts) in kinds.items():
+        register_attention(name, options, **facts)(type(f"StandIn_{name}", (torch.nn.Module,), {}))
 
 
 @pytest.mark.parametrize("spec,name,options", [
@@ -84,8 +85,8 @@ def test_option_errors_come_from_the_registry_rules(paper_registry, spec, messag
 
 def test_real_registry_names_parse_to_their_defaults():
     for name in available_attentions():
-        assert parse_attention_spec(name) == (name, resolve_options(name))
-        assert parse_attention_spec(name.replace("_", "-")) == (name, resolve_options(name))
+        assert parse_attention_spec(name) == validate_attention(name)
+        assert parse_attention_spec(name.replace("_", "-")) == validate_attention(name)
 
 
 def test_real_clustered_spec_has_the_paper_settings():
@@ -93,3 +94,15 @@ def test_real_clustered_spec_has_the_paper_settings():
         pytest.skip("clustered is not registered")
     assert parse_attention_spec("clustered-100") == (
         "clustered", {"clusters": 100, "bits": 63, "iterations": 10})
+
+
+def test_registration_refuses_a_number_option_it_lacks_and_a_taken_alias(paper_registry):
+    def stand_in():
+        return type("StandIn_other", (torch.nn.Module,), {})
+    with pytest.raises(RuntimeError, match="number_option 'rounds' is none of its options"):
+        register_attention("other", (Option("topk", 1, 1),), number_option="rounds")(stand_in())
+    with pytest.raises(RuntimeError, match="'I-Clustered' already names an attention"):
+        register_attention("other", aliases=("I-Clustered",))(stand_in())
+    with pytest.raises(RuntimeError, match="'shared-full' already names an attention"):
+        register_attention("other", aliases=("shared-full",))(stand_in())
+    assert "other" not in available_attentions()

@@ -1,0 +1,157 @@
+"""The targets of a run, evaluated on the ratios it measured.
+
+On the CPU in float32, against torch's CPU attention: speedups over full at given N and
+a time per element that stays flat (linear cost). On CUDA in bfloat16, against SDPA's
+FlashAttention kernels: the N from which clustered and i-clustered overtake full.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from .cases import BenchmarkCase, Measurement
+
+
+def overtaking_lengths(measurements: list[Measurement]) -> dict[str, int | None]:
+    """For every attention but full: the shortest measured N from which it is faster than
+    full (speedup > 1) at that N and at every longer N where both were measured; None if it
+    is not faster at the longest such N. Attentions never compared with full are left out.
+    """
+    ratios: dict[str, dict[int, float]] = {}
+    for cell in measurements:
+        if cell.case.name != "full" and cell.speedup_vs_full is not None:
+            ratios.setdefault(cell.case.label, {})[cell.length] = cell.speedup_vs_full
+    overtakes = {}
+    for label, by_length in ratios.items():
+        overtakes[label] = None
+        for length in sorted(by_length, reverse=True):
+            if by_length[length] <= 1:
+                break
+            overtakes[label] = length
+    return overtakes
+
+
+def overtaking_text(length: int | None) -> str:
+    return "not faster at the longest N measured" if length is None else f"from N={length}"
+
+
+@dataclass(frozen=True)
+class SpeedupTarget:
+    name: str
+    options: tuple[tuple[str, int], ...]   # options a case must have for the target to apply
+    length: int
+    minimum: float
+    title: str
+
+
+@dataclass(frozen=True)
+class LinearScalingTarget:
+    name: str
+    options: tuple[tuple[str, int], ...]
+    shortest: int
+    longest: int
+    factor: float
+    title: str
+
+
+@dataclass(frozen=True)
+class OvertakingTarget:
+    name: str
+    options: tuple[tuple[str, int], ...]
+    length: int        # the attention must overtake full at this N or a shorter one
+    title: str
+
+
+SPEEDUP_TARGETS = (
+    SpeedupTarget("clustered", (), 4096, 12.0, "clustered"),
+    SpeedupTarget("clustered", (), 8192, 20.0, "clustered"),
+    SpeedupTarget("iclustered", (), 4096, 7.0, "iclustered"),
+    SpeedupTarget("iclustered", (), 8192, 12.0, "iclustered"),
+    SpeedupTarget("lsh", (("rounds", 1),), 4096, 10.0, "lsh-1"),
+    SpeedupTarget("lsh", (("rounds", 4),), 4096, 3.0, "lsh-4"),
+)
+LINEAR_SCALING_TARGETS = tuple(
+    LinearScalingTarget(name, options, 2048, 8192, 1.3, title)
+    for name, options, title in (("clustered", (), "clustered"), ("iclustered", (), "iclustered"),
+                                 ("lsh", (("rounds", 1),), "lsh-1"),
+                                 ("lsh", (("rounds", 4),), "lsh-4")))
+OVERTAKING_TARGETS = (
+    OvertakingTarget("clustered", (), 8192, "clustered"),
+    OvertakingTarget("iclustered", (), 16384, "iclustered"),
+)
+# (speedup, linear scaling, overtaking) targets by (device, dtype) of the run: on the CPU in
+# float32 against torch's CPU attention, on CUDA in bfloat16 against SDPA's FlashAttention
+# kernels. Other runs have none.
+TARGETS_BY_RUN = {
+    ("cpu", torch.float32): (SPEEDUP_TARGETS, LINEAR_SCALING_TARGETS, ()),
+    ("cuda", torch.bfloat16): ((), (), OVERTAKING_TARGETS),
+}
+
+
+def _applies(case: BenchmarkCase, name: str, options: tuple[tuple[str, int], ...]) -> bool:
+    return case.name == name and all(case.options.get(key) == value for key, value in options)
+
+
+@dataclass
+class TargetResult:
+    passed: bool
+    text: str
+
+
+def evaluate_targets(measurements: list[Measurement], batch: int, device_type: str,
+                     dtype: torch.dtype) -> list[TargetResult]:
+    """The targets of this run's device and dtype, for every measured case they apply to.
+
+    Speedup: full time / time at N, from this run. Linear scaling: time per
+    element at every measured N in [2048, 8192] (both ends measured), largest
+    over smallest <= 1.3, i.e. all those values lie within 1.3x of each other.
+    Overtaking: faster than full at N (measured) and at every longer N measured.
+    A target whose attention or lengths were not measured is left out.
+    """
+    speedup_targets, scaling_targets, overtaking_targets = TARGETS_BY_RUN.get((device_type, dtype),
+                                                                              ((), (), ()))
+    results = []
+    cases = list(dict.fromkeys(cell.case.label for cell in measurements))
+    cells = {(cell.case.label, cell.length): cell for cell in measurements}
+    case_by_label = {cell.case.label: cell.case for cell in measurements}
+    for target in speedup_targets:
+        for label in cases:
+            if not _applies(case_by_label[label], target.name, target.options):
+                continue
+            cell = cells.get((label, target.length))
+            if cell is None or cell.speedup_vs_full is None:
+                continue
+            passed = cell.speedup_vs_full >= target.minimum
+            results.append(TargetResult(passed, (
+                f"{label}: speedup vs full at N={target.length} >= {target.minimum:g}x "
+                f"(target for {target.title}): {cell.speedup_vs_full:.2f}x")))
+    for target in scaling_targets:
+        for label in cases:
+            if not _applies(case_by_label[label], target.name, target.options):
+                continue
+            per_element = {length: cell.time_per_element_us(batch)
+                           for (cell_label, length), cell in cells.items()
+                           if cell_label == label and target.shortest <= length <= target.longest
+                           and cell.median_ms is not None}
+            if target.shortest not in per_element or target.longest not in per_element:
+                continue
+            spread = max(per_element.values()) / min(per_element.values())
+            values = ", ".join(f"N={length}: {value:.3g} us"
+                               for length, value in sorted(per_element.items()))
+            results.append(TargetResult(spread <= target.factor, (
+                f"{label}: time per element within {target.factor:g}x over "
+                f"N={target.shortest}..{target.longest} (target for {target.title}): "
+                f"max/min = {spread:.2f} ({values})")))
+    overtakes = overtaking_lengths(measurements)
+    for target in overtaking_targets:
+        for label in cases:
+            cell = cells.get((label, target.length))
+            if (not _applies(case_by_label[label], target.name, target.options) or cell is None
+                    or cell.speedup_vs_full is None):
+                continue
+            length = overtakes[label]
+            results.append(TargetResult(length is not None and length <= target.length, (
+                f"{label}: overtakes full at N <= {target.length} (target for {target.title}): "
+                f"{overtaking_text(length)}, {cell.speedup_vs_full:.2f}x at N={target.length}")))
+    return results

@@ -1,0 +1,172 @@
+"""The measured passes: random inputs, one forward+backward, interleaved rounds over all cells."""
+from __future__ import annotations
+
+import sys
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+
+from .cases import BenchmarkCase, BenchmarkConfig, Measurement, add_ratios_to_full, build_cases
+from .memory import peak_memory_bytes
+
+
+@dataclass
+class Inputs:
+    q: torch.Tensor
+    k: torch.Tensor
+    v: torch.Tensor
+    grad_out: torch.Tensor
+
+
+def make_inputs(config: BenchmarkConfig, length: int) -> Inputs:
+    """Random q, k, v (leaves that require grad) and a random output gradient.
+
+    Drawn on the CPU from a generator seeded by (seed, N), so every device and
+    every run sees the same numbers.
+    """
+    generator = torch.Generator().manual_seed(config.seed * 1_000_003 + length)
+    shape = (config.batch, config.heads, length, config.dim)
+
+    def draw():
+        return torch.randn(shape, generator=generator).to(config.device, config.dtype)
+
+    q, k, v, grad_out = draw(), draw(), draw(), draw()
+    for tensor in (q, k, v):
+        tensor.requires_grad_(True)
+    return Inputs(q, k, v, grad_out)
+
+
+def clear_gradients(inputs: Inputs) -> None:
+    """Frees the last pass's gradients, outside the measured region, so every pass
+    allocates its gradients afresh (counted in time and memory) and frees nothing old."""
+    for tensor in (inputs.q, inputs.k, inputs.v):
+        tensor.grad = None
+
+
+def forward_backward(case: BenchmarkCase, inputs: Inputs) -> None:
+    """One forward+backward, the measured region."""
+    keys = inputs.q if case.shared_qk else inputs.k
+    out = case.module(inputs.q, keys, inputs.v)
+    out.backward(inputs.grad_out)
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_forward_backward_ms(case: BenchmarkCase, inputs: Inputs, device: torch.device) -> float:
+    clear_gradients(inputs)
+    _synchronize(device)
+    start = time.perf_counter()
+    forward_backward(case, inputs)
+    _synchronize(device)
+    return (time.perf_counter() - start) * 1e3
+
+
+def _is_out_of_memory(error: BaseException) -> bool:
+    """CUDA's OutOfMemoryError, or the CPU allocator's refusal (a RuntimeError)."""
+    return (isinstance(error, (torch.OutOfMemoryError, MemoryError))
+            or (isinstance(error, RuntimeError) and "can't allocate memory" in str(error)))
+
+
+class Progress:
+    """A tqdm bar on a terminal, plus one line per finished measurement on stderr."""
+
+    def __init__(self, total: int):
+        from tqdm import tqdm
+        self.bar = tqdm(total=total, unit="pass", file=sys.stderr, disable=None, leave=False)
+
+    def step(self, description: str) -> None:
+        self.bar.set_description(description, refresh=False)
+        self.bar.update(1)
+
+    def line(self, text: str) -> None:
+        self.bar.write(text, file=sys.stderr)
+
+    def close(self) -> None:
+        self.bar.close()
+
+
+def run_benchmark(config: BenchmarkConfig, cases: list[BenchmarkCase] | None = None
+                  ) -> list[Measurement]:
+    """Measures every (N, attention) cell. Each warm-up and each repeat is one round over
+    all cells, every length and every attention, so a slow spell of a shared machine
+    lands on all cells alike and the ratios (between attentions and between lengths)
+    compare passes taken side by side."""
+    torch.manual_seed(config.seed)
+    if config.device.type == "cpu":
+        torch.set_num_threads(config.threads)
+    cases = build_cases(config) if cases is None else cases
+    passes_per_case = config.warmup + config.repeats + 1
+    progress = Progress(total=len(config.lengths) * len(cases) * passes_per_case)
+    cells = {(length, case.label): Measurement(length, case)
+             for length in config.lengths for case in cases}
+    active: dict[int, list[BenchmarkCase]] = {}
+    for length in config.lengths:
+        active[length] = []
+        for case in cases:
+            if case.max_length is not None and length > case.max_length:
+                cells[length, case.label].status = f"skipped (--max-length {case.max_length})"
+            else:
+                active[length].append(case)
+    inputs = {length: make_inputs(config, length) for length in config.lengths if active[length]}
+
+    def attempt(length: int, case: BenchmarkCase, description: str,
+                work: Callable[[Inputs], object]):
+        """Runs one pass of `case` at `length`; out of memory retires it there and above."""
+        progress.step(f"N={length} {case.label} {description}")
+        if case not in active[length]:
+            return None
+        clear_gradients(inputs[length])
+        try:
+            return work(inputs[length])
+        except Exception as error:
+            if not _is_out_of_memory(error):
+                if hasattr(error, "add_note"):  # Python >= 3.11
+                    error.add_note(f"while benchmarking {case.label} = "
+                                   f"{case.name}({case.options_text}) at N={length}")
+                raise
+            for larger in config.lengths:
+                if larger >= length and case in active[larger]:
+                    active[larger].remove(case)
+                    cells[larger, case.label].status = (
+                        "out of memory" if larger == length
+                        else f"skipped (out of memory at N={length})")
+            progress.line(f"N={length:>6} {case.label}: out of memory")
+            if config.device.type == "cuda":
+                torch.cuda.empty_cache()
+            return None
+
+    def each_cell():
+        for length in config.lengths:
+            for case in cases:
+                yield length, case
+
+    try:
+        for index in range(config.warmup):
+            for length, case in each_cell():
+                attempt(length, case, f"warm-up {index + 1}/{config.warmup}",
+                        lambda x: forward_backward(case, x))
+        for index in range(config.repeats):
+            for length, case in each_cell():
+                elapsed = attempt(length, case, f"repeat {index + 1}/{config.repeats}",
+                                  lambda x: time_forward_backward_ms(case, x, config.device))
+                if elapsed is not None:
+                    cells[length, case.label].times_ms.append(elapsed)
+        for length, case in each_cell():
+            cell = cells[length, case.label]
+            peak = attempt(length, case, "memory", lambda x: peak_memory_bytes(
+                lambda: forward_backward(case, x), config.device))
+            if peak is not None:
+                cell.peak_bytes = peak
+            if cell.status == "ok" and cell.median_ms is not None:
+                progress.line(f"N={length:>6} {case.label}: {cell.median_ms:.2f} ms (median of "
+                              f"{len(cell.times_ms)}), peak {cell.peak_memory_mib():.2f} MiB")
+    finally:
+        progress.close()
+    measurements = list(cells.values())
+    add_ratios_to_full(measurements)
+    return measurements
