@@ -130,7 +130,7 @@ def lsh_chunked_attention(q: torch.Tensor, v: torch.Tensor, order: torch.Tensor,
 @register_attention("lsh", options=(
     Option("rounds", 1, 1, help="independent hashing rounds, combined by log-sum-exp"),
     Option("chunk_size", 32, 1, help="positions per chunk of the sorted buckets"),
-), summary="Reformer LSH attention (needs shared QK: k = q)")
+), summary="Reformer LSH attention (needs shared QK: k = q)", needs_shared_qk=True)
 class LSHAttention(torch.nn.Module):
     """Reformer LSH attention: `rounds` hashing rounds, chunks of `chunk_size` (see module doc)."""
 

@@ -55,18 +55,23 @@ class AttentionType:
     cls: type
     options: tuple[Option, ...]
     summary: str
+    # True for attentions defined only for shared query/key projections: call them with k = q.
+    needs_shared_qk: bool = False
 
 
 _REGISTRY: dict[str, AttentionType] = {}
 
 
-def register_attention(name: str, options: tuple[Option, ...] = (), summary: str = ""
-                       ) -> Callable[[type], type]:
-    """Class decorator: makes `cls` buildable as `build_attention(name, **options)`."""
+def register_attention(name: str, options: tuple[Option, ...] = (), summary: str = "",
+                       needs_shared_qk: bool = False) -> Callable[[type], type]:
+    """Class decorator: makes `cls` buildable as `build_attention(name, **options)`.
+
+    `needs_shared_qk`: the attention refuses a separate key tensor (callers pass k = q)."""
     def decorate(cls: type) -> type:
         if name in _REGISTRY:
             raise RuntimeError(f"attention '{name}' is registered twice")
-        _REGISTRY[name] = AttentionType(name, cls, tuple(options), summary or (cls.__doc__ or "").strip().split("\n")[0])
+        _REGISTRY[name] = AttentionType(name, cls, tuple(options), summary or (cls.__doc__ or "").strip().split("\n")[0],
+                                        needs_shared_qk)
         cls.attention_name = name
         return cls
     return decorate

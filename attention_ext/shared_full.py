@@ -30,7 +30,8 @@ def require_shared_qk(q: torch.Tensor, k: torch.Tensor, attention: str) -> None:
 
 
 @register_attention("shared_full",
-                    summary="full attention with shared QK: unit keys, no attention to self")
+                    summary="full attention with shared QK: unit keys, no attention to self",
+                    needs_shared_qk=True)
 class SharedFullAttention(torch.nn.Module):
     """softmax(Q K^T / sqrt(E)) V with K = Q / ||Q|| and the diagonal masked (see module doc).
 
