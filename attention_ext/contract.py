@@ -66,6 +66,18 @@ def zero_padded_queries(out: torch.Tensor, lengths: torch.Tensor) -> torch.Tenso
     return out.masked_fill(~mask, 0.0)
 
 
+def zeros_without_valid_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+    """The output of a batch in which no query is valid (B = 0, N = 0 or every length 0):
+    zeros of v's shape that are still connected to q, k and v, so a backward pass gives them
+    zero gradients instead of failing on an output without grad_fn. masked_fill, unlike
+    multiplying by 0, keeps a NaN or inf of the (padded) inputs out of the zeros."""
+    everything = torch.ones((), dtype=torch.bool, device=v.device)
+    out = v.masked_fill(everything, 0.0)
+    for x in (q, k):
+        out = out + x.masked_fill(everything, 0.0).sum(-1, keepdim=True)
+    return out
+
+
 def attend_by_valid_length(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            lengths: torch.Tensor) -> torch.Tensor:
     """Runs `attend(q, k, v)` once per group of sequences that share a valid length, on their
@@ -73,17 +85,20 @@ def attend_by_valid_length(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Te
 
     For attentions whose dense computation is simplest without masks (shared_full, oracle_top).
     When every sequence is full, `attend` gets the inputs as they are (no gather, no scatter).
+    `attend` never sees an empty sequence; a batch without any valid query gives
+    `zeros_without_valid_queries`.
     """
     batch, heads, length, _ = q.shape
     groups: dict[int, list[int]] = {}
     for index, valid in enumerate(lengths.tolist()):
-        groups.setdefault(valid, []).append(index)
-    if len(groups) == 1 and length in groups:
+        if valid > 0:
+            groups.setdefault(valid, []).append(index)
+    if not groups:
+        return zeros_without_valid_queries(q, k, v)
+    if len(groups) == 1 and length in groups and len(groups[length]) == batch:
         return attend(q, k, v)
     out = v.new_zeros(batch, heads, length, v.shape[3])
     for valid, indices in groups.items():
-        if valid == 0:
-            continue
         rows = torch.tensor(indices, device=q.device)
         out[rows, :, :valid] = attend(q[rows, :, :valid], k[rows, :, :valid], v[rows, :, :valid])
     return out
