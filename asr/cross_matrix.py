@@ -33,6 +33,7 @@ import torch
 from asr.evaluate import (EvaluationError, decode_split, evaluation_attention, evaluation_data, load_model,
                           run_folder_of, write_outputs)
 from asr.data.manifests import ManifestError
+from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.model.encoder import check_attention_fits
 from attention_ext import AttentionConfigError
 
@@ -59,8 +60,7 @@ def parse_columns(arguments: list[str]) -> list[Column]:
             # runs/<preset>/<timestamp>/: the preset names the column better than the time
             if run is not None and run.parent.name and any(ch.isdigit() for ch in run.name[:4]):
                 label = run.parent.name
-        if not Path(path).is_file():
-            raise EvaluationError(f"checkpoint {path!r} not found (column {label!r})")
+        read_checkpoint(path)   # a column that cannot be evaluated stops the matrix before any cell runs
         columns.append(Column(label, Path(path)))
     labels = [column.label for column in columns]
     duplicated = sorted({label for label in labels if labels.count(label) > 1})
@@ -336,7 +336,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         args.data = parse_data_overrides(args.data)
         run(args)
-    except (EvaluationError, AttentionConfigError, ManifestError) as error:
+    except (EvaluationError, AttentionConfigError, ManifestError, CheckpointError) as error:
         print(f"asr.cross_matrix: error: {error}", file=sys.stderr)
         return 2
     print((args.out / "matrix.md").read_text())

@@ -45,6 +45,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config
 from asr.data.manifests import ManifestError
+from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
 from asr.model.ctc import greedy_decode, prefix_beam_search
 from asr.model.recognizer import REFERENCE_FIELD, EvaluationTally, SpeechRecognizer
 from attention_ext import AttentionConfigError, parse_attention_spec, resolve_options
@@ -132,15 +133,20 @@ def attention_label(name: str, options: dict[str, int]) -> str:
 
 # ---- model and data ---------------------------------------------------------------------------------
 def load_model(checkpoint: str | Path, device: str = "cpu") -> SpeechRecognizer:
-    path = Path(checkpoint)
-    if not path.is_file():
-        raise EvaluationError(f"checkpoint={str(path)!r}: no such file; give a .ckpt written by asr.train "
-                              "(runs/<preset>/<time>/checkpoints/best.ckpt)")
+    """The trained model of an asr.train checkpoint, in eval mode on `device`; CheckpointError
+    (one line naming the file) if the file cannot be used."""
+    saved = read_checkpoint(checkpoint)
+    where = f"checkpoint {checkpoint}"
     try:
-        model = SpeechRecognizer.load_from_checkpoint(str(path), map_location=device)
-    except (KeyError, TypeError, RuntimeError, EOFError) as error:
-        raise EvaluationError(f"checkpoint={str(path)!r} is not an asr.train checkpoint ({error})") from None
-    return model.eval()
+        model = SpeechRecognizer(**{key: saved["hyper_parameters"][key] for key in HYPER_PARAMETERS})
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{where}: its hyper_parameters do not build a model ({error})") from None
+    try:
+        model.load_state_dict(saved["state_dict"])
+    except RuntimeError:
+        raise CheckpointError(f"{where}: its weights do not fit the model its hyper_parameters describe "
+                              "(a damaged or hand-edited checkpoint?)") from None
+    return model.to(device).eval()
 
 
 def run_folder_of(checkpoint: str | Path) -> Path | None:
@@ -373,7 +379,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         config, attention_options = parse_arguments(argv)
         report = evaluate(config, attention_options)
-    except (EvaluationError, AttentionConfigError, ManifestError) as error:
+    except (EvaluationError, AttentionConfigError, ManifestError, CheckpointError) as error:
         print(f"asr.evaluate: error: {error}", file=sys.stderr)
         return 2
     rates = report["error_rates"]

@@ -51,6 +51,7 @@ from omegaconf import DictConfig, OmegaConf
 from asr.config import ConfigError, attention_settings, register_schema, validate_config
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError, preparation_hint
+from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
 from attention_ext import AttentionConfigError
@@ -122,7 +123,7 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:
                 "start a fresh run (no ckpt_path), or give run_dir=FOLDER or ckpt_path=FILE.ckpt")
         return path
     path = Path(ckpt_path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"ckpt_path={ckpt_path!r}: no such checkpoint file; give a .ckpt file or 'last'")
     return path
 
@@ -269,11 +270,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     resume_from = resolve_checkpoint(cfg.ckpt_path, run_dir)
+    checkpoint = None if resume_from is None else read_checkpoint(resume_from)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
-    checkpoint = None
-    if resume_from is not None:
-        checkpoint = torch.load(resume_from, map_location="cpu", weights_only=False)
+    if checkpoint is not None:
         datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
     with one_process_at_a_time(run_dir / ".data_preparation.lock"):
         ensure_corpus(cfg)
@@ -341,7 +341,7 @@ def main(cfg: DictConfig) -> None:
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         results = train(cfg, run_dir)
-    except (ConfigError, AttentionConfigError, CheckpointMismatchError, ManifestError) as error:
+    except (ConfigError, AttentionConfigError, CheckpointError, CheckpointMismatchError, ManifestError) as error:
         sys.exit(f"asr.train: error: {error}")
     if rank_zero_only.rank != 0:   # the other processes of a multi-device run stay quiet
         return

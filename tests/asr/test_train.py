@@ -13,6 +13,7 @@ import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from asr.config import ConfigError, validate_config
+from asr.model.checkpoint import CheckpointError
 from asr.model.recognizer import CheckpointMismatchError
 from asr.train import train
 from attention_ext import AttentionConfigError
@@ -91,6 +92,12 @@ def test_resume_from_a_model_of_another_shape_names_the_tensors(tiny_synth, tmp_
     with pytest.raises(CheckpointMismatchError) as error:
         train(tiny_config(tiny_synth, "conf=synth_full", "model.ff_dim=48", "ckpt_path=last"), run)
     assert "encoder.layers.0.ff.0.weight: (32, 16) in the checkpoint, (48, 16) here" in str(error.value)
+
+
+def test_resume_from_a_file_that_is_not_a_checkpoint_names_it(tiny_synth, tmp_path):
+    (tmp_path / "notes.ckpt").write_text("epoch 3 looked good\n")
+    with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path}/notes.ckpt is not a PyTorch checkpoint"):
+        train(tiny_config(tiny_synth, "conf=synth_full", f"ckpt_path={tmp_path}/notes.ckpt"), tmp_path / "run")
 
 
 def test_resume_without_an_earlier_run_says_what_to_do(tiny_synth, tmp_path):
