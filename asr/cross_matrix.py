@@ -33,6 +33,7 @@ import torch
 from asr.evaluate import (EvaluationError, decode_split, evaluation_attention, evaluation_data, load_model,
                           run_folder_of, write_outputs)
 from asr.data.manifests import ManifestError
+from asr.exit_status import run_command
 from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.model.encoder import check_attention_fits
 from attention_ext import AttentionConfigError
@@ -332,16 +333,17 @@ def run(args: argparse.Namespace, progress=print) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        args.data = parse_data_overrides(args.data)
-        run(args)
-    except (EvaluationError, AttentionConfigError, ManifestError, CheckpointError) as error:
-        print(f"asr.cross_matrix: error: {error}", file=sys.stderr)
-        return 2
+    args = parser.parse_args(argv)       # a bad option: argparse exits with USAGE_ERROR
+    return run_command("asr.cross_matrix", lambda: _run_and_print(args),
+                       usage_errors=(EvaluationError, AttentionConfigError, ManifestError, CheckpointError),
+                       resume_hint="run the same command again: the cells computed so far are reused")
+
+
+def _run_and_print(args: argparse.Namespace) -> None:
+    args.data = parse_data_overrides(args.data)
+    run(args)
     print((args.out / "matrix.md").read_text())
     print(f"wrote {args.out}/matrix.md, matrix.csv, matrix.json, matrix_heatmap.png, speed_accuracy.png")
-    return 0
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config
 from asr.data.manifests import ManifestError
+from asr.exit_status import SUCCESS, run_command
 from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
 from asr.model.ctc import greedy_decode, prefix_beam_search
 from asr.model.recognizer import REFERENCE_FIELD, EvaluationTally, SpeechRecognizer
@@ -374,14 +375,15 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(arg in ("-h", "--help") for arg in argv):
         print(__doc__)
-        return 0
+        return SUCCESS
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        config, attention_options = parse_arguments(argv)
-        report = evaluate(config, attention_options)
-    except (EvaluationError, AttentionConfigError, ManifestError, CheckpointError) as error:
-        print(f"asr.evaluate: error: {error}", file=sys.stderr)
-        return 2
+    return run_command("asr.evaluate", lambda: _evaluate_and_print(argv),
+                       usage_errors=(EvaluationError, AttentionConfigError, ManifestError, CheckpointError))
+
+
+def _evaluate_and_print(argv: list[str]) -> None:
+    config, attention_options = parse_arguments(argv)
+    report = evaluate(config, attention_options)
     rates = report["error_rates"]
     attention = report["evaluated_with"]
     print(f"{report['checkpoint']}: {report['utterances']} utterances of {report['data']}")
@@ -392,7 +394,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{report['forward_us_per_frame']:.1f} us per 10 ms frame (real-time factor "
           f"{report['real_time_factor']:.3f}) on {report['device']} with {report['threads']} threads")
     print(f"wrote {report['out']}/results.json and hypotheses.jsonl")
-    return 0
 
 
 if __name__ == "__main__":

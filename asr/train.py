@@ -31,6 +31,7 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import sys
 import time
 import warnings
@@ -51,6 +52,7 @@ from omegaconf import DictConfig, OmegaConf
 from asr.config import ConfigError, attention_settings, register_schema, validate_config
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError, preparation_hint
+from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
 from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
@@ -259,6 +261,18 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
     return trainer, best, latest
 
 
+@contextmanager
+def ctrl_c_as_keyboard_interrupt(trainer: L.Trainer):
+    """Lightning turns Ctrl-C inside fit and test into sys.exit(1) after its own clean shutdown;
+    raise it again as the KeyboardInterrupt it was, so the command can exit with INTERRUPTED."""
+    try:
+        yield
+    except SystemExit:
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
+
+
 # ---- the run -------------------------------------------------------------------------------------
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Trains (or resumes) one run in `run_dir`, tests its best checkpoint, writes results.json."""
@@ -299,7 +313,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 
     timer = EpochTimer()
     trainer, best, latest = build_trainer(cfg, run_dir, timer)
-    trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+    with ctrl_c_as_keyboard_interrupt(trainer):
+        trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
 
     best_path = best.best_model_path or latest.best_model_path   # the latest one when nothing was validated
     results = {
@@ -313,7 +328,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "val": getattr(model, "last_error_rates", {}).get("val", {}),
     }
     if cfg.test and best_path:
-        trainer.test(model, datamodule=datamodule, ckpt_path=best_path)
+        with ctrl_c_as_keyboard_interrupt(trainer):
+            trainer.test(model, datamodule=datamodule, ckpt_path=best_path)
         results["test"] = model.last_error_rates.get("test", {})
     results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
     if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them
@@ -336,13 +352,39 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.2f}%"
 
 
+# ---- the command: exit statuses (asr.exit_status) -----------------------------------------------------
+USAGE_ERRORS = (ConfigError, AttentionConfigError, CheckpointError, CheckpointMismatchError, ManifestError)
+_task_started = False   # set by the Hydra task; before it, a failure is Hydra's composition of the config
+
+
+def resume_hint(run_dir: Path) -> str:
+    """How to continue an interrupted run: its own command with run_dir=<its folder> ckpt_path=last,
+    or, before its first epoch finished, the same command again."""
+    overrides = [o for o in HydraConfig.get().overrides.task
+                 if not o.startswith(("ckpt_path=", "run_dir=", "+ckpt_path=", "+run_dir="))]
+    if not (run_dir / "checkpoints" / "last.ckpt").is_file():
+        return "no epoch had finished, so there is no checkpoint to resume from; run the same command again"
+    relative = os.path.relpath(run_dir)
+    folder = str(run_dir) if relative.startswith("..") else relative
+    command = " ".join(["python -m asr.train", *map(shlex.quote, overrides),
+                        shlex.quote(f"run_dir={folder}"), "ckpt_path=last"])
+    return f"resume from the last finished epoch with: {command}"
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
+    """The Hydra task: trains, and ends the process with the exit status of what happened."""
+    global _task_started
+    _task_started = True
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         results = train(cfg, run_dir)
-    except (ConfigError, AttentionConfigError, CheckpointError, CheckpointMismatchError, ManifestError) as error:
-        sys.exit(f"asr.train: error: {error}")
+    except USAGE_ERRORS as error:
+        print(f"asr.train: error: {error}", file=sys.stderr)
+        raise SystemExit(USAGE_ERROR) from None
+    except KeyboardInterrupt:
+        print(f"\nasr.train: interrupted; {resume_hint(run_dir)}", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
     if rank_zero_only.rank != 0:   # the other processes of a multi-device run stay quiet
         return
     test = results.get("test", {})
@@ -350,6 +392,21 @@ def main(cfg: DictConfig) -> None:
     if test:
         print(f"test: PER {_percent(test.get('per'))}  WER {_percent(test.get('wer'))}  "
               f"CER {_percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})")
+
+
+def main() -> None:
+    """python -m asr.train: Hydra's main with the project's exit statuses. Hydra exits with 1 for
+    a config it cannot compose (an unknown key, a bad value type, a missing preset); that is a
+    usage error (2). A failure inside the task stays 1."""
+    try:
+        run()
+    except SystemExit as exit:
+        if exit.code == FAILURE and not _task_started:
+            raise SystemExit(USAGE_ERROR) from None
+        raise
+    except KeyboardInterrupt:   # before the task started (while Hydra composed the config)
+        print("\nasr.train: interrupted", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import torch
 from asr import cross_matrix
 from asr.evaluate import (EvaluateConfig, EvaluationError, decode_split, evaluate, evaluation_data, load_model,
                           main, parse_arguments)
+from asr.exit_status import USAGE_ERROR
 from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointError, read_checkpoint
 from asr.train import train
 from attention_ext import AttentionConfigError
@@ -203,13 +204,13 @@ def test_bad_checkpoints_are_one_line_naming_the_file_in_evaluate_and_cross_matr
     for name, (path, says) in bad_checkpoints(best(trained["synth_full"]), tmp_path / "bad").items():
         with pytest.raises(CheckpointError, match=says):
             read_checkpoint(path)
-        assert main([f"checkpoint={path}"]) == 2, name
+        assert main([f"checkpoint={path}"]) == USAGE_ERROR, name
         one_error_line(capsys.readouterr().err, "asr.evaluate", path, says)
         assert cross_matrix.main([f"good={best(trained['synth_full'])}", f"bad={path}", "--specs", "full",
-                                  "--out", str(tmp_path / "matrix")]) == 2, name
+                                  "--out", str(tmp_path / "matrix")]) == USAGE_ERROR, name
         one_error_line(capsys.readouterr().err, "asr.cross_matrix", path, says)
     assert not (tmp_path / "matrix" / "cells").exists()      # a bad column stops the matrix before any cell
-    assert main([f"checkpoint={tmp_path}/missing.ckpt"]) == 2
+    assert main([f"checkpoint={tmp_path}/missing.ckpt"]) == USAGE_ERROR
     one_error_line(capsys.readouterr().err, "asr.evaluate", tmp_path / "missing.ckpt", "no such file")
 
 

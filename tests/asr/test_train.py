@@ -4,8 +4,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -13,6 +15,7 @@ import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from asr.config import ConfigError, validate_config
+from asr.exit_status import INTERRUPTED, USAGE_ERROR
 from asr.model.checkpoint import CheckpointError
 from asr.model.recognizer import CheckpointMismatchError
 from asr.train import train
@@ -152,15 +155,41 @@ def run_cli(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_cli_reports_config_errors_without_a_traceback(tmp_path):
-    unknown = run_cli("model.nonsense=1", cwd=tmp_path)
-    assert unknown.returncode != 0
+def test_cli_config_errors_exit_2_without_a_traceback(tmp_path):
+    unknown = run_cli("model.nonsense=1", f"run_root={tmp_path}/runs", cwd=tmp_path)   # Hydra's composition
+    assert unknown.returncode == USAGE_ERROR
     assert "Could not override 'model.nonsense'" in unknown.stderr
     assert "Key 'nonsense' not in 'ModelConfig'" in unknown.stderr
-    bad = run_cli("model.subsampling=3", f"run_root={tmp_path}/runs", cwd=tmp_path)
-    assert bad.returncode != 0
-    assert "asr.train: error: model.subsampling=3 is not allowed: must be 1, 2 or 4" in bad.stderr
-    assert "Traceback" not in bad.stderr
+    bad = run_cli("model.subsampling=3", f"run_root={tmp_path}/runs", cwd=tmp_path)     # our validation
+    assert bad.returncode == USAGE_ERROR
+    assert bad.stderr.strip().splitlines() == ["asr.train: error: model.subsampling=3 is not allowed: must be 1, 2 or 4"]
+    (tmp_path / "notes.ckpt").write_text("epoch 3 looked good\n")
+    not_a_checkpoint = run_cli(f"ckpt_path={tmp_path}/notes.ckpt", f"run_root={tmp_path}/runs", cwd=tmp_path)
+    assert not_a_checkpoint.returncode == USAGE_ERROR
+    assert not_a_checkpoint.stderr.strip().splitlines() == [
+        f"asr.train: error: checkpoint {tmp_path}/notes.ckpt is not a PyTorch checkpoint (not the zip archive "
+        "torch.save writes: truncated, or another kind of file)"]
+
+
+def test_ctrl_c_exits_130_with_the_command_that_resumes_the_run(tiny_synth, tmp_path):
+    arguments = ["conf=synth_full", *TINY, f"data.root={tiny_synth}", f"run_root={tmp_path}/runs",
+                 "trainer.max_epochs=1000"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    process = subprocess.Popen([sys.executable, "-m", "asr.train", *arguments], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list((tmp_path / "runs").glob("synth_full/*/checkpoints/last.ckpt")):   # an epoch finished
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == INTERRUPTED
+    assert "Traceback" not in stderr
+    run, = (tmp_path / "runs" / "synth_full").iterdir()
+    hint = stderr.strip().splitlines()[-1]
+    assert hint.startswith("asr.train: interrupted; resume from the last finished epoch with: python -m asr.train ")
+    assert hint.endswith(f" run_dir={run.relative_to(tmp_path)} ckpt_path=last")   # relative to where it ran
+    assert " ".join(arguments) in hint
 
 
 def test_cli_trains_tests_prints_and_resumes_in_the_run_folder(tiny_synth, tmp_path):
