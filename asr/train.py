@@ -32,6 +32,7 @@ import json
 import logging
 import os
 import shlex
+import shutil
 import sys
 import time
 import warnings
@@ -114,8 +115,12 @@ register_schema()
 
 
 def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from, or None for a fresh run; a clear error if it is not there."""
+    """The checkpoint to resume from, or None for a fresh run; a clear error if it is not there.
+    A fresh run never starts in a folder that already holds checkpoints (it would overwrite them)."""
     if ckpt_path in (None, ""):
+        if any((run_dir / "checkpoints").glob("*.ckpt")):
+            raise ConfigError(f"run folder {run_dir} already holds checkpoints of an earlier run; resume it with "
+                              f"ckpt_path=last, or give another run_dir")
         return None
     if ckpt_path == "last":
         path = run_dir / "checkpoints" / "last.ckpt"
@@ -277,14 +282,17 @@ def ctrl_c_as_keyboard_interrupt(trainer: L.Trainer):
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Trains (or resumes) one run in `run_dir`, tests its best checkpoint, writes results.json."""
     started = time.perf_counter()
+    # everything that can be checked is checked before the run folder gets anything of ours
     validate_config(cfg)
     check_launch_shares_run_folder(cfg.run_dir)
+    resume_from = resolve_checkpoint(cfg.ckpt_path, run_dir)
+    checkpoint = None if resume_from is None else read_checkpoint(resume_from)
+    if cfg.data.corpus != "synth":
+        ensure_corpus(cfg)   # a real corpus is only checked, never prepared: its missing manifests stop us here
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    resume_from = resolve_checkpoint(cfg.ckpt_path, run_dir)
-    checkpoint = None if resume_from is None else read_checkpoint(resume_from)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
     if checkpoint is not None:
@@ -352,9 +360,28 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.2f}%"
 
 
-# ---- the command: exit statuses (asr.exit_status) -----------------------------------------------------
+# ---- the command: exit statuses (asr.exit_status), the run folder of a run that never started --------
 USAGE_ERRORS = (ConfigError, AttentionConfigError, CheckpointError, CheckpointMismatchError, ManifestError)
+# What a run folder holds before the run has produced anything: Hydra's record (.hydra/), the log,
+# the resolved config and the data-preparation lock.
+BOOKKEEPING = {".hydra", "train.log", "config.yaml", ".data_preparation.lock"}
 _task_started = False   # set by the Hydra task; before it, a failure is Hydra's composition of the config
+
+
+def remove_unused_run_folder(run_dir: Path, run_dir_option: str | None) -> None:
+    """Removes the run folder Hydra made for a run that stopped on a usage error, and its preset
+    folder if that is left empty. A folder holding anything but BOOKKEEPING (checkpoints, logs,
+    results) stays, and so does a folder shared by the processes of an outside launcher."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or not run_dir.is_dir():
+        return
+    if any(entry.name not in BOOKKEEPING for entry in run_dir.iterdir()):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if run_dir_option in (None, "", "None", "null"):   # <run_root>/<preset>/<timestamp>: ours too
+        try:
+            run_dir.parent.rmdir()   # only if empty
+        except OSError:
+            pass
 
 
 def resume_hint(run_dir: Path) -> str:
@@ -380,6 +407,7 @@ def run(cfg: DictConfig) -> None:
     try:
         results = train(cfg, run_dir)
     except USAGE_ERRORS as error:
+        remove_unused_run_folder(run_dir, cfg.run_dir)
         print(f"asr.train: error: {error}", file=sys.stderr)
         raise SystemExit(USAGE_ERROR) from None
     except KeyboardInterrupt:

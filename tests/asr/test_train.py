@@ -18,7 +18,7 @@ from asr.config import ConfigError, validate_config
 from asr.exit_status import INTERRUPTED, USAGE_ERROR
 from asr.model.checkpoint import CheckpointError
 from asr.model.recognizer import CheckpointMismatchError
-from asr.train import train
+from asr.train import remove_unused_run_folder, train
 from attention_ext import AttentionConfigError
 from tiny_runs import CONF, ROOT, TINY, compose_config, tiny_config
 
@@ -95,12 +95,16 @@ def test_resume_from_a_model_of_another_shape_names_the_tensors(tiny_synth, tmp_
     with pytest.raises(CheckpointMismatchError) as error:
         train(tiny_config(tiny_synth, "conf=synth_full", "model.ff_dim=48", "ckpt_path=last"), run)
     assert "encoder.layers.0.ff.0.weight: (32, 16) in the checkpoint, (48, 16) here" in str(error.value)
+    # a fresh run (no ckpt_path) does not overwrite the checkpoints of another
+    with pytest.raises(ConfigError, match="already holds checkpoints of an earlier run; resume it with ckpt_path=last"):
+        train(tiny_config(tiny_synth, "conf=synth_full"), run)
 
 
 def test_resume_from_a_file_that_is_not_a_checkpoint_names_it(tiny_synth, tmp_path):
     (tmp_path / "notes.ckpt").write_text("epoch 3 looked good\n")
     with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path}/notes.ckpt is not a PyTorch checkpoint"):
         train(tiny_config(tiny_synth, "conf=synth_full", f"ckpt_path={tmp_path}/notes.ckpt"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()       # refused before the run folder got anything
 
 
 def test_resume_without_an_earlier_run_says_what_to_do(tiny_synth, tmp_path):
@@ -155,7 +159,7 @@ def run_cli(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_cli_config_errors_exit_2_without_a_traceback(tmp_path):
+def test_cli_config_errors_exit_2_without_a_traceback_or_a_run_folder(tmp_path):
     unknown = run_cli("model.nonsense=1", f"run_root={tmp_path}/runs", cwd=tmp_path)   # Hydra's composition
     assert unknown.returncode == USAGE_ERROR
     assert "Could not override 'model.nonsense'" in unknown.stderr
@@ -169,6 +173,28 @@ def test_cli_config_errors_exit_2_without_a_traceback(tmp_path):
     assert not_a_checkpoint.stderr.strip().splitlines() == [
         f"asr.train: error: checkpoint {tmp_path}/notes.ckpt is not a PyTorch checkpoint (not the zip archive "
         "torch.save writes: truncated, or another kind of file)"]
+    assert list((tmp_path / "runs").iterdir()) == []     # Hydra made run folders; they are gone again
+
+
+def test_only_a_run_folder_that_holds_nothing_of_the_run_is_removed(tmp_path):
+    def hydra_made(folder: Path, *files: str) -> Path:
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "overrides.yaml").write_text("- model.subsampling=3\n")
+        for name in ("train.log", *files):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text("")
+        return folder
+    fresh = hydra_made(tmp_path / "runs" / "synth_full" / "2026-01-01_00-00-00", "config.yaml")
+    remove_unused_run_folder(fresh, None)
+    assert not (tmp_path / "runs" / "synth_full").exists() and (tmp_path / "runs").is_dir()
+    trained = hydra_made(tmp_path / "runs" / "synth_full" / "2026-01-01_00-00-01", "checkpoints/last.ckpt")
+    logged = hydra_made(tmp_path / "runs" / "synth_full" / "2026-01-01_00-00-02", "logs/version_0/metrics.csv")
+    for folder in (trained, logged):
+        remove_unused_run_folder(folder, None)
+        assert folder.is_dir()
+    named = hydra_made(tmp_path / "mine" / "run")
+    remove_unused_run_folder(named, str(named))
+    assert not named.exists() and (tmp_path / "mine").is_dir()    # run_dir=: the folder above is the user's
 
 
 def test_ctrl_c_exits_130_with_the_command_that_resumes_the_run(tiny_synth, tmp_path):
