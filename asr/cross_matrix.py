@@ -36,6 +36,7 @@ from asr.data.manifests import ManifestError
 from asr.exit_status import run_command
 from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.model.encoder import check_attention_fits
+from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError
 
 PAPER_SPECS = ("full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "clustered-200", "i-clustered-100",
@@ -334,6 +335,7 @@ def run(args: argparse.Namespace, progress=print) -> dict:
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)       # a bad option: argparse exits with USAGE_ERROR
+    install_warning_filters()
     return run_command("asr.cross_matrix", lambda: _run_and_print(args),
                        usage_errors=(EvaluationError, AttentionConfigError, ManifestError, CheckpointError),
                        resume_hint="run the same command again: the cells computed so far are reused")

@@ -49,6 +49,7 @@ from asr.exit_status import SUCCESS, run_command
 from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
 from asr.model.ctc import greedy_decode, prefix_beam_search
 from asr.model.recognizer import REFERENCE_FIELD, EvaluationTally, SpeechRecognizer
+from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError, parse_attention_spec, resolve_options
 
 log = logging.getLogger("asr.evaluate")
@@ -377,6 +378,7 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return SUCCESS
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    install_warning_filters()
     return run_command("asr.evaluate", lambda: _evaluate_and_print(argv),
                        usage_errors=(EvaluationError, AttentionConfigError, ManifestError, CheckpointError))
 

@@ -35,7 +35,6 @@ import shlex
 import shutil
 import sys
 import time
-import warnings
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -47,7 +46,6 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from omegaconf import DictConfig, OmegaConf
 
 from asr.config import ConfigError, attention_settings, register_schema, validate_config
@@ -57,6 +55,7 @@ from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
 from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
+from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError
 
 log = logging.getLogger("asr.train")
@@ -103,11 +102,6 @@ def check_launch_shares_run_folder(run_dir_option: str | None) -> None:
             f"torchrun started {os.environ['WORLD_SIZE']} processes without a rendezvous id, so they cannot agree "
             "on a run folder; give each the same run_dir=FOLDER (or start torchrun with --rdzv-id=ID or --standalone)")
 
-
-# The recognizer logs the error rates and losses gathered from every process (the same values on
-# each), so Lightning's advice to synchronise epoch-level logs under DDP does not apply.
-warnings.filterwarnings("ignore", message=r".*sync_dist=True.* when logging on epoch level",
-                        category=PossibleUserWarning)
 
 # use_cache: Hydra may resolve hydra.run.dir more than once; the timestamp must not change.
 OmegaConf.register_new_resolver("asr_run_dir", run_folder, use_cache=True, replace=True)
@@ -258,7 +252,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
         precision=t.precision,
         gradient_clip_val=cfg.optim.clip_norm or None, gradient_clip_algorithm="norm",
         log_every_n_steps=t.log_every_n_steps,
-        val_check_interval=1.0 if t.val_check_interval is None else t.val_check_interval,
+        val_check_interval=t.val_check_interval,   # None: after each epoch (and no info line about it)
         check_val_every_n_epoch=t.check_val_every_n_epoch, num_sanity_val_steps=t.num_sanity_val_steps,
         enable_progress_bar=t.enable_progress_bar, deterministic=t.deterministic,
         use_distributed_sampler=False,   # the data module's lhotse samplers shard by rank themselves
@@ -403,6 +397,7 @@ def run(cfg: DictConfig) -> None:
     """The Hydra task: trains, and ends the process with the exit status of what happened."""
     global _task_started
     _task_started = True
+    install_warning_filters()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         results = train(cfg, run_dir)

@@ -233,3 +233,6 @@ def test_cli_trains_tests_prints_and_resumes_in_the_run_folder(tiny_synth, tmp_p
     assert second.returncode == 0, second.stderr[-3000:]
     assert list((tmp_path / "runs" / "synth_full").iterdir()) == [run]    # continued in the same folder
     assert json.loads((run / "results.json").read_text())["epochs"] == 2
+    # what a user cannot act on is not printed (asr/warning_filters.py), in a fresh run nor a resumed one
+    for noise in ("LeafSpec", "litlogger", "Checkpoint directory", "val_check_interval", "Warning"):
+        assert noise not in first.stderr + second.stderr, noise
