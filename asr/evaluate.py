@@ -17,7 +17,9 @@ its audio is converted once into manifests and features under <data_dir>/asr_man
 `data.root`), and its word transcripts score the chars / sentencepiece heads (a phone head
 decodes, unscored).
 
-Writes to `out` (default: <run folder>/evaluations/<split>_<attention spec>/):
+Writes to `out` (default: <run folder>/evaluations/<name>/, the name made of every option that
+changes the numbers: split, attention and options, decoder, seed, device, limit, data source;
+e.g. test_full_greedy_seed0_cpu):
     results.json        error rates per head, forward time per utterance and per frame, settings
     hypotheses.jsonl    per utterance: id, and per head the reference and the hypothesis
     hyp_<kind>.txt      per head, Kaldi style: <utterance-id> <hypothesis>
@@ -30,6 +32,7 @@ paper.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sys
@@ -320,10 +323,27 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
 
 
 # ---- the command ------------------------------------------------------------------------------------
-def default_out_dir(checkpoint: str | Path, split: str, label: str) -> Path:
-    run = run_folder_of(checkpoint)
-    base = run / "evaluations" if run is not None else Path("evaluations") / Path(checkpoint).stem
-    return base / f"{split}_{label}"
+# data.* options that change how fast an evaluation runs or what it shows, not its numbers
+DATA_OPTIONS_WITHOUT_EFFECT = ("progress", "num_workers", "feature_jobs", "precompute_features")
+
+
+def default_out_dir(config: EvaluateConfig, split: str, label: str) -> Path:
+    """<run folder>/evaluations/<name> (evaluations/<checkpoint name>/<name> outside a run folder),
+    where the name holds every option that changes the numbers, so two evaluations that can
+    differ never overwrite each other: split, attention and its options, decoder (and beam size),
+    seed, device, limit, and the data source (data_dir, data.* overrides) as a short hash, e.g.
+    test_iclustered_bits63_clusters100_iterations10_topk32_greedy_seed0_cpu."""
+    run = run_folder_of(config.checkpoint)
+    base = run / "evaluations" if run is not None else Path("evaluations") / Path(config.checkpoint).stem
+    decoder = "greedy" if config.decoder == "greedy" else f"beam{config.beam_size}"
+    parts = [split, label, decoder, f"seed{config.seed}", config.device.replace(":", "")]
+    if config.limit is not None:
+        parts.append(f"limit{config.limit}")
+    data = {key: value for key, value in config.data.items() if key not in DATA_OPTIONS_WITHOUT_EFFECT}
+    if config.data_dir or data:
+        source = {"data_dir": str(Path(config.data_dir).resolve()) if config.data_dir else None, "data": data}
+        parts.append("data" + hashlib.sha1(json.dumps(source, sort_keys=True).encode()).hexdigest()[:8])
+    return base / "_".join(parts)
 
 
 def write_outputs(out: Path, result: EvaluationResult, report: dict) -> None:
@@ -351,7 +371,7 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
     out = Path(config.out) if config.out else None
     data = evaluation_data(model, config.checkpoint, split_name, config.data_dir, dict(config.data),
                            progress=config.progress)
-    out = out or default_out_dir(config.checkpoint, data.split, label)
+    out = out or default_out_dir(config, data.split, label)
     result = decode_split(model, data, config.decoder, config.beam_size, config.seed, config.limit,
                           config.progress)
     report = {
@@ -359,7 +379,8 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
         "trained_with": trained, "evaluated_with": {"name": name, **options},
         "same_as_training": {"name": name, **options} == trained,
         "decoder": config.decoder if config.decoder == "greedy" else f"beam (size {config.beam_size})",
-        "seed": config.seed, "utterances": len(result.utterances), "scored_heads": data.scored,
+        "seed": config.seed, "limit": config.limit, "data_overrides": dict(config.data),
+        "utterances": len(result.utterances), "scored_heads": data.scored,
         "error_rates": result.rates, **result.timing(),
         "device": str(model.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
     }

@@ -13,8 +13,8 @@ import pytest
 import torch
 
 from asr import cross_matrix
-from asr.evaluate import (EvaluateConfig, EvaluationError, decode_split, evaluate, evaluation_data, load_model,
-                          main, parse_arguments)
+from asr.evaluate import (EvaluateConfig, EvaluationError, decode_split, default_out_dir, evaluate,
+                          evaluation_data, load_model, main, parse_arguments)
 from asr.exit_status import USAGE_ERROR
 from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointError, read_checkpoint
 from asr.train import train
@@ -221,3 +221,24 @@ def test_the_command_exits_2_with_one_line_for_a_file_that_is_not_a_checkpoint(t
                           env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 2
     one_error_line(done.stderr, "asr.evaluate", tmp_path / "passwd", "is not a PyTorch checkpoint")
+
+
+# ---- where results go ---------------------------------------------------------------------------------------
+def test_evaluations_that_can_differ_get_their_own_folders(trained):
+    checkpoint = str(best(trained["synth_full"]))
+    first = evaluate(EvaluateConfig(checkpoint=checkpoint, attention="clustered-2", seed=0, progress=False))
+    second = evaluate(EvaluateConfig(checkpoint=checkpoint, attention="clustered-2", seed=1, progress=False))
+    evaluations = trained["synth_full"] / "evaluations"
+    assert Path(first["out"]) == evaluations / "test_clustered_bits63_clusters2_iterations10_greedy_seed0_cpu"
+    assert Path(second["out"]) == evaluations / "test_clustered_bits63_clusters2_iterations10_greedy_seed1_cpu"
+    assert json.loads((Path(first["out"]) / "results.json").read_text())["seed"] == 0   # not overwritten
+    assert json.loads((Path(second["out"]) / "results.json").read_text())["seed"] == 1
+
+    def name(**options) -> str:
+        return default_out_dir(EvaluateConfig(checkpoint=checkpoint, **options), "dev", "full").name
+    assert name() == "dev_full_greedy_seed0_cpu"
+    assert name(decoder="beam", beam_size=4, limit=3, device="cuda:1") == "dev_full_beam4_seed0_cuda1_limit3"
+    data = name(data={"root": "/corpora/a"})
+    assert data.startswith("dev_full_greedy_seed0_cpu_data") and data != name(data={"root": "/corpora/b"})
+    assert name(data={"progress": False, "num_workers": 2}) == name()      # these change no number
+    assert name(data_dir="/audio/a") != name(data_dir="/audio/b")
