@@ -30,8 +30,8 @@ from pathlib import Path
 
 import torch
 
-from asr.evaluate import (EvaluationError, decode_split, evaluation_attention, evaluation_data, load_model,
-                          run_folder_of, write_outputs)
+from asr.evaluate import (EvaluationError, check_device, decode_split, evaluation_attention, evaluation_data,
+                          load_model, run_folder_of, write_outputs)
 from asr.data.manifests import ManifestError
 from asr.exit_status import run_command
 from asr.model.checkpoint import CheckpointError, read_checkpoint
@@ -300,6 +300,7 @@ def parse_data_overrides(items: list[str]) -> dict:
 
 def run(args: argparse.Namespace, progress=print) -> dict:
     """Computes the missing cells and writes the tables; returns the matrix as JSON-ready dict."""
+    check_device(args.device)
     columns = parse_columns(args.checkpoints)
     specs = list(dict.fromkeys(args.specs))
     from attention_ext import parse_attention_spec

@@ -46,7 +46,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config
+from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config, validate_data_config
 from asr.data.manifests import ManifestError
 from asr.exit_status import SUCCESS, run_command
 from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
@@ -110,7 +110,18 @@ def parse_arguments(argv: list[str]) -> tuple[EvaluateConfig, dict[str, str]]:
         raise EvaluationError(f"beam_size={config.beam_size} must be >= 1")
     if config.limit is not None and config.limit < 1:
         raise EvaluationError(f"limit={config.limit} must be >= 1 batches")
+    check_device(config.device)
     return config, attention_options
+
+
+def check_device(device: str) -> None:
+    """EvaluationError unless `device` names a device this torch can use."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise EvaluationError(f"device={device!r} is not a device; e.g. cpu, cuda, cuda:1") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise EvaluationError(f"device={device!r}, but this torch sees no CUDA GPU; use device=cpu")
 
 
 def evaluation_attention(model: SpeechRecognizer, spec: str | None,
@@ -210,14 +221,24 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
                     progress: bool = True) -> EvaluationData:
     """The data to score `model` on: a split of its training corpus (or the corpus data.* names),
     or a Kaldi-style directory converted to manifests (and features) in data.root, by default
-    <data_dir>/asr_manifests, where later evaluations find them again."""
-    settings = {**trained_data_config(checkpoint), **(data_overrides or {})}
+    <data_dir>/asr_manifests, where later evaluations find them again.
+
+    What the command line gives wins over the run folder's stored config: data.<key> overrides,
+    and `progress` (unless data.progress is given) over the stored data.progress. An override
+    that would be ignored is an error: an unknown key, or one the model fixes (its feature bins,
+    its heads, no SpecAugment)."""
+    overrides = dict(data_overrides or {})
+    unknown = sorted(set(overrides) - set(DataConfig.__dataclass_fields__))
+    if unknown:
+        raise EvaluationError(f"data.{unknown[0]} is not a data option; they are: "
+                              f"{', '.join(DataConfig.__dataclass_fields__)}")
+    settings = {**trained_data_config(checkpoint), **overrides}
     kinds = list(model.tokenizers)
     settings["num_mel_bins"] = model.hparams.feature_dim      # features as the model was trained on
     settings["specaugment"] = False
-    settings.setdefault("progress", progress)
+    settings["progress"] = overrides.get("progress", progress)
     if data_dir is not None:
-        root = kaldi_manifests(data_dir, Path(settings["root"]) if "root" in (data_overrides or {})
+        root = kaldi_manifests(data_dir, Path(settings["root"]) if "root" in overrides
                                else Path(data_dir) / "asr_manifests", progress)
         # A Kaldi directory has word transcripts only: the phone heads decode but are not scored.
         scored = [kind for kind in kinds if model.tokenizers[kind].field == "text"]
@@ -228,14 +249,19 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
             raise EvaluationError(f"data_dir={str(data_dir)!r} has word transcripts only, but this model's "
                                   f"heads are {kinds}; it needs a chars or sentencepiece head to be scored")
     else:
-        if not trained_data_config(checkpoint) and "root" not in (data_overrides or {}):
+        if not trained_data_config(checkpoint) and "root" not in overrides:
             raise EvaluationError(f"{checkpoint} is not inside an asr.train run folder (no ../config.yaml), "
                                   "so its corpus is unknown: give data.corpus=... data.root=... or data_dir=...")
         settings["targets"] = kinds
         scored = kinds
+    for key in ("num_mel_bins", "specaugment", "targets"):
+        if key in overrides and overrides[key] != settings[key]:
+            raise EvaluationError(f"data.{key}={overrides[key]!r} cannot be changed for an evaluation: "
+                                  f"the model sets it to {settings[key]!r}")
     try:
         config = as_data_config({key: value for key, value in settings.items()
                                  if key in DataConfig.__dataclass_fields__})
+        validate_data_config(config)
     except (ValueError, TypeError) as error:
         raise EvaluationError(f"data: {error}") from None
     split = split or config.test_split

@@ -5,12 +5,14 @@ import csv
 import gzip
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from asr import cross_matrix
 from asr.evaluate import (EvaluateConfig, EvaluationError, decode_split, default_out_dir, evaluate,
@@ -119,6 +121,8 @@ def test_arguments_and_their_errors(trained, tmp_path, capsys):
             parse_arguments(argv)
     assert main([f"checkpoint={tmp_path}/missing.ckpt"]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert main([f"checkpoint={best(trained['synth_full'])}", "device=gpu"]) == 2
+    assert "device='gpu' is not a device" in capsys.readouterr().err
     assert main([f"checkpoint={best(trained['synth_full'])}", "attention=clustered", "attention.clusters=0"]) == 2
     assert "clusters" in capsys.readouterr().err
 
@@ -223,7 +227,7 @@ def test_the_command_exits_2_with_one_line_for_a_file_that_is_not_a_checkpoint(t
     one_error_line(done.stderr, "asr.evaluate", tmp_path / "passwd", "is not a PyTorch checkpoint")
 
 
-# ---- where results go ---------------------------------------------------------------------------------------
+# ---- where results go, and what the command line decides -------------------------------------------------
 def test_evaluations_that_can_differ_get_their_own_folders(trained):
     checkpoint = str(best(trained["synth_full"]))
     first = evaluate(EvaluateConfig(checkpoint=checkpoint, attention="clustered-2", seed=0, progress=False))
@@ -242,3 +246,27 @@ def test_evaluations_that_can_differ_get_their_own_folders(trained):
     assert data.startswith("dev_full_greedy_seed0_cpu_data") and data != name(data={"root": "/corpora/b"})
     assert name(data={"progress": False, "num_workers": 2}) == name()      # these change no number
     assert name(data_dir="/audio/a") != name(data_dir="/audio/b")
+
+
+def test_the_command_line_wins_over_the_stored_run_config(trained, tiny_synth, tmp_path, capfd):
+    """progress=false hides the feature bar although the run folder stored data.progress: true."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(best(trained["synth_full"]), run / "checkpoints" / "best.ckpt")
+    stored = yaml.safe_load((trained["synth_full"] / "config.yaml").read_text())
+    corpus = tmp_path / "corpus"                 # the corpus without its feature cache: features get computed
+    shutil.copytree(tiny_synth, corpus, ignore=shutil.ignore_patterns("features"))
+    stored["data"].update(progress=True, root=str(corpus))
+    (run / "config.yaml").write_text(yaml.safe_dump(stored))
+    checkpoint = str(run / "checkpoints" / "best.ckpt")
+    capfd.readouterr()
+    evaluate(EvaluateConfig(checkpoint=checkpoint, split="dev", progress=False, out=str(tmp_path / "a")))
+    assert "fbank" not in capfd.readouterr().err
+    evaluate(EvaluateConfig(checkpoint=checkpoint, split="test", out=str(tmp_path / "b")))
+    assert "fbank test" in capfd.readouterr().err           # progress left at its default: the bar shows
+    model = load_model(checkpoint)
+    for data, message in (({"roots": "x"}, "data.roots is not a data option"),
+                          ({"num_mel_bins": 80}, "data.num_mel_bins=80 cannot be changed for an evaluation"),
+                          ({"max_duration": -1}, "data.max_duration=-1 must be a positive number")):
+        with pytest.raises(EvaluationError, match=message):
+            evaluation_data(model, checkpoint, data_overrides=data, progress=False)
