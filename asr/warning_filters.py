@@ -1,7 +1,7 @@
 """The one place where the commands silence what libraries print that a user cannot act on.
 
-Each filter matches one message from one module, so every other warning still shows; each says
-why it is safe to drop. Every command (asr.train, asr.evaluate, asr.cross_matrix) calls
+Each filter matches one message (from one module, or of one Lightning warning category), so every
+other warning still shows; each says why it is safe to drop. Every command (asr.train, asr.evaluate, asr.cross_matrix) calls
 install_warning_filters() when it starts; calling it again changes nothing.
 """
 from __future__ import annotations

@@ -123,6 +123,13 @@ def test_arguments_and_their_errors(trained, tmp_path, capsys):
     assert "no such file" in capsys.readouterr().err
     assert main([f"checkpoint={best(trained['synth_full'])}", "device=gpu"]) == 2
     assert "device='gpu' is not a device" in capsys.readouterr().err
+    (tmp_path / "not_kaldi").mkdir()
+    (tmp_path / "a_file").write_text("")
+    for folder, says in (("not_kaldi", "is not a Kaldi data directory: wav.scp is missing"),
+                         ("a_file", "is a file, not a Kaldi data directory")):
+        assert main([f"checkpoint={best(trained['synth_full'])}", f"data_dir={tmp_path / folder}"]) == 2
+        error = capsys.readouterr().err
+        assert len(error.strip().splitlines()) == 1 and f"{tmp_path / folder} {says}" in error
     assert main([f"checkpoint={best(trained['synth_full'])}", "attention=clustered", "attention.clusters=0"]) == 2
     assert "clusters" in capsys.readouterr().err
 
