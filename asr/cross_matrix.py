@@ -30,9 +30,12 @@ from pathlib import Path
 
 import torch
 
-from asr.evaluate import (EvaluationError, decode_split, evaluation_attention, evaluation_data, load_model,
-                          run_folder_of, write_outputs)
+from asr.evaluate import (EvaluationError, check_device, decode_split, evaluation_attention, evaluation_data,
+                          load_model, run_folder_of, write_outputs)
 from asr.data.manifests import ManifestError
+from asr.exit_status import run_command
+from asr.model.checkpoint import CheckpointError, read_checkpoint
+from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError, SharedQKRequiredError
 
 PAPER_SPECS = ("full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "clustered-200", "i-clustered-100",
@@ -58,8 +61,7 @@ def parse_columns(arguments: list[str]) -> list[Column]:
             # runs/<preset>/<timestamp>/: the preset names the column better than the time
             if run is not None and run.parent.name and any(ch.isdigit() for ch in run.name[:4]):
                 label = run.parent.name
-        if not Path(path).is_file():
-            raise EvaluationError(f"checkpoint {path!r} not found (column {label!r})")
+        read_checkpoint(path)   # a column that cannot be evaluated stops the matrix before any cell runs
         columns.append(Column(label, Path(path)))
     labels = [column.label for column in columns]
     duplicated = sorted({label for label in labels if labels.count(label) > 1})
@@ -294,6 +296,7 @@ def parse_data_overrides(items: list[str]) -> dict:
 
 def run(args: argparse.Namespace, progress=print) -> dict:
     """Computes the missing cells and writes the tables; returns the matrix as JSON-ready dict."""
+    check_device(args.device)
     columns = parse_columns(args.checkpoints)
     specs = list(dict.fromkeys(args.specs))
     from attention_ext import parse_attention_spec
@@ -328,16 +331,18 @@ def run(args: argparse.Namespace, progress=print) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        args.data = parse_data_overrides(args.data)
-        run(args)
-    except (EvaluationError, AttentionConfigError, ManifestError) as error:
-        print(f"asr.cross_matrix: error: {error}", file=sys.stderr)
-        return 2
+    args = parser.parse_args(argv)       # a bad option: argparse exits with USAGE_ERROR
+    install_warning_filters()
+    return run_command("asr.cross_matrix", lambda: _run_and_print(args),
+                       usage_errors=(EvaluationError, AttentionConfigError, ManifestError, CheckpointError),
+                       resume_hint="run the same command again: the cells computed so far are reused")
+
+
+def _run_and_print(args: argparse.Namespace) -> None:
+    args.data = parse_data_overrides(args.data)
+    run(args)
     print((args.out / "matrix.md").read_text())
     print(f"wrote {args.out}/matrix.md, matrix.csv, matrix.json, matrix_heatmap.png, speed_accuracy.png")
-    return 0
 
 
 if __name__ == "__main__":

@@ -17,7 +17,9 @@ its audio is converted once into manifests and features under <data_dir>/asr_man
 `data.root`), and its word transcripts score the chars / sentencepiece heads (a phone head
 decodes, unscored).
 
-Writes to `out` (default: <run folder>/evaluations/<split>_<attention spec>/):
+Writes to `out` (default: <run folder>/evaluations/<name>/, the name made of every option that
+changes the numbers: split, attention and options, decoder, seed, device, limit, data source;
+e.g. test_full_greedy_seed0_cpu):
     results.json        error rates per head, forward time per utterance and per frame, settings
     hypotheses.jsonl    per utterance: id, and per head the reference and the hypothesis
     hyp_<kind>.txt      per head, Kaldi style: <utterance-id> <hypothesis>
@@ -30,6 +32,7 @@ paper.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import sys
@@ -43,11 +46,14 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config
+from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config, validate_data_config
 from asr.data.manifests import ManifestError
+from asr.exit_status import SUCCESS, run_command
+from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
 from asr.model.ctc import greedy_decode, prefix_beam_search
 from asr.model.recognizer import (EVALUATION_SEED, REFERENCE_FIELD, EvaluationTally, SpeechRecognizer,
                                   seed_evaluation_batch)
+from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError, ValidatedAttention, parse_attention_spec, validate_attention
 
 log = logging.getLogger("asr.evaluate")
@@ -105,7 +111,18 @@ def parse_arguments(argv: list[str]) -> tuple[EvaluateConfig, dict[str, str]]:
         raise EvaluationError(f"beam_size={config.beam_size} must be >= 1")
     if config.limit is not None and config.limit < 1:
         raise EvaluationError(f"limit={config.limit} must be >= 1 batches")
+    check_device(config.device)
     return config, attention_options
+
+
+def check_device(device: str) -> None:
+    """EvaluationError unless `device` names a device this torch can use."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError:
+        raise EvaluationError(f"device={device!r} is not a device; e.g. cpu, cuda, cuda:1") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise EvaluationError(f"device={device!r}, but this torch sees no CUDA GPU; use device=cpu")
 
 
 def evaluation_attention(model: SpeechRecognizer, spec: str | None,
@@ -131,15 +148,20 @@ def attention_label(name: str, options: dict[str, int]) -> str:
 
 # ---- model and data ---------------------------------------------------------------------------------
 def load_model(checkpoint: str | Path, device: str = "cpu") -> SpeechRecognizer:
-    path = Path(checkpoint)
-    if not path.is_file():
-        raise EvaluationError(f"checkpoint={str(path)!r}: no such file; give a .ckpt written by asr.train "
-                              "(runs/<preset>/<time>/checkpoints/best.ckpt)")
+    """The trained model of an asr.train checkpoint, in eval mode on `device`; CheckpointError
+    (one line naming the file) if the file cannot be used."""
+    saved = read_checkpoint(checkpoint)
+    where = f"checkpoint {checkpoint}"
     try:
-        model = SpeechRecognizer.load_from_checkpoint(str(path), map_location=device)
-    except (KeyError, TypeError, RuntimeError, EOFError) as error:
-        raise EvaluationError(f"checkpoint={str(path)!r} is not an asr.train checkpoint ({error})") from None
-    return model.eval()
+        model = SpeechRecognizer(**{key: saved["hyper_parameters"][key] for key in HYPER_PARAMETERS})
+    except (KeyError, TypeError, ValueError) as error:
+        raise CheckpointError(f"{where}: its hyper_parameters do not build a model ({error})") from None
+    try:
+        model.load_state_dict(saved["state_dict"])
+    except RuntimeError:
+        raise CheckpointError(f"{where}: its weights do not fit the model its hyper_parameters describe "
+                              "(a damaged or hand-edited checkpoint?)") from None
+    return model.to(device).eval()
 
 
 def run_folder_of(checkpoint: str | Path) -> Path | None:
@@ -198,14 +220,24 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
                     progress: bool = True) -> EvaluationData:
     """The data to score `model` on: a split of its training corpus (or the corpus data.* names),
     or a Kaldi-style directory converted to manifests (and features) in data.root, by default
-    <data_dir>/asr_manifests, where later evaluations find them again."""
-    settings = {**trained_data_config(checkpoint), **(data_overrides or {})}
+    <data_dir>/asr_manifests, where later evaluations find them again.
+
+    What the command line gives wins over the run folder's stored config: data.<key> overrides,
+    and `progress` (unless data.progress is given) over the stored data.progress. An override
+    that would be ignored is an error: an unknown key, or one the model fixes (its feature bins,
+    its heads, no SpecAugment)."""
+    overrides = dict(data_overrides or {})
+    unknown = sorted(set(overrides) - set(DataConfig.__dataclass_fields__))
+    if unknown:
+        raise EvaluationError(f"data.{unknown[0]} is not a data option; they are: "
+                              f"{', '.join(DataConfig.__dataclass_fields__)}")
+    settings = {**trained_data_config(checkpoint), **overrides}
     kinds = list(model.tokenizers)
     settings["num_mel_bins"] = model.hparams.feature_dim      # features as the model was trained on
     settings["specaugment"] = False
-    settings.setdefault("progress", progress)
+    settings["progress"] = overrides.get("progress", progress)
     if data_dir is not None:
-        root = kaldi_manifests(data_dir, Path(settings["root"]) if "root" in (data_overrides or {})
+        root = kaldi_manifests(data_dir, Path(settings["root"]) if "root" in overrides
                                else Path(data_dir) / "asr_manifests", progress)
         # A Kaldi directory has word transcripts only: the phone heads decode but are not scored.
         scored = [kind for kind in kinds if model.tokenizers[kind].field == "text"]
@@ -216,14 +248,19 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
             raise EvaluationError(f"data_dir={str(data_dir)!r} has word transcripts only, but this model's "
                                   f"heads are {kinds}; it needs a chars or sentencepiece head to be scored")
     else:
-        if not trained_data_config(checkpoint) and "root" not in (data_overrides or {}):
+        if not trained_data_config(checkpoint) and "root" not in overrides:
             raise EvaluationError(f"{checkpoint} is not inside an asr.train run folder (no ../config.yaml), "
                                   "so its corpus is unknown: give data.corpus=... data.root=... or data_dir=...")
         settings["targets"] = kinds
         scored = kinds
+    for key in ("num_mel_bins", "specaugment", "targets"):
+        if key in overrides and overrides[key] != settings[key]:
+            raise EvaluationError(f"data.{key}={overrides[key]!r} cannot be changed for an evaluation: "
+                                  f"the model sets it to {settings[key]!r}")
     try:
         config = as_data_config({key: value for key, value in settings.items()
                                  if key in DataConfig.__dataclass_fields__})
+        validate_data_config(config)
     except (ValueError, TypeError) as error:
         raise EvaluationError(f"data: {error}") from None
     split = split or config.test_split
@@ -312,10 +349,27 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
 
 
 # ---- the command ------------------------------------------------------------------------------------
-def default_out_dir(checkpoint: str | Path, split: str, label: str) -> Path:
-    run = run_folder_of(checkpoint)
-    base = run / "evaluations" if run is not None else Path("evaluations") / Path(checkpoint).stem
-    return base / f"{split}_{label}"
+# data.* options that change how fast an evaluation runs or what it shows, not its numbers
+DATA_OPTIONS_WITHOUT_EFFECT = ("progress", "num_workers", "feature_jobs", "precompute_features")
+
+
+def default_out_dir(config: EvaluateConfig, split: str, label: str) -> Path:
+    """<run folder>/evaluations/<name> (evaluations/<checkpoint name>/<name> outside a run folder),
+    where the name holds every option that changes the numbers, so two evaluations that can
+    differ never overwrite each other: split, attention and its options, decoder (and beam size),
+    seed, device, limit, and the data source (data_dir, data.* overrides) as a short hash, e.g.
+    test_iclustered_bits63_clusters100_iterations10_topk32_greedy_seed0_cpu."""
+    run = run_folder_of(config.checkpoint)
+    base = run / "evaluations" if run is not None else Path("evaluations") / Path(config.checkpoint).stem
+    decoder = "greedy" if config.decoder == "greedy" else f"beam{config.beam_size}"
+    parts = [split, label, decoder, f"seed{config.seed}", config.device.replace(":", "")]
+    if config.limit is not None:
+        parts.append(f"limit{config.limit}")
+    data = {key: value for key, value in config.data.items() if key not in DATA_OPTIONS_WITHOUT_EFFECT}
+    if config.data_dir or data:
+        source = {"data_dir": str(Path(config.data_dir).resolve()) if config.data_dir else None, "data": data}
+        parts.append("data" + hashlib.sha1(json.dumps(source, sort_keys=True).encode()).hexdigest()[:8])
+    return base / "_".join(parts)
 
 
 def write_outputs(out: Path, result: EvaluationResult, report: dict) -> None:
@@ -343,7 +397,7 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
     out = Path(config.out) if config.out else None
     data = evaluation_data(model, config.checkpoint, split_name, config.data_dir, dict(config.data),
                            progress=config.progress)
-    out = out or default_out_dir(config.checkpoint, data.split, label)
+    out = out or default_out_dir(config, data.split, label)
     result = decode_split(model, data, config.decoder, config.beam_size, config.seed, config.limit,
                           config.progress)
     report = {
@@ -351,7 +405,8 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
         "trained_with": trained, "evaluated_with": attention.as_config(),
         "same_as_training": attention.as_config() == trained,
         "decoder": config.decoder if config.decoder == "greedy" else f"beam (size {config.beam_size})",
-        "seed": config.seed, "utterances": len(result.utterances), "scored_heads": data.scored,
+        "seed": config.seed, "limit": config.limit, "data_overrides": dict(config.data),
+        "utterances": len(result.utterances), "scored_heads": data.scored,
         "error_rates": result.rates, **result.timing(),
         "device": str(model.device), "threads": torch.get_num_threads(), "torch": torch.__version__,
     }
@@ -368,14 +423,16 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(arg in ("-h", "--help") for arg in argv):
         print(__doc__)
-        return 0
+        return SUCCESS
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    try:
-        config, attention_options = parse_arguments(argv)
-        report = evaluate(config, attention_options)
-    except (EvaluationError, AttentionConfigError, ManifestError) as error:
-        print(f"asr.evaluate: error: {error}", file=sys.stderr)
-        return 2
+    install_warning_filters()
+    return run_command("asr.evaluate", lambda: _evaluate_and_print(argv),
+                       usage_errors=(EvaluationError, AttentionConfigError, ManifestError, CheckpointError))
+
+
+def _evaluate_and_print(argv: list[str]) -> None:
+    config, attention_options = parse_arguments(argv)
+    report = evaluate(config, attention_options)
     rates = report["error_rates"]
     attention = report["evaluated_with"]
     print(f"{report['checkpoint']}: {report['utterances']} utterances of {report['data']}")
@@ -386,7 +443,6 @@ def main(argv: list[str] | None = None) -> int:
           f"{report['forward_us_per_frame']:.1f} us per 10 ms frame (real-time factor "
           f"{report['real_time_factor']:.3f}) on {report['device']} with {report['threads']} threads")
     print(f"wrote {report['out']}/results.json and hypotheses.jsonl")
-    return 0
 
 
 if __name__ == "__main__":

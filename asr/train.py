@@ -31,10 +31,11 @@ import fcntl
 import json
 import logging
 import os
+import shlex
+import shutil
 import sys
 import tempfile
 import time
-import warnings
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -47,14 +48,16 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
-from lightning.pytorch.utilities.warnings import PossibleUserWarning
 from omegaconf import DictConfig, OmegaConf
 
 from asr.config import ConfigError, register_schema, validate_config
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError, preparation_hint
+from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
+from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
+from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError
 
 log = logging.getLogger("asr.train")
@@ -102,19 +105,18 @@ def check_launch_shares_run_folder(run_dir_option: str | None) -> None:
             "on a run folder; give each the same run_dir=FOLDER (or start torchrun with --rdzv-id=ID or --standalone)")
 
 
-# The recognizer logs the error rates and losses gathered from every process (the same values on
-# each), so Lightning's advice to synchronise epoch-level logs under DDP does not apply.
-warnings.filterwarnings("ignore", message=r".*sync_dist=True.* when logging on epoch level",
-                        category=PossibleUserWarning)
-
 # use_cache: Hydra may resolve hydra.run.dir more than once; the timestamp must not change.
 OmegaConf.register_new_resolver("asr_run_dir", run_folder, use_cache=True, replace=True)
 register_schema()
 
 
 def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from, or None for a fresh run; a clear error if it is not there."""
+    """The checkpoint to resume from, or None for a fresh run; a clear error if it is not there.
+    A fresh run never starts in a folder that already holds checkpoints (it would overwrite them)."""
     if ckpt_path in (None, ""):
+        if any((run_dir / "checkpoints").glob("*.ckpt")):
+            raise ConfigError(f"run folder {run_dir} already holds checkpoints of an earlier run; resume it with "
+                              f"ckpt_path=last, or give another run_dir")
         return None
     if ckpt_path == "last":
         path = run_dir / "checkpoints" / "last.ckpt"
@@ -124,7 +126,7 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:
                 "start a fresh run (no ckpt_path), or give run_dir=FOLDER or ckpt_path=FILE.ckpt")
         return path
     path = Path(ckpt_path)
-    if not path.is_file():
+    if not path.exists():
         raise ConfigError(f"ckpt_path={ckpt_path!r}: no such checkpoint file; give a .ckpt file or 'last'")
     return path
 
@@ -278,7 +280,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
         precision=t.precision,
         gradient_clip_val=cfg.optim.clip_norm or None, gradient_clip_algorithm="norm",
         log_every_n_steps=t.log_every_n_steps,
-        val_check_interval=1.0 if t.val_check_interval is None else t.val_check_interval,
+        val_check_interval=t.val_check_interval,   # None: after each epoch (and no info line about it)
         check_val_every_n_epoch=t.check_val_every_n_epoch, num_sanity_val_steps=t.num_sanity_val_steps,
         enable_progress_bar=t.enable_progress_bar, deterministic=t.deterministic,
         use_distributed_sampler=False,   # the data module's lhotse samplers shard by rank themselves
@@ -287,22 +289,36 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
     return trainer, best, latest
 
 
+@contextmanager
+def ctrl_c_as_keyboard_interrupt(trainer: L.Trainer):
+    """Lightning turns Ctrl-C inside fit and test into sys.exit(1) after its own clean shutdown;
+    raise it again as the KeyboardInterrupt it was, so the command can exit with INTERRUPTED."""
+    try:
+        yield
+    except SystemExit:
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
+
+
 # ---- the run -------------------------------------------------------------------------------------
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Trains (or resumes) one run in `run_dir`, tests its best checkpoint, writes results.json."""
     started = time.perf_counter()
+    # everything that can be checked is checked before the run folder gets anything of ours
     attention = validate_config(cfg)
     check_launch_shares_run_folder(cfg.run_dir)
+    resume_from = resolve_checkpoint(cfg.ckpt_path, run_dir)
+    checkpoint = None if resume_from is None else read_checkpoint(resume_from)
+    if cfg.data.corpus != "synth":
+        ensure_corpus(cfg)   # a real corpus is only checked, never prepared: its missing manifests stop us here
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
-    resume_from = resolve_checkpoint(cfg.ckpt_path, run_dir)
     L.seed_everything(cfg.seed, workers=True)
     datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
-    checkpoint = None
-    if resume_from is not None:
-        checkpoint = torch.load(resume_from, map_location="cpu", weights_only=False)
+    if checkpoint is not None:
         datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
     with one_process_at_a_time(run_dir / ".data_preparation.lock"):
         ensure_corpus(cfg)
@@ -327,7 +343,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 
     timer = EpochTimer()
     trainer, best, latest = build_trainer(cfg, run_dir, timer)
-    trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+    with ctrl_c_as_keyboard_interrupt(trainer):
+        trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
 
     best_path = best.best_model_path or latest.best_model_path   # the latest one when nothing was validated
     results = {
@@ -341,7 +358,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "val": getattr(model, "last_error_rates", {}).get("val", {}),
     }
     if cfg.test and best_path:
-        trainer.test(model, datamodule=datamodule, ckpt_path=best_path)
+        with ctrl_c_as_keyboard_interrupt(trainer):
+            trainer.test(model, datamodule=datamodule, ckpt_path=best_path)
         results["test"] = model.last_error_rates.get("test", {})
     results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
     if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them
@@ -364,13 +382,60 @@ def _percent(value: float | None) -> str:
     return "n/a" if value is None else f"{100 * value:.2f}%"
 
 
+# ---- the command: exit statuses (asr.exit_status), the run folder of a run that never started --------
+USAGE_ERRORS = (ConfigError, AttentionConfigError, CheckpointError, CheckpointMismatchError, ManifestError)
+# What a run folder holds before the run has produced anything: Hydra's record (.hydra/), the log,
+# the resolved config and the data-preparation lock.
+BOOKKEEPING = {".hydra", "train.log", "config.yaml", ".data_preparation.lock"}
+_task_started = False   # set by the Hydra task; before it, a failure is Hydra's composition of the config
+
+
+def remove_unused_run_folder(run_dir: Path, run_dir_option: str | None) -> None:
+    """Removes the run folder Hydra made for a run that stopped on a usage error, and its preset
+    folder if that is left empty. A folder holding anything but BOOKKEEPING (checkpoints, logs,
+    results) stays, and so does a folder shared by the processes of an outside launcher."""
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 or not run_dir.is_dir():
+        return
+    if any(entry.name not in BOOKKEEPING for entry in run_dir.iterdir()):
+        return
+    shutil.rmtree(run_dir, ignore_errors=True)
+    if run_dir_option in (None, "", "None", "null"):   # <run_root>/<preset>/<timestamp>: ours too
+        try:
+            run_dir.parent.rmdir()   # only if empty
+        except OSError:
+            pass
+
+
+def resume_hint(run_dir: Path) -> str:
+    """How to continue an interrupted run: its own command with run_dir=<its folder> ckpt_path=last,
+    or, before its first epoch finished, the same command again."""
+    overrides = [o for o in HydraConfig.get().overrides.task
+                 if not o.startswith(("ckpt_path=", "run_dir=", "+ckpt_path=", "+run_dir="))]
+    if not (run_dir / "checkpoints" / "last.ckpt").is_file():
+        return "no epoch had finished, so there is no checkpoint to resume from; run the same command again"
+    relative = os.path.relpath(run_dir)
+    folder = str(run_dir) if relative.startswith("..") else relative
+    command = " ".join(["python -m asr.train", *map(shlex.quote, overrides),
+                        shlex.quote(f"run_dir={folder}"), "ckpt_path=last"])
+    return f"resume from the last finished epoch with: {command}"
+
+
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")
-def main(cfg: DictConfig) -> None:
+def run(cfg: DictConfig) -> None:
+    """The Hydra task: trains, and ends the process with the exit status of what happened."""
+    global _task_started
+    _task_started = True
+    install_warning_filters()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         results = train(cfg, run_dir)
-    except (ConfigError, AttentionConfigError, CheckpointMismatchError, ManifestError) as error:
-        sys.exit(f"asr.train: error: {error}")
+    except USAGE_ERRORS as error:
+        remove_unused_run_folder(run_dir, cfg.run_dir)
+        print(f"asr.train: error: {error}", file=sys.stderr)
+        raise SystemExit(USAGE_ERROR) from None
+    except KeyboardInterrupt:
+        print(f"\nasr.train: interrupted; {resume_hint(run_dir)}", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
     if rank_zero_only.rank != 0:   # the other processes of a multi-device run stay quiet
         return
     test = results.get("test", {})
@@ -378,6 +443,21 @@ def main(cfg: DictConfig) -> None:
     if test:
         print(f"test: PER {_percent(test.get('per'))}  WER {_percent(test.get('wer'))}  "
               f"CER {_percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})")
+
+
+def main() -> None:
+    """python -m asr.train: Hydra's main with the project's exit statuses. Hydra exits with 1 for
+    a config it cannot compose (an unknown key, a bad value type, a missing preset); that is a
+    usage error (2). A failure inside the task stays 1."""
+    try:
+        run()
+    except SystemExit as exit:
+        if exit.code == FAILURE and not _task_started:
+            raise SystemExit(USAGE_ERROR) from None
+        raise
+    except KeyboardInterrupt:   # before the task started (while Hydra composed the config)
+        print("\nasr.train: interrupted", file=sys.stderr)
+        raise SystemExit(INTERRUPTED) from None
 
 
 if __name__ == "__main__":

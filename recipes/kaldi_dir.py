@@ -67,15 +67,16 @@ def read_kaldi_data_dir(path: str | Path, require_utt2spk: bool = True) -> Kaldi
     """Reads a data directory. With require_utt2spk=False a missing utt2spk means every
     utterance is its own speaker (enough for scoring a model on a user's audio)."""
     path = Path(path)
-    if not path.is_dir():
-        raise KaldiDataDirError(f"Kaldi data directory {path} not found")
     required = ("wav.scp", "text", "utt2spk") if require_utt2spk else ("wav.scp", "text")
+    needs = (f"a data directory is a folder holding {', '.join(required[:-1])} and {required[-1]}, as written by "
+             "Kaldi's data preparation, e.g. egs/wsj/s5/local/wsj_data_prep.sh")
+    if not path.exists():
+        raise KaldiDataDirError(f"Kaldi data directory {path} not found")
+    if not path.is_dir():
+        raise KaldiDataDirError(f"{path} is a file, not a Kaldi data directory ({needs})")
     for name in required:
         if not (path / name).is_file():
-            raise KaldiDataDirError(
-                f"{path} is not a Kaldi data directory: {name} is missing (a data directory needs wav.scp, "
-                "text and utt2spk, as written by Kaldi's data preparation, e.g. egs/wsj/s5/local/wsj_data_prep.sh)"
-            )
+            raise KaldiDataDirError(f"{path} is not a Kaldi data directory: {name} is missing ({needs})")
     recordings = {fields[0]: parse_wav_scp_value(fields[1]) for _, fields in read_kaldi_table(path / "wav.scp")}
     texts = {}
     for _, fields in read_kaldi_table(path / "text", min_fields=1):

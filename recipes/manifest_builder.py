@@ -34,7 +34,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import sys
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -48,6 +47,7 @@ from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment,
 from lhotse.audio import AudioSource as LhotseAudioSource
 from tqdm.auto import tqdm
 
+from asr.exit_status import run_command
 from recipes.audio_source import AudioMissingError, AudioSource, AudioSourceError
 from recipes.lexicon import LexiconError
 
@@ -405,16 +405,16 @@ def add_preparation_arguments(parser, lexicon: str | None = None, lexicon_help: 
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def run_preparation(prepare: Callable[[], dict], layout_errors: tuple[type[Exception], ...] = ()) -> int:
-    """Runs a recipe's preparation for its command line: prints the report table and returns 0,
-    or prints the error a user can fix (no traceback) and returns 1."""
-    try:
-        report = prepare()
-    except (PreparationError, LexiconError, *layout_errors) as error:
-        print(f"error: {error}", file=sys.stderr)
-        return 1
-    print(format_report(report))
-    return 0
+def run_preparation(command: str, prepare: Callable[[], dict], layout_errors: tuple[type[Exception], ...] = ()
+                    ) -> int:
+    """Runs a recipe's preparation for its command line (`command`, e.g. recipes.wsj.prepare) and
+    returns its exit status (asr.exit_status): 0 after printing the report table; USAGE_ERROR for a
+    corpus folder or lexicon that is not what the recipe reads (layout_errors, LexiconError) and
+    FAILURE for a preparation that stopped on problems in the corpus, each with its message and
+    no traceback; INTERRUPTED after Ctrl-C (a re-run continues from the audio converted so far)."""
+    return run_command(command, lambda: print(format_report(prepare())),
+                       usage_errors=(LexiconError, *layout_errors), failures=(PreparationError,),
+                       resume_hint="run the same command again: it continues from the audio converted so far")
 
 
 def _ordered_splits(names) -> list[str]:

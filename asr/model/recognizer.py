@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass, field
-from typing import Any
 
 import lightning as L
 import numpy as np
@@ -27,6 +26,7 @@ from torch import nn
 
 from asr.data.tokenizers import Tokenizer, tokenizer_from_state_dict
 from asr.metrics import char_error_rate, phone_error_rate, word_error_rate
+from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY
 from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode
 from asr.model.encoder import TransformerEncoder
 from attention_ext import ValidatedAttention, validate_attention
@@ -339,6 +339,7 @@ class SpeechRecognizer(L.LightningModule):
 
     # ---- checkpoints: the schedule and the random state travel with the weights ---------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
+        checkpoint[FORMAT_KEY] = CHECKPOINT_FORMAT   # what asr.model.checkpoint.read_checkpoint checks
         if getattr(self, "plateau", None) is not None:
             checkpoint["plateau"] = self.plateau.state_dict()
         name, keys, position, has_gauss, cached = np.random.get_state()

@@ -139,6 +139,7 @@ def main(argv=None) -> int:
                               lexicon_help="CMUdict-format lexicon for phone targets (e.g. librispeech-lexicon.txt)")
     args = parser.parse_args(argv)
     return run_preparation(
+        "recipes.librispeech.prepare",
         lambda: prepare_librispeech(args.corpus_dir, args.out, train_subsets=args.train_subsets,
                                     lexicon=args.lexicon, extra_lexicon=args.extra_lexicon, oov_policy=args.oov,
                                     bad_data_policy=args.bad_data, jobs=args.jobs, progress=not args.no_progress),

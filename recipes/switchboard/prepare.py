@@ -181,6 +181,7 @@ def main(argv=None) -> int:
     add_preparation_arguments(parser, lexicon="optional", lexicon_help="CMUdict-format lexicon, for phone targets")
     args = parser.parse_args(argv)
     return run_preparation(
+        "recipes.switchboard.prepare",
         lambda: prepare_switchboard(args.corpus_dir, args.out, transcripts_dir=args.transcripts_dir,
                                     dev_conversations=args.dev_conversations,
                                     test_conversations=args.test_conversations, lexicon=args.lexicon,

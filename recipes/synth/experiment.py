@@ -35,6 +35,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from asr.exit_status import SUCCESS, run_command
+from attention_ext import AttentionConfigError, parse_attention_spec
+
 PRESETS = ("synth_full", "synth_shared_full", "synth_lsh1", "synth_lsh4", "synth_clustered",
            "synth_iclustered")
 CLUSTERED_PRESETS = ("synth_clustered", "synth_iclustered")
@@ -162,13 +165,18 @@ def format_findings(findings: list[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def train_preset(preset: str, run_dir: Path, budget: list[str], overrides: list[str]) -> None:
-    """Trains (or resumes) one preset in run_dir with `python -m asr.train`."""
+def train_preset(preset: str, run_dir: Path, budget: list[str], overrides: list[str]) -> int:
+    """Trains (or resumes) one preset in run_dir with `python -m asr.train`; returns its exit status."""
     command = [sys.executable, "-m", "asr.train", f"conf={preset}", f"run_dir={run_dir}", *budget, *overrides]
     if (run_dir / "checkpoints" / "last.ckpt").is_file():
         command.append(f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}")
     print(f"[experiment] {' '.join(command[1:])}", flush=True)
-    subprocess.run(command, check=True)
+    process = subprocess.Popen(command)
+    try:
+        return process.wait()
+    except KeyboardInterrupt:
+        process.wait()   # the same Ctrl-C reached asr.train: let it finish its own clean shutdown
+        raise
 
 
 def training_budget(steps: int | None, minutes: float | None) -> list[str]:
@@ -262,10 +270,19 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    args = build_parser().parse_args(argv)       # a bad option: argparse exits with USAGE_ERROR
+    return run_command("recipes.synth.experiment", lambda: run_experiment(args), usage_errors=(AttentionConfigError,),
+                       resume_hint="run the same command again: trained presets are skipped, the interrupted "
+                                   "one resumes from its last finished epoch, and computed matrix cells are reused")
+
+
+def run_experiment(args: argparse.Namespace) -> int:
+    """Trains the presets, builds the matrix and its findings; returns the exit status."""
     setting = SETTINGS[args.setting]
     out = args.out or Path(f"runs/synth_experiment_{args.setting}")
     specs = args.specs or list(setting.specs)
+    for spec in specs:
+        parse_attention_spec(spec)              # a bad row stops the experiment now, not after training
     budget = training_budget(args.steps or setting.steps, args.minutes)
     started = time.perf_counter()
     checkpoints = []
@@ -274,7 +291,11 @@ def main(argv: list[str] | None = None) -> int:
         if (run_dir / "results.json").is_file():
             print(f"[experiment] {preset}: trained already ({run_dir / 'results.json'})", flush=True)
         else:
-            train_preset(preset, run_dir, budget, [*setting.preset_overrides(preset), *args.train_override])
+            status = train_preset(preset, run_dir, budget, [*setting.preset_overrides(preset), *args.train_override])
+            if status != SUCCESS:
+                print(f"recipes.synth.experiment: asr.train stopped on {preset} with exit status {status} "
+                      "(its message is above)", file=sys.stderr)
+                return status
         checkpoints.append(f"{preset.removeprefix('synth_')}={best_checkpoint(run_dir)}")
     from asr import cross_matrix
     code = cross_matrix.main([*checkpoints, "--specs", *specs, "--split", args.split,
@@ -290,7 +311,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nthe paper's sec. 4.1 findings on this matrix:\n{findings}")
     print(f"[experiment] done in {(time.perf_counter() - started) / 60:.1f} min; results.json, "
           f"training_curves.png in {out}, the matrix and findings.md in {out / 'matrix'}", flush=True)
-    return 0
+    return SUCCESS
 
 
 if __name__ == "__main__":

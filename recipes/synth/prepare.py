@@ -38,6 +38,7 @@ import hashlib
 import json
 import multiprocessing
 import os
+import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -45,6 +46,7 @@ from pathlib import Path
 
 import numpy as np
 
+from asr.exit_status import run_command
 from recipes.synth.phonemes import UnmappablePhonemeError
 from recipes.synth.sentences import load_sentences, normalise_text
 from recipes.synth.voices import (
@@ -403,7 +405,7 @@ def prepare_synth(out_dir, train_utterances: int = 3000, dev_utterances: int = 2
                            seed=seed, jobs=jobs, progress=progress)
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Generate the synthetic speech corpus (espeak-ng + flite) "
                                                  "and its lhotse manifests.")
     parser.add_argument("--out", default="data/synth", help="output folder (default data/synth)")
@@ -416,18 +418,25 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     from recipes.synth.voices import MissingSynthesiserError
 
-    try:
+    def generate_and_print() -> None:
+        try:
+            Path(args.out).mkdir(parents=True, exist_ok=True)
+        except OSError as error:
+            raise ValueError(f"--out {args.out}: cannot create the folder ({error.strerror or error})") from None
         report = prepare_synth(args.out, args.train, args.dev, args.test, seed=args.seed, jobs=args.jobs,
                                progress=not args.no_progress)
-    except (MissingSynthesiserError, ValueError) as error:
-        raise SystemExit(f"error: {error}") from None
-    for split in SPLITS:
-        numbers = report["splits"][split]
-        mean = numbers["duration_s"]["mean"] if numbers["duration_s"] else 0
-        print(f"{split:5s}: {numbers['utterances']} utterances, {numbers['hours']} h (mean {mean} s), "
-              f"{numbers['speakers']} speakers, {numbers['dropped']} dropped")
-    print(f"manifests and report in {Path(args.out).resolve()} ({report['generation']['seconds']} s)")
+        for split in SPLITS:
+            numbers = report["splits"][split]
+            mean = numbers["duration_s"]["mean"] if numbers["duration_s"] else 0
+            print(f"{split:5s}: {numbers['utterances']} utterances, {numbers['hours']} h (mean {mean} s), "
+                  f"{numbers['speakers']} speakers, {numbers['dropped']} dropped")
+        print(f"manifests and report in {Path(args.out).resolve()} ({report['generation']['seconds']} s)")
+
+    # ValueError: a count, seed or --out the generator cannot use; a missing synthesiser is the machine's
+    return run_command("recipes.synth.prepare", generate_and_print, usage_errors=(ValueError,),
+                       failures=(MissingSynthesiserError,),
+                       resume_hint="run the same command again: it keeps the utterances generated so far")
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -152,6 +152,7 @@ def main(argv=None) -> int:
     add_preparation_arguments(parser)
     args = parser.parse_args(argv)
     return run_preparation(
+        "recipes.timit.prepare",
         lambda: prepare_timit(args.corpus_dir, args.out, include_sa=args.include_sa,
                               bad_data_policy=args.bad_data, jobs=args.jobs, progress=not args.no_progress),
         (TimitLayoutError,))

@@ -304,6 +304,7 @@ def main(argv=None) -> int:
     add_preparation_arguments(parser, lexicon="required", lexicon_help="CMUdict-format lexicon (e.g. cmudict-0.7b)")
     args = parser.parse_args(argv)
     return run_preparation(
+        "recipes.wsj.prepare",
         lambda: prepare_wsj(args.corpus_dir, args.out, args.lexicon, extra_lexicon=args.extra_lexicon,
                             train_set=args.train_set, oov_policy=args.oov, bad_data_policy=args.bad_data,
                             jobs=args.jobs, progress=not args.no_progress),

@@ -4,17 +4,24 @@ from __future__ import annotations
 import csv
 import gzip
 import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 import torch
+import yaml
 
 from asr import cross_matrix
-from asr.evaluate import (EvaluateConfig, EvaluationError, decode_split, evaluate, evaluation_data, load_model,
-                          main, parse_arguments)
+from asr.evaluate import (EvaluateConfig, EvaluationError, decode_split, default_out_dir, evaluate,
+                          evaluation_data, load_model, main, parse_arguments)
+from asr.exit_status import USAGE_ERROR
+from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointError, read_checkpoint
 from asr.train import train
 from attention_ext import AttentionConfigError, validate_attention
-from tiny_runs import tiny_config
+from tiny_runs import ROOT, tiny_config
 
 
 @pytest.fixture(scope="module")
@@ -114,6 +121,15 @@ def test_arguments_and_their_errors(trained, tmp_path, capsys):
             parse_arguments(argv)
     assert main([f"checkpoint={tmp_path}/missing.ckpt"]) == 2
     assert "no such file" in capsys.readouterr().err
+    assert main([f"checkpoint={best(trained['synth_full'])}", "device=gpu"]) == 2
+    assert "device='gpu' is not a device" in capsys.readouterr().err
+    (tmp_path / "not_kaldi").mkdir()
+    (tmp_path / "a_file").write_text("")
+    for folder, says in (("not_kaldi", "is not a Kaldi data directory: wav.scp is missing"),
+                         ("a_file", "is a file, not a Kaldi data directory")):
+        assert main([f"checkpoint={best(trained['synth_full'])}", f"data_dir={tmp_path / folder}"]) == 2
+        error = capsys.readouterr().err
+        assert len(error.strip().splitlines()) == 1 and f"{tmp_path / folder} {says}" in error
     assert main([f"checkpoint={best(trained['synth_full'])}", "attention=clustered", "attention.clusters=0"]) == 2
     assert "clusters" in capsys.readouterr().err
 
@@ -151,3 +167,113 @@ def test_cross_matrix_shape_invalid_cells_marks_and_cache(trained, tmp_path, mon
     assert cross_matrix.main(argv) == 0
     assert capsys.readouterr().out.count(": cached") == 6
     assert json.loads((tmp_path / "matrix.json").read_text())["rows"] == matrix["rows"]
+
+
+# ---- checkpoints that cannot be used: one line naming the file, exit status 2 -----------------------
+def bad_checkpoints(good: Path, folder: Path) -> dict[str, tuple[Path, str]]:
+    """Broken variants of a good checkpoint: name -> (file, what the error says about it)."""
+    folder.mkdir(exist_ok=True)
+    saved = torch.load(good, map_location="cpu", weights_only=True)
+    cases = {"text": (folder / "notes.ckpt", "is not a PyTorch checkpoint"),
+             "truncated": (folder / "truncated.ckpt", "is not a PyTorch checkpoint"),
+             "newer": (folder / "newer.ckpt", "written by a newer version of this toolkit"),
+             "older": (folder / "older.ckpt", "checkpoint format 0, older than this version reads"),
+             "unknown_attention": (folder / "unknown_attention.ckpt",
+                                   "trained with attention 'fancy', which this build of attention_ext does not have"),
+             "another_model": (folder / "another_model.ckpt", "its hyper_parameters lack tokenizers"),
+             "folder": (folder, "is a folder")}
+    cases["text"][0].write_text("epoch 3 looked good\n")
+    cases["truncated"][0].write_bytes(good.read_bytes()[:good.stat().st_size // 2])
+    torch.save({**saved, FORMAT_KEY: CHECKPOINT_FORMAT + 1}, cases["newer"][0])
+    torch.save({**saved, FORMAT_KEY: 0}, cases["older"][0])
+    torch.save({**saved, "hyper_parameters": {**saved["hyper_parameters"], "attention": {"name": "fancy"}}},
+               cases["unknown_attention"][0])
+    hyper_parameters = {key: value for key, value in saved["hyper_parameters"].items() if key != "tokenizers"}
+    torch.save({**saved, "hyper_parameters": hyper_parameters}, cases["another_model"][0])
+    return cases
+
+
+def one_error_line(stderr: str, command: str, path: Path, says: str) -> None:
+    assert "Traceback" not in stderr
+    lines = stderr.strip().splitlines()
+    assert len(lines) == 1, stderr
+    assert lines[0].startswith(f"{command}: error: checkpoint {path}") and says in lines[0], lines[0]
+
+
+def test_a_checkpoint_carries_its_format_and_one_without_it_is_format_1(trained, tmp_path):
+    good = best(trained["synth_full"])
+    saved = torch.load(good, map_location="cpu", weights_only=True)
+    assert saved[FORMAT_KEY] == CHECKPOINT_FORMAT == 1
+    del saved[FORMAT_KEY]                     # as written before the number existed
+    torch.save(saved, tmp_path / "before_formats.ckpt")
+    assert FORMAT_KEY not in read_checkpoint(tmp_path / "before_formats.ckpt")
+    model = load_model(tmp_path / "before_formats.ckpt")
+    assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in saved["state_dict"].items())
+
+
+def test_bad_checkpoints_are_one_line_naming_the_file_in_evaluate_and_cross_matrix(trained, tmp_path, capsys):
+    for name, (path, says) in bad_checkpoints(best(trained["synth_full"]), tmp_path / "bad").items():
+        with pytest.raises(CheckpointError, match=says):
+            read_checkpoint(path)
+        assert main([f"checkpoint={path}"]) == USAGE_ERROR, name
+        one_error_line(capsys.readouterr().err, "asr.evaluate", path, says)
+        assert cross_matrix.main([f"good={best(trained['synth_full'])}", f"bad={path}", "--specs", "full",
+                                  "--out", str(tmp_path / "matrix")]) == USAGE_ERROR, name
+        one_error_line(capsys.readouterr().err, "asr.cross_matrix", path, says)
+    assert not (tmp_path / "matrix" / "cells").exists()      # a bad column stops the matrix before any cell
+    assert main([f"checkpoint={tmp_path}/missing.ckpt"]) == USAGE_ERROR
+    one_error_line(capsys.readouterr().err, "asr.evaluate", tmp_path / "missing.ckpt", "no such file")
+
+
+def test_the_command_exits_2_with_one_line_for_a_file_that_is_not_a_checkpoint(tmp_path):
+    (tmp_path / "passwd").write_text("root:x:0:0:root:/root:/bin/bash\n")
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    done = subprocess.run([sys.executable, "-m", "asr.evaluate", f"checkpoint={tmp_path}/passwd"], cwd=tmp_path,
+                          env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 2
+    one_error_line(done.stderr, "asr.evaluate", tmp_path / "passwd", "is not a PyTorch checkpoint")
+
+
+# ---- where results go, and what the command line decides -------------------------------------------------
+def test_evaluations_that_can_differ_get_their_own_folders(trained):
+    checkpoint = str(best(trained["synth_full"]))
+    first = evaluate(EvaluateConfig(checkpoint=checkpoint, attention="clustered-2", seed=0, progress=False))
+    second = evaluate(EvaluateConfig(checkpoint=checkpoint, attention="clustered-2", seed=1, progress=False))
+    evaluations = trained["synth_full"] / "evaluations"
+    assert Path(first["out"]) == evaluations / "test_clustered_bits63_clusters2_iterations10_greedy_seed0_cpu"
+    assert Path(second["out"]) == evaluations / "test_clustered_bits63_clusters2_iterations10_greedy_seed1_cpu"
+    assert json.loads((Path(first["out"]) / "results.json").read_text())["seed"] == 0   # not overwritten
+    assert json.loads((Path(second["out"]) / "results.json").read_text())["seed"] == 1
+
+    def name(**options) -> str:
+        return default_out_dir(EvaluateConfig(checkpoint=checkpoint, **options), "dev", "full").name
+    assert name() == "dev_full_greedy_seed0_cpu"
+    assert name(decoder="beam", beam_size=4, limit=3, device="cuda:1") == "dev_full_beam4_seed0_cuda1_limit3"
+    data = name(data={"root": "/corpora/a"})
+    assert data.startswith("dev_full_greedy_seed0_cpu_data") and data != name(data={"root": "/corpora/b"})
+    assert name(data={"progress": False, "num_workers": 2}) == name()      # these change no number
+    assert name(data_dir="/audio/a") != name(data_dir="/audio/b")
+
+
+def test_the_command_line_wins_over_the_stored_run_config(trained, tiny_synth, tmp_path, capfd):
+    """progress=false hides the feature bar although the run folder stored data.progress: true."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(best(trained["synth_full"]), run / "checkpoints" / "best.ckpt")
+    stored = yaml.safe_load((trained["synth_full"] / "config.yaml").read_text())
+    corpus = tmp_path / "corpus"                 # the corpus without its feature cache: features get computed
+    shutil.copytree(tiny_synth, corpus, ignore=shutil.ignore_patterns("features"))
+    stored["data"].update(progress=True, root=str(corpus))
+    (run / "config.yaml").write_text(yaml.safe_dump(stored))
+    checkpoint = str(run / "checkpoints" / "best.ckpt")
+    capfd.readouterr()
+    evaluate(EvaluateConfig(checkpoint=checkpoint, split="dev", progress=False, out=str(tmp_path / "a")))
+    assert "fbank" not in capfd.readouterr().err
+    evaluate(EvaluateConfig(checkpoint=checkpoint, split="test", out=str(tmp_path / "b")))
+    assert "fbank test" in capfd.readouterr().err           # progress left at its default: the bar shows
+    model = load_model(checkpoint)
+    for data, message in (({"roots": "x"}, "data.roots is not a data option"),
+                          ({"num_mel_bins": 80}, "data.num_mel_bins=80 cannot be changed for an evaluation"),
+                          ({"max_duration": -1}, "data.max_duration=-1 must be a positive number")):
+        with pytest.raises(EvaluationError, match=message):
+            evaluation_data(model, checkpoint, data_overrides=data, progress=False)

@@ -4,8 +4,10 @@ from __future__ import annotations
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -14,8 +16,10 @@ from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from asr.config import ConfigError, validate_config
 from asr.evaluate import EvaluateConfig, evaluate
+from asr.exit_status import INTERRUPTED, USAGE_ERROR
+from asr.model.checkpoint import CheckpointError
 from asr.model.recognizer import CheckpointMismatchError
-from asr.train import train
+from asr.train import remove_unused_run_folder, train
 from attention_ext import AttentionConfigError
 from tiny_runs import CONF, ROOT, TINY, compose_config, tiny_config
 
@@ -98,6 +102,16 @@ def test_resume_from_a_model_of_another_shape_names_the_tensors(tiny_synth, tmp_
     with pytest.raises(CheckpointMismatchError) as error:
         train(tiny_config(tiny_synth, "conf=synth_full", "model.ff_dim=48", "ckpt_path=last"), run)
     assert "encoder.layers.0.ff.0.weight: (32, 16) in the checkpoint, (48, 16) here" in str(error.value)
+    # a fresh run (no ckpt_path) does not overwrite the checkpoints of another
+    with pytest.raises(ConfigError, match="already holds checkpoints of an earlier run; resume it with ckpt_path=last"):
+        train(tiny_config(tiny_synth, "conf=synth_full"), run)
+
+
+def test_resume_from_a_file_that_is_not_a_checkpoint_names_it(tiny_synth, tmp_path):
+    (tmp_path / "notes.ckpt").write_text("epoch 3 looked good\n")
+    with pytest.raises(CheckpointError, match=f"checkpoint {tmp_path}/notes.ckpt is not a PyTorch checkpoint"):
+        train(tiny_config(tiny_synth, "conf=synth_full", f"ckpt_path={tmp_path}/notes.ckpt"), tmp_path / "run")
+    assert not (tmp_path / "run").exists()       # refused before the run folder got anything
 
 
 def test_resume_without_an_earlier_run_says_what_to_do(tiny_synth, tmp_path):
@@ -152,15 +166,63 @@ def run_cli(*arguments: str, cwd: Path) -> subprocess.CompletedProcess:
                           capture_output=True, text=True, timeout=600)
 
 
-def test_cli_reports_config_errors_without_a_traceback(tmp_path):
-    unknown = run_cli("model.nonsense=1", cwd=tmp_path)
-    assert unknown.returncode != 0
+def test_cli_config_errors_exit_2_without_a_traceback_or_a_run_folder(tmp_path):
+    unknown = run_cli("model.nonsense=1", f"run_root={tmp_path}/runs", cwd=tmp_path)   # Hydra's composition
+    assert unknown.returncode == USAGE_ERROR
     assert "Could not override 'model.nonsense'" in unknown.stderr
     assert "Key 'nonsense' not in 'ModelConfig'" in unknown.stderr
-    bad = run_cli("model.subsampling=3", f"run_root={tmp_path}/runs", cwd=tmp_path)
-    assert bad.returncode != 0
-    assert "asr.train: error: model.subsampling=3 is not allowed: must be 1, 2 or 4" in bad.stderr
-    assert "Traceback" not in bad.stderr
+    bad = run_cli("model.subsampling=3", f"run_root={tmp_path}/runs", cwd=tmp_path)     # our validation
+    assert bad.returncode == USAGE_ERROR
+    assert bad.stderr.strip().splitlines() == ["asr.train: error: model.subsampling=3 is not allowed: must be 1, 2 or 4"]
+    (tmp_path / "notes.ckpt").write_text("epoch 3 looked good\n")
+    not_a_checkpoint = run_cli(f"ckpt_path={tmp_path}/notes.ckpt", f"run_root={tmp_path}/runs", cwd=tmp_path)
+    assert not_a_checkpoint.returncode == USAGE_ERROR
+    assert not_a_checkpoint.stderr.strip().splitlines() == [
+        f"asr.train: error: checkpoint {tmp_path}/notes.ckpt is not a PyTorch checkpoint (not the zip archive "
+        "torch.save writes: truncated, or another kind of file)"]
+    assert list((tmp_path / "runs").iterdir()) == []     # Hydra made run folders; they are gone again
+
+
+def test_only_a_run_folder_that_holds_nothing_of_the_run_is_removed(tmp_path):
+    def hydra_made(folder: Path, *files: str) -> Path:
+        (folder / ".hydra").mkdir(parents=True)
+        (folder / ".hydra" / "overrides.yaml").write_text("- model.subsampling=3\n")
+        for name in ("train.log", *files):
+            (folder / name).parent.mkdir(parents=True, exist_ok=True)
+            (folder / name).write_text("")
+        return folder
+    fresh = hydra_made(tmp_path / "runs" / "synth_full" / "2026-01-01_00-00-00", "config.yaml")
+    remove_unused_run_folder(fresh, None)
+    assert not (tmp_path / "runs" / "synth_full").exists() and (tmp_path / "runs").is_dir()
+    trained = hydra_made(tmp_path / "runs" / "synth_full" / "2026-01-01_00-00-01", "checkpoints/last.ckpt")
+    logged = hydra_made(tmp_path / "runs" / "synth_full" / "2026-01-01_00-00-02", "logs/version_0/metrics.csv")
+    for folder in (trained, logged):
+        remove_unused_run_folder(folder, None)
+        assert folder.is_dir()
+    named = hydra_made(tmp_path / "mine" / "run")
+    remove_unused_run_folder(named, str(named))
+    assert not named.exists() and (tmp_path / "mine").is_dir()    # run_dir=: the folder above is the user's
+
+
+def test_ctrl_c_exits_130_with_the_command_that_resumes_the_run(tiny_synth, tmp_path):
+    arguments = ["conf=synth_full", *TINY, f"data.root={tiny_synth}", f"run_root={tmp_path}/runs",
+                 "trainer.max_epochs=1000"]
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    process = subprocess.Popen([sys.executable, "-m", "asr.train", *arguments], cwd=tmp_path, env=env,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 300
+    while not list((tmp_path / "runs").glob("synth_full/*/checkpoints/last.ckpt")):   # an epoch finished
+        assert process.poll() is None and time.monotonic() < deadline
+        time.sleep(0.2)
+    process.send_signal(signal.SIGINT)
+    _, stderr = process.communicate(timeout=120)
+    assert process.returncode == INTERRUPTED
+    assert "Traceback" not in stderr
+    run, = (tmp_path / "runs" / "synth_full").iterdir()
+    hint = stderr.strip().splitlines()[-1]
+    assert hint.startswith("asr.train: interrupted; resume from the last finished epoch with: python -m asr.train ")
+    assert hint.endswith(f" run_dir={run.relative_to(tmp_path)} ckpt_path=last")   # relative to where it ran
+    assert " ".join(arguments) in hint
 
 
 def test_cli_trains_tests_prints_and_resumes_in_the_run_folder(tiny_synth, tmp_path):
@@ -178,3 +240,6 @@ def test_cli_trains_tests_prints_and_resumes_in_the_run_folder(tiny_synth, tmp_p
     assert second.returncode == 0, second.stderr[-3000:]
     assert list((tmp_path / "runs" / "synth_full").iterdir()) == [run]    # continued in the same folder
     assert json.loads((run / "results.json").read_text())["epochs"] == 2
+    # what a user cannot act on is not printed (asr/warning_filters.py), in a fresh run nor a resumed one
+    for noise in ("LeafSpec", "litlogger", "Checkpoint directory", "val_check_interval", "Warning"):
+        assert noise not in first.stderr + second.stderr, noise

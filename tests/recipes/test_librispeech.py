@@ -85,7 +85,7 @@ def test_lexicon_gives_phones_and_reports_oov(tmp_path):
 
 def test_missing_subset_and_missing_flac(tmp_path, capsys):
     build_librispeech(tmp_path)
-    assert main(["--corpus-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 1
+    assert main(["--corpus-dir", str(tmp_path), "--out", str(tmp_path / "out")]) == 2   # a usage error
     error = capsys.readouterr().err
     assert "['train-other-500'] not found" in error and "--train-subsets" in error
 

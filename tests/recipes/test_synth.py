@@ -355,5 +355,16 @@ def test_command_line_reports_missing_synthesisers(tmp_path):
     done = subprocess.run([sys.executable, "-m", "recipes.synth.prepare", "--out", str(tmp_path / "out"),
                            "--train", "2", "--dev", "1", "--test", "1", "--jobs", "1"],
                           capture_output=True, text=True, env=env)
-    assert done.returncode != 0
+    assert done.returncode == 1          # the machine lacks programs: not a mistake in the command
     assert "apt-get install -y espeak-ng flite sox" in done.stderr and "Traceback" not in done.stderr
+
+
+def test_command_line_usage_errors_exit_2_with_one_line(tmp_path, capsys):
+    from recipes.synth.prepare import main
+    (tmp_path / "a_file").write_text("")
+    assert main(["--out", str(tmp_path / "a_file" / "corpus"), "--train", "2", "--dev", "1", "--test", "1"]) == 2
+    error = capsys.readouterr().err
+    assert error.strip().splitlines() == [f"recipes.synth.prepare: error: --out {tmp_path}/a_file/corpus: "
+                                          "cannot create the folder (Not a directory)"]
+    assert main(["--out", str(tmp_path / "corpus"), "--train", "-1"]) == 2
+    assert "the number of train utterances must be an integer >= 0, got -1" in capsys.readouterr().err

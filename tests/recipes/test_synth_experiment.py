@@ -5,7 +5,7 @@ import math
 
 import pytest
 
-from recipes.synth.experiment import (PRESETS, SETTINGS, SPECS, experiment_results, format_findings,
+from recipes.synth.experiment import (PRESETS, SETTINGS, SPECS, experiment_results, format_findings, main,
                                       paper_findings, plot_training_curves, training_budget, validation_curve)
 from test_presets_on_fixtures import compose_config   # composes conf/ as asr.train does
 
@@ -131,3 +131,12 @@ def test_results_json_holds_steps_rates_and_every_valid_cell(tmp_path):
     plot_training_curves(tmp_path, ["synth_full", "synth_lsh1"], tmp_path / "curves.png")
     assert (tmp_path / "curves.png").stat().st_size > 1000
     assert all(math.isfinite(value) for _, value in validation_curve(tmp_path / "synth_lsh1"))
+
+
+def test_a_usage_error_stops_the_experiment_with_status_2(tmp_path, capsys):
+    """A bad row before any training; a bad asr.train override as asr.train reports it (status 2)."""
+    assert main(["--out", str(tmp_path), "--specs", "full", "clustered-x"]) == 2
+    assert "recipes.synth.experiment: error: unknown attention spec 'clustered-x'" in capsys.readouterr().err
+    assert not any(tmp_path.iterdir())
+    assert main(["--out", str(tmp_path), "--presets", "synth_full", "--train-override", "model.nonsense=1"]) == 2
+    assert "asr.train stopped on synth_full with exit status 2" in capsys.readouterr().err

@@ -110,7 +110,7 @@ def test_missing_and_unreadable_audio_stop_with_report_then_resume(tmp_path, mon
     (tmp_path / "corpus" / "TIMIT" / "TEST" / "DR1" / "FAKS0" / "SI943.WAV").write_bytes(b"garbage" * 100)
     out = tmp_path / "out"
 
-    assert main(["--corpus-dir", str(tmp_path / "corpus"), "--out", str(out)]) == 1
+    assert main(["--corpus-dir", str(tmp_path / "corpus"), "--out", str(out)]) == 1   # stopped while running
     message = capsys.readouterr().err
     assert "2 problem(s): 1 missing_audio, 1 unreadable_audio" in message
     assert "SX127: no .WAV file" in message and "SI943.WAV" in message
@@ -155,5 +155,7 @@ def test_bad_data_drop_leaves_utterances_out_and_counts_them(tmp_path):
 
 def test_not_a_timit_folder(tmp_path, capsys):
     (tmp_path / "empty").mkdir()
-    assert main(["--corpus-dir", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 1
-    assert "no TIMIT TRAIN and TEST folders found" in capsys.readouterr().err
+    assert main(["--corpus-dir", str(tmp_path / "empty"), "--out", str(tmp_path / "out")]) == 2   # a usage error
+    error = capsys.readouterr().err
+    assert error.startswith("recipes.timit.prepare: error: ") and "no TIMIT TRAIN and TEST folders found" in error
+    assert len(error.strip().splitlines()) == 1 and "Traceback" not in error

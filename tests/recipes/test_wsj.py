@@ -219,10 +219,10 @@ def test_lexicon_with_foreign_phones_is_rejected(tmp_path, capsys):
     build_ldc_discs(tmp_path / "corpus")
     (tmp_path / "lex").write_text("THE  DH AX\n")
     assert main(["--corpus-dir", str(tmp_path / "corpus"), "--lexicon", str(tmp_path / "lex"),
-                 "--out", str(tmp_path / "out")]) == 1
+                 "--out", str(tmp_path / "out")]) == 2
     assert "lex:1: phone(s) ['AX'] of 'THE' are not CMUdict's 39 phones" in capsys.readouterr().err
     assert main(["--corpus-dir", str(tmp_path / "corpus"), "--lexicon", str(tmp_path / "nope"),
-                 "--out", str(tmp_path / "out")]) == 1
+                 "--out", str(tmp_path / "out")]) == 2
     assert "nope not found" in capsys.readouterr().err
 
 
@@ -230,7 +230,7 @@ def test_missing_index_names_the_discs_to_pass(tmp_path, capsys):
     build_ldc_discs(tmp_path / "corpus")
     (tmp_path / "cmudict").write_text(LEXICON)
     assert main(["--corpus-dir", str(tmp_path / "corpus" / "LDC93S6B"), "--lexicon", str(tmp_path / "cmudict"),
-                 "--out", str(tmp_path / "out")]) == 1
+                 "--out", str(tmp_path / "out")]) == 2
     assert "wsj1/doc/indices/si_tr_s.ndx not found" in capsys.readouterr().err
 
 

@@ -1,0 +1,99 @@
+"""Reading an asr.train checkpoint: the one place that opens a .ckpt and checks it can be used.
+
+    checkpoint = read_checkpoint("runs/synth_full/<time>/checkpoints/best.ckpt")
+    checkpoint["hyper_parameters"]   # model, attention, optim, feature_dim, tokenizers
+    checkpoint["state_dict"]         # the weights and the feature statistics
+
+Every command that takes a checkpoint (asr.evaluate, asr.cross_matrix, asr.train ckpt_path=) reads
+it here, so a missing file, a file of another kind, a truncated file, a checkpoint of another
+format version or one trained with an attention this build lacks gives the same one-line
+CheckpointError naming the file, instead of a traceback from deep inside torch.load.
+
+Format versions: SpeechRecognizer.on_save_checkpoint writes CHECKPOINT_FORMAT under FORMAT_KEY.
+Checkpoints written before the number existed have no FORMAT_KEY; with the expected keys they are
+format 1. Raise CHECKPOINT_FORMAT when a change makes older readers misread new checkpoints.
+"""
+from __future__ import annotations
+
+import pickle
+import zipfile
+from pathlib import Path
+
+import torch
+
+from attention_ext import AttentionConfigError, available_attentions, validate_attention
+
+FORMAT_KEY = "asr_checkpoint_format"
+CHECKPOINT_FORMAT = 1
+HYPER_PARAMETERS = ("model", "attention", "optim", "feature_dim", "tokenizers")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that cannot be used; the message is one line that names the file."""
+
+
+def read_checkpoint(path: str | Path) -> dict:
+    """The checkpoint at `path` (tensors on the CPU), checked to be an asr.train checkpoint this
+    version can use; CheckpointError otherwise."""
+    path = Path(path)
+    where = f"checkpoint {path}"
+    if not path.exists():
+        raise CheckpointError(f"{where}: no such file; give a .ckpt written by asr.train "
+                              "(runs/<preset>/<time>/checkpoints/best.ckpt)")
+    if path.is_dir():
+        inside = path / "checkpoints" / "best.ckpt"
+        raise CheckpointError(f"{where} is a folder; give a .ckpt file"
+                              + (f" (this run's best is {inside})" if inside.is_file() else ""))
+    # torch.save writes a zip archive; anything else (a text file, a truncated download) would
+    # otherwise fail inside the unpickler with an error that says nothing about the file
+    try:
+        is_archive = zipfile.is_zipfile(path)
+    except OSError as error:
+        raise CheckpointError(f"{where} cannot be read ({error.strerror or error})") from None
+    if not is_archive:
+        raise CheckpointError(f"{where} is not a PyTorch checkpoint (not the zip archive torch.save writes: "
+                              "truncated, or another kind of file)")
+    try:
+        # weights_only: asr.train writes tensors and plain values only, so nothing is unpickled
+        # that could run code
+        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError:
+        raise CheckpointError(f"{where} holds Python objects besides tensors and plain values, so it was not "
+                              "written by asr.train; it was not loaded") from None
+    except Exception as error:   # torch.load reports a damaged archive with many exception types
+        reason = str(error).strip().splitlines()[0] if str(error).strip() else type(error).__name__
+        raise CheckpointError(f"{where} is damaged: torch.load cannot read it ({reason})") from None
+    _check_contents(checkpoint, where)
+    return checkpoint
+
+
+def _check_contents(checkpoint, where: str) -> None:
+    """Raises CheckpointError unless `checkpoint` is an asr.train checkpoint this version can use."""
+    hyper_parameters = checkpoint.get("hyper_parameters") if isinstance(checkpoint, dict) else None
+    if not isinstance(hyper_parameters, dict) or not isinstance(checkpoint.get("state_dict"), dict):
+        raise CheckpointError(f"{where} is not an asr.train checkpoint (it has no Lightning state_dict and "
+                              "hyper_parameters)")
+    version = checkpoint.get(FORMAT_KEY, 1)
+    if isinstance(version, bool) or not isinstance(version, int):
+        raise CheckpointError(f"{where} is not an asr.train checkpoint ({FORMAT_KEY}={version!r} is not a number)")
+    if version > CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{where} was written by a newer version of this toolkit (checkpoint format "
+                              f"{version}; this version reads format {CHECKPOINT_FORMAT}); update the toolkit")
+    if version < CHECKPOINT_FORMAT:
+        raise CheckpointError(f"{where} has checkpoint format {version}, older than this version reads "
+                              f"(format {CHECKPOINT_FORMAT}); use the toolkit version that wrote it")
+    missing = [key for key in HYPER_PARAMETERS if key not in hyper_parameters]
+    if missing:
+        raise CheckpointError(f"{where} is not an asr.train checkpoint (its hyper_parameters lack "
+                              f"{', '.join(missing)}; a checkpoint of another Lightning model?)")
+    attention = hyper_parameters["attention"]
+    name = attention.get("name") if isinstance(attention, dict) else None
+    known = available_attentions()
+    if name not in known:
+        raise CheckpointError(f"{where} was trained with attention {name!r}, which this build of attention_ext "
+                              f"does not have (it has {', '.join(known)})")
+    try:
+        validate_attention(**attention)
+    except AttentionConfigError as error:
+        raise CheckpointError(f"{where}: its attention options do not fit this build of attention_ext "
+                              f"({str(error).splitlines()[0]})") from None
