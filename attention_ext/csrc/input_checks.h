@@ -119,6 +119,26 @@ inline SparseShape check_sparse(const at::Tensor& rows, const at::Tensor& topk, 
   return {rows.size(0), rows.size(1), rows.size(2), topk.size(2), topk.size(3)};
 }
 
+// The keys of clustered_sparse_dot (forward and backward): q's shape and dtype.
+inline void check_sparse_keys(const at::Tensor& q, const at::Tensor& k, const char* op) {
+  TORCH_CHECK(k.sizes() == q.sizes() && k.scalar_type() == q.scalar_type(), op, ": k must match q ", q.sizes(),
+              " ", q.scalar_type(), ", got ", k.sizes(), " ", k.scalar_type());
+}
+
+// A tensor of one score per (batch, head, position, slot): clustered_sparse_dot's gradient and
+// clustered_sparse_weighted_sum's weights, forward and backward alike; of `dtype` unless that is
+// Undefined (a gradient: the CUDA operators convert it, the CPU ones refuse another dtype when
+// they read it).
+inline void check_sparse_scores(const at::Tensor& scores, const SparseShape& s, at::ScalarType dtype,
+                                const char* op, const char* what) {
+  TORCH_CHECK(scores.dim() == 4 && scores.size(0) == s.batch && scores.size(1) == s.heads &&
+                  scores.size(2) == s.length && scores.size(3) == s.slots &&
+                  (dtype == at::ScalarType::Undefined || scores.scalar_type() == dtype),
+              op, ": ", what, " must have shape (", s.batch, ", ", s.heads, ", ", s.length, ", ", s.slots, ")",
+              dtype == at::ScalarType::Undefined ? "" : " and the rows' dtype", ", got ", scores.sizes(), " ",
+              scores.scalar_type());
+}
+
 // The index tensors of a sparse product, contiguous, taken once check_sparse has passed.
 struct SparseInputs {
   at::Tensor topk, offsets, members;

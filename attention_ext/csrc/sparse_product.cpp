@@ -36,6 +36,8 @@ namespace {
 using attention_ext_checks::SparseInputs;
 using attention_ext_checks::SparseShape;
 using attention_ext_checks::check_sparse;
+using attention_ext_checks::check_sparse_keys;
+using attention_ext_checks::check_sparse_scores;
 
 // Elements of one 512-bit vector: the width of a column tile of the small products.
 template <typename scalar_t>
@@ -340,8 +342,7 @@ void sparse_weighted_sum_backward_kernel(const scalar_t* grad, const scalar_t* w
 at::Tensor clustered_sparse_dot(const at::Tensor& q, const at::Tensor& k, const at::Tensor& topk,
                                 const at::Tensor& offsets, const at::Tensor& members, double scale) {
   const SparseShape s = check_sparse(q, topk, offsets, members, "clustered_sparse_dot");
-  TORCH_CHECK(k.sizes() == q.sizes() && k.scalar_type() == q.scalar_type(),
-              "clustered_sparse_dot: k must match q ", q.sizes(), ", got ", k.sizes());
+  check_sparse_keys(q, k, "clustered_sparse_dot");
   const at::Tensor q_c = q.contiguous(), k_c = k.contiguous();
   const SparseInputs in(topk, offsets, members);
   at::Tensor out = at::zeros({s.batch, s.heads, s.length, s.slots}, q.options());
@@ -358,9 +359,8 @@ std::tuple<at::Tensor, at::Tensor> clustered_sparse_dot_backward(
     const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& topk,
     const at::Tensor& offsets, const at::Tensor& members, double scale) {
   const SparseShape s = check_sparse(q, topk, offsets, members, "clustered_sparse_dot_backward");
-  TORCH_CHECK(grad.dim() == 4 && grad.size(2) == s.length && grad.size(3) == s.slots,
-              "clustered_sparse_dot_backward: grad must have shape (B, H, ", s.length, ", ", s.slots,
-              "), got ", grad.sizes());
+  check_sparse_keys(q, k, "clustered_sparse_dot_backward");
+  check_sparse_scores(grad, s, at::ScalarType::Undefined, "clustered_sparse_dot_backward", "grad");
   const int64_t dim = q.size(3);
   const at::Tensor grad_c = grad.contiguous(), q_c = q.contiguous(), k_c = k.contiguous();
   const SparseInputs in(topk, offsets, members);
@@ -380,11 +380,7 @@ at::Tensor clustered_sparse_weighted_sum(const at::Tensor& weights, const at::Te
                                          const at::Tensor& topk, const at::Tensor& offsets,
                                          const at::Tensor& members) {
   const SparseShape s = check_sparse(v, topk, offsets, members, "clustered_sparse_weighted_sum");
-  TORCH_CHECK(weights.dim() == 4 && weights.size(0) == s.batch && weights.size(1) == s.heads &&
-                  weights.size(2) == s.length && weights.size(3) == s.slots &&
-                  weights.scalar_type() == v.scalar_type(),
-              "clustered_sparse_weighted_sum: weights must have shape (", s.batch, ", ", s.heads, ", ",
-              s.length, ", ", s.slots, ") and v's dtype, got ", weights.sizes());
+  check_sparse_scores(weights, s, v.scalar_type(), "clustered_sparse_weighted_sum", "weights");
   const at::Tensor w_c = weights.contiguous(), v_c = v.contiguous();
   const SparseInputs in(topk, offsets, members);
   at::Tensor out = at::zeros({s.batch, s.heads, s.length, v.size(3)}, v.options());
@@ -403,6 +399,7 @@ std::tuple<at::Tensor, at::Tensor> clustered_sparse_weighted_sum_backward(
   const SparseShape s = check_sparse(v, topk, offsets, members, "clustered_sparse_weighted_sum_backward");
   TORCH_CHECK(grad.sizes() == v.sizes(), "clustered_sparse_weighted_sum_backward: grad must match v ",
               v.sizes(), ", got ", grad.sizes());
+  check_sparse_scores(weights, s, v.scalar_type(), "clustered_sparse_weighted_sum_backward", "weights");
   const int64_t dim = v.size(3);
   const at::Tensor grad_c = grad.contiguous(), w_c = weights.contiguous(), v_c = v.contiguous();
   const SparseInputs in(topk, offsets, members);

@@ -25,6 +25,8 @@ using namespace attention_ext_cuda;
 
 using attention_ext_checks::SparseInputs;
 using attention_ext_checks::SparseShape;
+using attention_ext_checks::check_sparse_keys;
+using attention_ext_checks::check_sparse_scores;
 
 SparseShape check_sparse(const at::Tensor& rows, const at::Tensor& topk, const at::Tensor& offsets,
                          const at::Tensor& members, const char* op) {
@@ -178,8 +180,7 @@ void add_blocks_to_rows(const at::Tensor& blocks, const at::Tensor& topk, const 
 at::Tensor clustered_sparse_dot_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& topk,
                                      const at::Tensor& offsets, const at::Tensor& members, double scale) {
   const SparseShape s = check_sparse(q, topk, offsets, members, "clustered_sparse_dot");
-  TORCH_CHECK(k.sizes() == q.sizes() && k.scalar_type() == q.scalar_type(),
-              "clustered_sparse_dot: k must match q ", q.sizes(), ", got ", k.sizes());
+  check_sparse_keys(q, k, "clustered_sparse_dot");
   check_one_device("clustered_sparse_dot", {&q, &k});
   const c10::cuda::CUDAGuard guard(q.device());
   const at::Tensor q_c = q.contiguous(), k_c = k.contiguous();
@@ -200,9 +201,8 @@ std::tuple<at::Tensor, at::Tensor> clustered_sparse_dot_backward_cuda(
     const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& topk,
     const at::Tensor& offsets, const at::Tensor& members, double scale) {
   const SparseShape s = check_sparse(q, topk, offsets, members, "clustered_sparse_dot_backward");
-  TORCH_CHECK(grad.dim() == 4 && grad.size(2) == s.length && grad.size(3) == s.slots,
-              "clustered_sparse_dot_backward: grad must have shape (B, H, ", s.length, ", ", s.slots,
-              "), got ", grad.sizes());
+  check_sparse_keys(q, k, "clustered_sparse_dot_backward");
+  check_sparse_scores(grad, s, at::ScalarType::Undefined, "clustered_sparse_dot_backward", "grad");
   check_one_device("clustered_sparse_dot_backward", {&q, &k, &grad});
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t dim = q.size(3);
@@ -235,11 +235,7 @@ at::Tensor clustered_sparse_weighted_sum_cuda(const at::Tensor& weights, const a
                                               const at::Tensor& topk, const at::Tensor& offsets,
                                               const at::Tensor& members) {
   const SparseShape s = check_sparse(v, topk, offsets, members, "clustered_sparse_weighted_sum");
-  TORCH_CHECK(weights.dim() == 4 && weights.size(0) == s.batch && weights.size(1) == s.heads &&
-                  weights.size(2) == s.length && weights.size(3) == s.slots &&
-                  weights.scalar_type() == v.scalar_type(),
-              "clustered_sparse_weighted_sum: weights must have shape (", s.batch, ", ", s.heads, ", ",
-              s.length, ", ", s.slots, ") and v's dtype, got ", weights.sizes(), " ", weights.scalar_type());
+  check_sparse_scores(weights, s, v.scalar_type(), "clustered_sparse_weighted_sum", "weights");
   check_one_device("clustered_sparse_weighted_sum", {&v, &weights});
   const c10::cuda::CUDAGuard guard(v.device());
   const at::Tensor w_c = weights.contiguous(), v_c = v.contiguous();
@@ -284,10 +280,7 @@ std::tuple<at::Tensor, at::Tensor> clustered_sparse_weighted_sum_backward_cuda(
   const SparseShape s = check_sparse(v, topk, offsets, members, "clustered_sparse_weighted_sum_backward");
   TORCH_CHECK(grad.sizes() == v.sizes(), "clustered_sparse_weighted_sum_backward: grad must match v ",
               v.sizes(), ", got ", grad.sizes());
-  TORCH_CHECK(weights.dim() == 4 && weights.size(2) == s.length && weights.size(3) == s.slots &&
-                  weights.scalar_type() == v.scalar_type(),
-              "clustered_sparse_weighted_sum_backward: weights must have shape (B, H, ", s.length, ", ",
-              s.slots, ") and v's dtype, got ", weights.sizes());
+  check_sparse_scores(weights, s, v.scalar_type(), "clustered_sparse_weighted_sum_backward", "weights");
   check_one_device("clustered_sparse_weighted_sum_backward", {&v, &weights, &grad});
   const c10::cuda::CUDAGuard guard(v.device());
   const int64_t dim = v.size(3);

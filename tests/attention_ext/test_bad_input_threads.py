@@ -280,9 +280,9 @@ def clustered_sparse_dot(rows, topk, offsets, members, k=None):
     return ops.clustered_sparse_dot(rows, rows if k is None else k, topk, offsets, members, 0.5)
 
 
-def clustered_sparse_dot_backward(rows, topk, offsets, members, grad=None):
+def clustered_sparse_dot_backward(rows, topk, offsets, members, grad=None, k=None):
     grad = sparse_coefficients() if grad is None else grad
-    return ops.clustered_sparse_dot_backward(grad, rows, rows, topk, offsets, members, 0.5)
+    return ops.clustered_sparse_dot_backward(grad, rows, rows if k is None else k, topk, offsets, members, 0.5)
 
 
 def clustered_sparse_weighted_sum(rows, topk, offsets, members, weights=None):
@@ -290,10 +290,10 @@ def clustered_sparse_weighted_sum(rows, topk, offsets, members, weights=None):
     return ops.clustered_sparse_weighted_sum(weights, rows, topk, offsets, members)
 
 
-def clustered_sparse_weighted_sum_backward(rows, topk, offsets, members, grad=None):
+def clustered_sparse_weighted_sum_backward(rows, topk, offsets, members, grad=None, weights=None):
     grad = torch.zeros_like(rows) if grad is None else grad
-    return ops.clustered_sparse_weighted_sum_backward(grad, sparse_coefficients(), rows, topk, offsets,
-                                                      members)
+    weights = sparse_coefficients() if weights is None else weights
+    return ops.clustered_sparse_weighted_sum_backward(grad, weights, rows, topk, offsets, members)
 
 
 SPARSE_OPERATORS = [clustered_sparse_dot, clustered_sparse_dot_backward, clustered_sparse_weighted_sum,
@@ -314,12 +314,19 @@ OWN_SPARSE_CASES = [
     (clustered_sparse_dot, "k-shape", lambda x: dict(k=x["rows"][:, :, :5]),
      r"clustered_sparse_dot: k must match q"),
     (clustered_sparse_dot_backward, "grad-shape", lambda x: dict(grad=sparse_coefficients()[..., :2]),
-     r"clustered_sparse_dot_backward: grad must have shape \(B, H, 8, 3\)"),
+     r"clustered_sparse_dot_backward: grad must have shape \(2, 2, 8, 3\)"),
+    # batch and heads of the gradient, and the keys, were not checked in the backward (out-of-bounds reads)
+    (clustered_sparse_dot_backward, "grad-batch", lambda x: dict(grad=sparse_coefficients()[:1]),
+     r"clustered_sparse_dot_backward: grad must have shape \(2, 2, 8, 3\)"),
+    (clustered_sparse_dot_backward, "k-shape", lambda x: dict(k=x["rows"][:, :, :5]),
+     r"clustered_sparse_dot_backward: k must match q"),
     (clustered_sparse_weighted_sum, "weights-dtype",
      lambda x: dict(weights=sparse_coefficients().double()),
-     r"clustered_sparse_weighted_sum: weights must have shape \(2, 2, 8, 3\) and v's dtype"),
+     r"clustered_sparse_weighted_sum: weights must have shape \(2, 2, 8, 3\) and the rows' dtype"),
     (clustered_sparse_weighted_sum_backward, "grad-shape", lambda x: dict(grad=x["rows"][:, :1]),
      "clustered_sparse_weighted_sum_backward: grad must match v"),
+    (clustered_sparse_weighted_sum_backward, "weights-heads", lambda x: dict(weights=sparse_coefficients()[:, :1]),
+     r"clustered_sparse_weighted_sum_backward: weights must have shape \(2, 2, 8, 3\) and the rows' dtype"),
 ]
 
 
