@@ -284,6 +284,8 @@ def run_experiment(args: argparse.Namespace) -> int:
     for spec in specs:
         parse_attention_spec(spec)              # a bad row stops the experiment now, not after training
     budget = training_budget(args.steps or setting.steps, args.minutes)
+    print(f"[experiment] setting {args.setting}: {setting.description}; budget {' '.join(budget)}; into {out}",
+          flush=True)
     started = time.perf_counter()
     checkpoints = []
     for preset in args.presets:
