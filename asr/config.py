@@ -93,6 +93,7 @@ class SynthCorpusConfig:
     test_utterances: int = 200
     seed: int = 0
     jobs: Optional[int] = None
+    utterance_scale: int = 1     # K times longer utterances (about K x 8 s); the paper-length experiment uses 2
 
 
 @dataclass

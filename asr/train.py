@@ -152,7 +152,8 @@ def ensure_corpus(cfg: DictConfig) -> None:
     corpus = cfg.synth_corpus
     report = prepare_synth(root, train_utterances=corpus.train_utterances,
                            dev_utterances=corpus.dev_utterances, test_utterances=corpus.test_utterances,
-                           seed=corpus.seed, jobs=corpus.jobs, progress=True)
+                           seed=corpus.seed, jobs=corpus.jobs, progress=True,
+                           utterance_scale=corpus.utterance_scale)
     log.info("corpus synth: %s", report)
 
 

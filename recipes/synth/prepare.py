@@ -7,7 +7,8 @@ speaker and voicing), synthesis in parallel, the manifests and the report.
 
 - Sentences: the shipped WordNet list is shuffled with the seed and cut 90/5/5 % into train, dev
   and test pools, so no sentence is in two splits. An utterance joins 2-4 consecutive sentences
-  of its split's pool until it reaches a drawn target of 14-30 words (about 5-10 s of speech).
+  of its split's pool until it reaches a drawn target of 14-30 words (about 5-10 s of speech);
+  ``--utterance-scale K`` multiplies both ranges (K=2: 4-8 sentences, 28-60 words, about 16 s).
   A split that asks for more sentences than its pool holds goes round the pool again in a new
   order (sentences repeat within that split, never across splits).
 - Speakers: train and dev use the 32 seen speakers (a quarter of the utterances flite, three
@@ -58,8 +59,8 @@ CORPUS = "synth"
 SPLITS = ("train", "dev", "test")
 SPLIT_CODES = {"train": 0, "dev": 1, "test": 2}  # part of the per-utterance seed
 POOL_FRACTIONS = {"train": 0.90, "dev": 0.05, "test": 0.05}
-WORDS_PER_UTTERANCE = (14, 30)  # target drawn uniformly (inclusive)
-SENTENCES_PER_UTTERANCE = (2, 4)
+WORDS_PER_UTTERANCE = (14, 30)  # target drawn uniformly (inclusive), times the utterance scale
+SENTENCES_PER_UTTERANCE = (2, 4)  # times the utterance scale
 FLITE_SHARE = 0.25  # of the utterances spoken by seen speakers
 HELD_OUT_SHARE_OF_TEST = 0.5
 # Version of the planning rules: a folder made under other rules is not mixed with new utterances.
@@ -107,10 +108,12 @@ def speaker_ids(held_out: bool) -> list[str]:
 class SplitPlanner:
     """The endless, deterministic sequence of utterance plans of one split."""
 
-    def __init__(self, split: str, pool: list[str], seed: int):
+    def __init__(self, split: str, pool: list[str], seed: int, utterance_scale: int = 1):
         if not pool:
             raise ValueError(f"the sentence pool of split {split!r} is empty")
         self.split, self.pool, self.seed = split, pool, seed
+        self.words_range = tuple(utterance_scale * n for n in WORDS_PER_UTTERANCE)
+        self.sentences_range = tuple(utterance_scale * n for n in SENTENCES_PER_UTTERANCE)
         self._epoch, self._position, self._order = -1, len(pool), np.arange(0)
         self._next_index = 0
 
@@ -144,10 +147,10 @@ class SplitPlanner:
                        "f0_mean_hz": round(FLITE_VOICES[speaker.voice] * float(rng.uniform(*FLITE_F0_FACTOR)), 1)}
         gain_db = round(float(rng.uniform(*GAIN_DB)), 2)
 
-        target_words = int(rng.integers(WORDS_PER_UTTERANCE[0], WORDS_PER_UTTERANCE[1] + 1))
+        target_words = int(rng.integers(self.words_range[0], self.words_range[1] + 1))
         sentences, words = [], 0
-        while len(sentences) < SENTENCES_PER_UTTERANCE[0] or (
-                words < target_words and len(sentences) < SENTENCES_PER_UTTERANCE[1]):
+        while len(sentences) < self.sentences_range[0] or (
+                words < target_words and len(sentences) < self.sentences_range[1]):
             sentence = self._next_sentence()
             sentences.append(sentence)
             words += len(normalise_text(sentence).split())
@@ -155,12 +158,13 @@ class SplitPlanner:
                              sentences=tuple(sentences), speaker=speaker.id, prosody=prosody, gain_db=gain_db)
 
 
-def plan_utterances(sentences: list[str], seed: int, counts: dict[str, int]) -> dict[str, list[UtterancePlan]]:
+def plan_utterances(sentences: list[str], seed: int, counts: dict[str, int],
+                    utterance_scale: int = 1) -> dict[str, list[UtterancePlan]]:
     """The first ``counts[split]`` plans of each split (no synthesis; drops are not known yet)."""
     pools = split_sentence_pools(sentences, seed)
     plans = {}
     for split in SPLITS:
-        planner = SplitPlanner(split, pools[split], seed)
+        planner = SplitPlanner(split, pools[split], seed, utterance_scale)
         plans[split] = [planner.next_plan() for _ in range(counts.get(split, 0))]
     return plans
 
@@ -226,16 +230,19 @@ def _load_done(out_dir: Path, plan: UtterancePlan) -> dict | None:
 
 # ----------------------------------------------------------------------------- the whole corpus
 
-def _check_config(out_dir: Path, seed: int, sentences: list[str]) -> None:
-    """Record (or compare with) what fixes the plans: seed, sentence list, generator version."""
+def _check_config(out_dir: Path, seed: int, sentences: list[str], utterance_scale: int) -> None:
+    """Record (or compare with) what fixes the plans: seed, sentence list, generator version, and the
+    utterance scale where it is not 1 (folders made before the option existed stay valid)."""
     config = {"corpus": CORPUS, "seed": seed, "generator_version": GENERATOR_VERSION,
               "sentences_sha256": hashlib.sha256("\n".join(sentences).encode()).hexdigest()}
+    if utterance_scale != 1:
+        config["utterance_scale"] = utterance_scale
     path = out_dir / CONFIG_FILE
     if path.is_file():
         existing = json.loads(path.read_text())
         if existing != config:
-            differ = ", ".join(f"{k}: {existing.get(k)!r} there, {config[k]!r} now"
-                               for k in config if existing.get(k) != config[k])
+            differ = ", ".join(f"{k}: {existing.get(k)!r} there, {config.get(k)!r} now"
+                               for k in sorted(existing.keys() | config.keys()) if existing.get(k) != config.get(k))
             raise ValueError(f"{out_dir} holds a synthetic corpus made with other settings ({differ}); "
                              f"use another --out folder or delete {out_dir}")
     else:
@@ -255,9 +262,11 @@ def _is_complete(out_dir: Path, request: dict) -> dict | None:
 
 
 def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: int = 0, jobs: int | None = None,
-                    progress: bool = True, sentences: list[str] | None = None) -> dict:
+                    progress: bool = True, sentences: list[str] | None = None, utterance_scale: int = 1) -> dict:
     """``prepare_synth`` with any sentence list (tests use a tiny one); returns the report."""
     out_dir = Path(out_dir).resolve()
+    if not isinstance(utterance_scale, (int, np.integer)) or not 1 <= utterance_scale <= 4:
+        raise ValueError(f"the utterance scale must be an integer from 1 to 4, got {utterance_scale!r}")
     for split, count in counts.items():
         if split not in SPLITS:
             raise ValueError(f"unknown split {split!r}; the splits are {', '.join(SPLITS)}")
@@ -269,14 +278,16 @@ def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: in
         raise ValueError(f"jobs must be >= 1, got {jobs}")
     sentences = load_sentences() if sentences is None else list(sentences)
     request = {"counts": counts, "seed": seed}
+    if utterance_scale != 1:
+        request["utterance_scale"] = int(utterance_scale)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     report = _is_complete(out_dir, request)
     if report is not None:
-        _check_config(out_dir, seed, sentences)
+        _check_config(out_dir, seed, sentences, utterance_scale)
         return report
     check_synthesisers()
-    _check_config(out_dir, seed, sentences)
+    _check_config(out_dir, seed, sentences, utterance_scale)
 
     started = time.time()
     pools = split_sentence_pools(sentences, seed)
@@ -284,7 +295,8 @@ def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: in
     dropped: dict[str, list[dict]] = {}
     with _WorkerPool(jobs) as pool:
         for split in SPLITS:
-            kept[split], dropped[split] = _generate_split(out_dir, SplitPlanner(split, pools[split], seed),
+            planner = SplitPlanner(split, pools[split], seed, utterance_scale)
+            kept[split], dropped[split] = _generate_split(out_dir, planner,
                                                           counts[split], pool, progress)
     _write_manifests(out_dir, kept)
     report = _make_report(request, kept, dropped, pools, jobs, time.time() - started)
@@ -394,15 +406,18 @@ def _make_report(request, kept, dropped, pools, jobs, seconds) -> dict:
 
 
 def prepare_synth(out_dir, train_utterances: int = 3000, dev_utterances: int = 200, test_utterances: int = 200,
-                  seed: int = 0, jobs: int | None = None, progress: bool = True) -> dict:
+                  seed: int = 0, jobs: int | None = None, progress: bool = True, utterance_scale: int = 1) -> dict:
     """Generate (or finish, or reuse) the synthetic corpus in ``out_dir``; return the report.
+
+    ``utterance_scale`` K makes utterances K times longer (K x 14-30 words, K x 2-4 sentences: about
+    16 s for K=2); the paper-length experiment uses 2. It is part of the folder's config.
 
     The report (also ``out_dir/synth_report.json``) holds per split the number of utterances,
     hours, duration range, speakers, and the dropped utterances by reason.
     Raises ``MissingSynthesiserError`` naming the Debian packages when espeak-ng, flite or sox is missing.
     """
     return generate_corpus(out_dir, {"train": train_utterances, "dev": dev_utterances, "test": test_utterances},
-                           seed=seed, jobs=jobs, progress=progress)
+                           seed=seed, jobs=jobs, progress=progress, utterance_scale=utterance_scale)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -414,6 +429,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--test", type=int, default=200, help="test utterances (default 200)")
     parser.add_argument("--seed", type=int, default=0, help="seed of sentences, speakers and voicing (default 0)")
     parser.add_argument("--jobs", type=int, default=None, help="parallel processes (default: all CPUs)")
+    parser.add_argument("--utterance-scale", type=int, default=1, metavar="K",
+                        help="K times longer utterances: K x 14-30 words, about K x 8 s (default 1; 1 to 4)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     from recipes.synth.voices import MissingSynthesiserError
@@ -424,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as error:
             raise ValueError(f"--out {args.out}: cannot create the folder ({error.strerror or error})") from None
         report = prepare_synth(args.out, args.train, args.dev, args.test, seed=args.seed, jobs=args.jobs,
-                               progress=not args.no_progress)
+                               progress=not args.no_progress, utterance_scale=args.utterance_scale)
         for split in SPLITS:
             numbers = report["splits"][split]
             mean = numbers["duration_s"]["mean"] if numbers["duration_s"] else 0

@@ -164,6 +164,33 @@ def test_plans_depend_on_seed_only():
     assert [p.sentences for p in other["train"]] != [p.sentences for p in small["train"]]
 
 
+def test_utterance_scale_doubles_sentences_and_words_and_keeps_speakers():
+    """Scale K draws K x 2-4 sentences up to a target of K x 14-30 words; the speaker and voicing
+    of utterance i are drawn before the sentences, so they are the same at every scale."""
+    sentences = load_sentences()
+    counts = {"train": 200, "dev": 0, "test": 0}
+    single = plan_utterances(sentences, seed=3, counts=counts)["train"]
+    double = plan_utterances(sentences, seed=3, counts=counts, utterance_scale=2)["train"]
+    assert [p.speaker for p in double] == [p.speaker for p in single]
+    for plans, scale in ((single, 1), (double, 2)):
+        sentence_counts = [len(p.sentences) for p in plans]
+        assert 2 * scale <= min(sentence_counts) and max(sentence_counts) <= 4 * scale
+        for plan in plans:   # stops adding sentences once the target (at most 30 K words) is reached
+            words = [len(normalise_text(s).split()) for s in plan.sentences]
+            assert len(plan.sentences) == 2 * scale or sum(words[:-1]) < 30 * scale
+    mean_words = [sum(len(normalise_text(p.text).split()) for p in plans) / len(plans) for plans in (single, double)]
+    assert 1.8 < mean_words[1] / mean_words[0] < 2.2
+
+
+def test_utterance_scale_is_part_of_the_folder_config(tmp_path):
+    from recipes.synth.prepare import _check_config
+    _check_config(tmp_path, 0, ["a b c"], utterance_scale=2)
+    with pytest.raises(ValueError, match="utterance_scale: 2 there, None now"):
+        _check_config(tmp_path, 0, ["a b c"], utterance_scale=1)
+    with pytest.raises(ValueError, match="utterance scale must be an integer from 1 to 4"):
+        generate_corpus(tmp_path / "other", {"train": 1}, utterance_scale=0)
+
+
 # ----------------------------------------------------------------------------- a tiny corpus
 
 # Sentences that espeak-ng says with a foreign phoneme (x), next to ordinary ones.
