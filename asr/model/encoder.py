@@ -101,7 +101,12 @@ class EncoderLayer(nn.Module):
         self.heads, self.shared_qk = heads, shared_qk
         self.attention_norm = nn.LayerNorm(d_model)
         self.query = nn.Linear(d_model, d_model)
-        self.key = None if shared_qk else nn.Linear(d_model, d_model)
+        # The key projection is drawn even when the model shares it with the query, so that with one
+        # seed a shared-QK and a separate-QK model start from the same weights in every other
+        # parameter: a comparison of attentions then does not also compare two random initialisations
+        # (a different draw was what kept seed 0's shared-QK presets on CTC's blank plateau; asr/README.md).
+        key = nn.Linear(d_model, d_model)
+        self.key = None if shared_qk else key
         self.value = nn.Linear(d_model, d_model)
         self.output = nn.Linear(d_model, d_model)
         self.attention = attention

@@ -170,3 +170,15 @@ def test_shared_qk_model_runs_under_every_attention_with_gradients(name, options
     out[0].sum().backward()
     assert torch.isfinite(out).all() and torch.isfinite(features.grad).all()
     assert encoder.layers[0].query.weight.grad.abs().sum() > 0
+
+
+def test_shared_and_separate_qk_models_start_from_the_same_weights_but_the_key():
+    """With one seed, a shared-QK encoder's parameters equal the separate-QK encoder's, key aside,
+    so a shared-QK preset and the full preset compare attentions, not random draws."""
+    torch.manual_seed(5)
+    separate = dict(tiny_encoder(shared_qk=False).named_parameters())
+    torch.manual_seed(5)
+    shared = dict(tiny_encoder(shared_qk=True).named_parameters())
+    assert set(separate) - set(shared) == {f"layers.{i}.key.{p}" for i in range(2) for p in ("weight", "bias")}
+    for name, parameter in shared.items():
+        assert torch.equal(parameter, separate[name]), name
