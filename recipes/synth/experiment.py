@@ -28,6 +28,7 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import shutil
 import subprocess
 import sys
 import time
@@ -251,6 +252,19 @@ def plot_training_curves(out: Path, presets: list[str], path: Path) -> None:
     plt.close(figure)
 
 
+PUBLISHED = {"results.json": "results.json", "training_curves.png": "training_curves.png",
+             "matrix/matrix.md": "matrix.md", "matrix/findings.md": "findings.md",
+             "matrix/matrix_heatmap.png": "matrix_heatmap.png", "matrix/speed_accuracy.png": "speed_accuracy.png"}
+
+
+def publish(out: Path, folder: Path) -> None:
+    """Copies the experiment's results that RESULTS.md shows into `folder` (names in PUBLISHED)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for source, name in PUBLISHED.items():
+        shutil.copyfile(out / source, folder / name)
+    print(f"[experiment] copied {', '.join(PUBLISHED.values())} to {folder}", flush=True)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m recipes.synth.experiment", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -271,6 +285,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", default="test", help="split the matrix is scored on (default: test)")
     parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra asr.train override for every preset (repeatable)")
+    parser.add_argument("--publish", type=Path, default=None, metavar="DIR",
+                        help="also copy what is kept in the repository (results.json, matrix.md, findings.md, "
+                             "the heatmap, the speed-accuracy plot, the training curves) into DIR, "
+                             "e.g. recipes/synth")
     return parser
 
 
@@ -315,6 +333,8 @@ def run_experiment(args: argparse.Namespace) -> int:
     (out / "results.json").write_text(json.dumps(experiment_results(out, args.presets, matrix, args.setting),
                                                  indent=2) + "\n")
     plot_training_curves(out, args.presets, out / "training_curves.png")
+    if args.publish is not None:
+        publish(out, args.publish)
     print(f"\nthe paper's sec. 4.1 findings on this matrix:\n{findings}")
     print(f"[experiment] done in {(time.perf_counter() - started) / 60:.1f} min; results.json, "
           f"training_curves.png in {out}, the matrix and findings.md in {out / 'matrix'}", flush=True)

@@ -5,8 +5,9 @@ import math
 
 import pytest
 
-from recipes.synth.experiment import (PRESETS, SETTINGS, SPECS, experiment_results, format_findings, main,
-                                      paper_findings, plot_training_curves, training_budget, validation_curve)
+from recipes.synth.experiment import (PRESETS, PUBLISHED, SETTINGS, SPECS, experiment_results, format_findings,
+                                      main, paper_findings, plot_training_curves, publish, training_budget,
+                                      validation_curve)
 from test_presets_on_fixtures import compose_config   # composes conf/ as asr.train does
 
 COLUMNS = ["full", "shared_full", "lsh1", "lsh4", "clustered", "iclustered"]
@@ -81,11 +82,14 @@ def test_the_budget_is_steps_unless_minutes_are_asked_for():
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_the_paper_setting_gives_about_780_positions_and_100_clusters(preset):
-    """recipes/synth utterances last ~7.8 s (780 frames of 10 ms): no subsampling keeps all of them."""
+    """recipes/synth utterances last ~7.8 s (780 frames of 10 ms) at scale 1: twice as long through the
+    stride-2 front end gives ~780 positions, from a corpus folder of its own with the same hours."""
     setting = SETTINGS["paper"]
     cfg = compose_config(f"conf={preset}", *setting.preset_overrides(preset),
                          *training_budget(setting.steps, None))
-    assert 780 / cfg.model.subsampling == 780
+    assert 780 * cfg.synth_corpus.utterance_scale / cfg.model.subsampling == 780
+    assert cfg.data.root != compose_config(f"conf={preset}").data.root
+    assert cfg.synth_corpus.utterance_scale * cfg.synth_corpus.train_utterances == 3000
     assert cfg.trainer.max_minutes is None and cfg.trainer.max_steps == setting.steps
     if cfg.attention.name in ("clustered", "iclustered"):
         assert cfg.attention.clusters == 100
@@ -140,3 +144,13 @@ def test_a_usage_error_stops_the_experiment_with_status_2(tmp_path, capsys):
     assert not any(tmp_path.iterdir())
     assert main(["--out", str(tmp_path), "--presets", "synth_full", "--train-override", "model.nonsense=1"]) == 2
     assert "asr.train stopped on synth_full with exit status 2" in capsys.readouterr().err
+
+
+def test_publish_copies_what_results_md_shows(tmp_path):
+    out, folder = tmp_path / "out", tmp_path / "recipes" / "synth"
+    for source in PUBLISHED:
+        (out / source).parent.mkdir(parents=True, exist_ok=True)
+        (out / source).write_text(f"content of {source}")
+    publish(out, folder)
+    assert {path.name: path.read_text() for path in folder.iterdir()} == {
+        name: f"content of {source}" for source, name in PUBLISHED.items()}
