@@ -181,10 +181,10 @@ def trained_data_config(checkpoint: str | Path) -> dict:
 def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True) -> Path:
     """Converts a Kaldi-style data directory into the manifests asr.data reads (split 'eval' of
     corpus 'kaldi') under out_dir; the audio is converted once and reused by later runs."""
-    from recipes.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
-    from recipes.manifest_builder import (PreparationError, Problem, RecordingSpec, UtteranceSpec,
+    from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
+    from asr.data.manifest_builder import (PreparationError, Problem, RecordingSpec, UtteranceSpec,
                                           build_manifests, file_identity)
-    from recipes.text_normalisation import normalise_transcript
+    from asr.data.text_normalisation import normalise_transcript
     try:
         kaldi = read_kaldi_data_dir(data_dir, require_utt2spk=False)
     except KaldiDataDirError as error:
