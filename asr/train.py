@@ -55,6 +55,7 @@ from asr.data.corpus_preparers import corpus_preparer, unregistered_note
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError, preparation_hint
 from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
+from asr.metrics import percent
 from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
@@ -379,10 +380,6 @@ def _preset_name() -> str | None:
         return None
 
 
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.2f}%"
-
-
 # ---- the command: exit statuses (asr.exit_status), the run folder of a run that never started --------
 USAGE_ERRORS = (ConfigError, AttentionConfigError, CheckpointError, CheckpointMismatchError, ManifestError)
 # What a run folder holds before the run has produced anything: Hydra's record (.hydra/), the log,
@@ -442,8 +439,8 @@ def run(cfg: DictConfig) -> None:
     test = results.get("test", {})
     print(f"\nrun folder: {run_dir}")
     if test:
-        print(f"test: PER {_percent(test.get('per'))}  WER {_percent(test.get('wer'))}  "
-              f"CER {_percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})")
+        print(f"test: PER {percent(test.get('per'))}  WER {percent(test.get('wer'))}  "
+              f"CER {percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})")
 
 
 def main() -> None:
