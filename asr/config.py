@@ -156,23 +156,21 @@ def validate_config(cfg: Any) -> ValidatedAttention:
         attention = attention_settings(cfg.attention)
     except AttentionConfigError as error:
         raise AttentionConfigError(f"attention: {error}") from None
-    from asr.model.encoder import check_attention_fits
+    from asr.model.encoder import SUBSAMPLING_STRIDES, check_attention_fits
     check_attention_fits(attention, model.shared_qk)
     for key in ("layers", "heads", "head_dim", "ff_dim", "subsampling_channels"):
         _require(getattr(model, key) >= 1, f"model.{key}", getattr(model, key), "must be >= 1")
-    _require(model.subsampling in (1, 2, 4), "model.subsampling", model.subsampling, "must be 1, 2 or 4")
+    _require(model.subsampling in SUBSAMPLING_STRIDES, "model.subsampling", model.subsampling, "must be 1, 2 or 4")
     _require(0.0 <= model.dropout < 1.0, "model.dropout", model.dropout, "must lie in [0, 1)")
+    try:
+        validate_data_config(as_data_config(cfg.data))   # data.targets among them
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     targets = list(cfg.data.targets)
     for kind, weight in model.loss_weights.items():
         _require(kind in targets, f"model.loss_weights.{kind}", weight,
                  f"names no target; the targets (data.targets) are {targets}")
         _require(weight >= 0.0, f"model.loss_weights.{kind}", weight, "must be >= 0")
-    _require(len(set(targets)) == len(targets) and targets, "data.targets", targets,
-             "must be a non-empty list of distinct tokenizer kinds")
-    try:
-        validate_data_config(as_data_config(cfg.data))
-    except ValueError as error:
-        raise ConfigError(str(error)) from None
     _require(optim.lr > 0, "optim.lr", optim.lr, "must be > 0")
     _require(optim.weight_decay >= 0, "optim.weight_decay", optim.weight_decay, "must be >= 0")
     _require(optim.clip_norm >= 0, "optim.clip_norm", optim.clip_norm, "must be >= 0 (0 disables clipping)")

@@ -34,6 +34,7 @@ from asr.evaluate import (EvaluationError, check_device, decode_split, evaluatio
                           load_model, run_folder_of, write_outputs)
 from asr.data.manifests import ManifestError
 from asr.exit_status import run_command
+from asr.metrics import percent
 from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError, SharedQKRequiredError
@@ -137,15 +138,11 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
         write_outputs(args.out / "hypotheses" / _safe(column.label) / _safe(spec), result, cell)
         _write_json_atomic(cell_path(args.out, column.label, spec), cell)
         rates = result.rates
-        progress(f"{column.label} x {spec}: PER {_percent(rates.get('per'))} WER {_percent(rates.get('wer'))}, "
+        progress(f"{column.label} x {spec}: PER {percent(rates.get('per'))} WER {percent(rates.get('wer'))}, "
                  f"{cell['forward_ms_per_utterance']:.1f} ms/utt")
 
 
 # ---- the table --------------------------------------------------------------------------------------
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.2f}%"
-
-
 def load_cells(out: Path, columns: list[Column], specs: list[str]) -> dict[tuple[str, str], dict]:
     return {(column.label, spec): json.loads(cell_path(out, column.label, spec).read_text())
             for column in columns for spec in specs}

@@ -49,6 +49,7 @@ from omegaconf.errors import OmegaConfBaseException
 from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config, validate_data_config
 from asr.data.manifests import ManifestError
 from asr.exit_status import SUCCESS, run_command
+from asr.metrics import percent
 from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
 from asr.model.ctc import greedy_decode, prefix_beam_search
 from asr.model.recognizer import (EVALUATION_SEED, REFERENCE_FIELD, EvaluationTally, SpeechRecognizer,
@@ -181,10 +182,10 @@ def trained_data_config(checkpoint: str | Path) -> dict:
 def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True) -> Path:
     """Converts a Kaldi-style data directory into the manifests asr.data reads (split 'eval' of
     corpus 'kaldi') under out_dir; the audio is converted once and reused by later runs."""
-    from recipes.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
-    from recipes.manifest_builder import (PreparationError, Problem, RecordingSpec, UtteranceSpec,
+    from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
+    from asr.data.manifest_builder import (PreparationError, Problem, RecordingSpec, UtteranceSpec,
                                           build_manifests, file_identity)
-    from recipes.text_normalisation import normalise_transcript
+    from asr.data.text_normalisation import normalise_transcript
     try:
         kaldi = read_kaldi_data_dir(data_dir, require_utt2spk=False)
     except KaldiDataDirError as error:
@@ -415,10 +416,6 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
     return report
 
 
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.2f}%"
-
-
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if any(arg in ("-h", "--help") for arg in argv):
@@ -438,7 +435,7 @@ def _evaluate_and_print(argv: list[str]) -> None:
     print(f"{report['checkpoint']}: {report['utterances']} utterances of {report['data']}")
     print(f"attention {attention['name']} {({k: v for k, v in attention.items() if k != 'name'})}"
           f"{' (as trained)' if report['same_as_training'] else ''}, {report['decoder']} decoding")
-    print(f"PER {_percent(rates.get('per'))}  WER {_percent(rates.get('wer'))}  CER {_percent(rates.get('cer'))}")
+    print(f"PER {percent(rates.get('per'))}  WER {percent(rates.get('wer'))}  CER {percent(rates.get('cer'))}")
     print(f"forward: {report['forward_ms_per_utterance']:.1f} ms per utterance, "
           f"{report['forward_us_per_frame']:.1f} us per 10 ms frame (real-time factor "
           f"{report['real_time_factor']:.3f}) on {report['device']} with {report['threads']} threads")

@@ -21,6 +21,11 @@ import jiwer
 from asr.data.phones import fold_timit_61_to_39
 
 
+def percent(rate: float | None) -> str:
+    """A rate for people: 0.1234 -> '12.34%', None (not scored) -> 'n/a'."""
+    return "n/a" if rate is None else f"{100 * rate:.2f}%"
+
+
 def _check(references: Sequence[str], hypotheses: Sequence[str]) -> tuple[list[str], list[str]]:
     references, hypotheses = list(references), list(hypotheses)
     if len(references) != len(hypotheses):

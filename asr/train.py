@@ -51,9 +51,11 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from asr.config import ConfigError, register_schema, validate_config
+from asr.data.corpus_preparers import corpus_preparer, unregistered_note
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError, preparation_hint
 from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
+from asr.metrics import percent
 from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
@@ -133,28 +135,27 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:
 
 # ---- the corpus ----------------------------------------------------------------------------------
 def ensure_corpus(cfg: DictConfig) -> None:
-    """Generates the built-in synthetic corpus when its manifests are missing; for any other corpus
-    (the user's copy of WSJ, TIMIT, ...) missing manifests are a ConfigError naming the recipe command."""
+    """Generates a corpus whose manifests are missing when a preparer is registered for it
+    (asr.data.corpus_preparers: the built-in synthetic corpus); for any other corpus (the user's copy
+    of WSJ, TIMIT, ...) missing manifests are a ConfigError naming the recipe command."""
     data = cfg.data
     root = Path(data.root)
     missing = [split for split in (data.train_split, data.dev_split, data.test_split)
                if not (root / f"{data.corpus}_cuts_{split}.jsonl.gz").is_file()]
     if not missing:
         return
-    if data.corpus != "synth":   # a real corpus is the user's: say how to prepare it, never guess
+    preparer = corpus_preparer(data.corpus)
+    if preparer is None:   # a real corpus is the user's: say how to prepare it, never guess
         where = (f"data.root={str(root)!r} does not exist, so it holds no {data.corpus} manifests"
                  if not root.is_dir() else
                  f"data.root={str(root)!r} has no {data.corpus}_cuts_<split>.jsonl.gz for split(s) {missing}")
         raise ConfigError(f"{where}; {preparation_hint(data.corpus, root)}, then run again with "
-                          f"data.root=<that folder>")
-    from recipes.synth.prepare import prepare_synth
-    log.info("corpus synth: manifests missing in %s, generating them (once)", root)
-    corpus = cfg.synth_corpus
-    report = prepare_synth(root, train_utterances=corpus.train_utterances,
-                           dev_utterances=corpus.dev_utterances, test_utterances=corpus.test_utterances,
-                           seed=corpus.seed, jobs=corpus.jobs, progress=True,
-                           utterance_scale=corpus.utterance_scale)
-    log.info("corpus synth: %s", report)
+                          f"data.root=<that folder> ({unregistered_note()})")
+    log.info("corpus %s: manifests missing in %s, generating them (once)", data.corpus, root)
+    # the schema's synth_corpus section sizes the built-in corpus; other preparers take no options
+    options = OmegaConf.to_container(cfg.synth_corpus, resolve=True) if data.corpus == "synth" else {}
+    report = preparer(root, progress=True, **options)
+    log.info("corpus %s: %s", data.corpus, report)
 
 
 @contextmanager
@@ -311,7 +312,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     check_launch_shares_run_folder(cfg.run_dir)
     resume_from = resolve_checkpoint(cfg.ckpt_path, run_dir)
     checkpoint = None if resume_from is None else read_checkpoint(resume_from)
-    if cfg.data.corpus != "synth":
+    if corpus_preparer(cfg.data.corpus) is None:
         ensure_corpus(cfg)   # a real corpus is only checked, never prepared: its missing manifests stop us here
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
@@ -379,10 +380,6 @@ def _preset_name() -> str | None:
         return None
 
 
-def _percent(value: float | None) -> str:
-    return "n/a" if value is None else f"{100 * value:.2f}%"
-
-
 # ---- the command: exit statuses (asr.exit_status), the run folder of a run that never started --------
 USAGE_ERRORS = (ConfigError, AttentionConfigError, CheckpointError, CheckpointMismatchError, ManifestError)
 # What a run folder holds before the run has produced anything: Hydra's record (.hydra/), the log,
@@ -442,8 +439,8 @@ def run(cfg: DictConfig) -> None:
     test = results.get("test", {})
     print(f"\nrun folder: {run_dir}")
     if test:
-        print(f"test: PER {_percent(test.get('per'))}  WER {_percent(test.get('wer'))}  "
-              f"CER {_percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})")
+        print(f"test: PER {percent(test.get('per'))}  WER {percent(test.get('wer'))}  "
+              f"CER {percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})")
 
 
 def main() -> None:

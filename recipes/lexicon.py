@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Iterable
 
 from asr.data.phones import ARPABET_39, strip_stress
-from recipes.text_normalisation import normalise_token
+from asr.data.text_normalisation import normalise_token
 
 _ALTERNATIVE = re.compile(r"\(\d+\)$")
 

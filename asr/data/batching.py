@@ -1,5 +1,9 @@
 """Batches by duration: lhotse's DynamicBucketingSampler with a hard cap on padded duration.
 
+This module uses lhotse's private sampler internals (`_next_batch`, `allow_iter_to_reset_state`,
+TimeConstraint's fields), so pyproject.toml pins lhotse to the minor version tested (1.33);
+tests/asr/data/test_ddp_sharding.py is the guard when raising the pin.
+
 `max_duration` bounds the padded audio of a batch, `len(batch) * longest utterance <= max_duration`
 (hence also the sum of durations), strictly. lhotse's own TimeConstraint measures the same thing
 but decides whether to take one more utterance by assuming it is no longer than the longest one

@@ -14,7 +14,7 @@ Decisions where Kaldi leaves a choice:
   32768 first, because Kaldi reads 16-bit samples as integers; the features therefore equal those
   of `compute-fbank-feats` on the same WAV file (up to float rounding).
 
-`tests/asr/data/test_features.py` checks this against kaldi-native-fbank (an independent C++
+`tests/asr/data/test_filterbank.py` checks this against kaldi-native-fbank (an independent C++
 implementation of Kaldi's fbank).
 """
 

@@ -1,6 +1,7 @@
 """The CTC transformer encoder: subsampling front end, fixed sinusoidal positions, pre-norm layers.
 
-    encoder = TransformerEncoder(feature_dim=40, layers=9, heads=6, head_dim=32, ff_dim=768,
+    encoder = TransformerEncoder(feature_dim=40, layers=9, heads=6, head_dim=32, ff_dim=768, dropout=0.1,
+                                 subsampling=1, subsampling_channels=32, shared_qk=False,
                                  attention=validate_attention("iclustered", clusters=100))
     states, lengths = encoder(features, feature_lengths)   # normalised (B, T, F) -> (B, T', D)
     encoder.set_attention(validate_attention("full"))       # same weights, other attention
@@ -21,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_ext import SharedQKRequiredError, ValidatedAttention, validate_attention
+from attention_ext import SharedQKRequiredError, ValidatedAttention
 
 
 def check_attention_fits(attention: ValidatedAttention, shared_qk: bool) -> None:
@@ -38,6 +39,10 @@ def valid_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
     return torch.arange(length, device=lengths.device) < lengths[:, None]
 
 
+# (time, frequency) stride of each convolution per subsampling factor; asr.config allows these factors.
+SUBSAMPLING_STRIDES = {1: (), 2: (2, 1), 4: (2, 2)}
+
+
 class ConvSubsampling(nn.Module):
     """Shortens time by `factor` (1, 2 or 4) and projects features to the model width.
 
@@ -52,10 +57,8 @@ class ConvSubsampling(nn.Module):
 
     def __init__(self, feature_dim: int, d_model: int, factor: int, channels: int):
         super().__init__()
-        if factor not in (1, 2, 4):
-            raise ValueError(f"model.subsampling must be 1, 2 or 4, got {factor}")
         self.factor = factor
-        self.strides = {1: (), 2: (2, 1), 4: (2, 2)}[factor]
+        self.strides = SUBSAMPLING_STRIDES[factor]   # the factor is checked where the config is read
         self.convs = nn.ModuleList(
             nn.Conv2d(1 if i == 0 else channels, channels, kernel_size=3, stride=stride, padding=1)
             for i, stride in enumerate(self.strides))
@@ -138,17 +141,15 @@ class EncoderLayer(nn.Module):
 class TransformerEncoder(nn.Module):
     """Normalised filter-bank features -> encoder states for the CTC heads."""
 
-    def __init__(self, feature_dim: int, layers: int = 9, heads: int = 6, head_dim: int = 32,
-                 ff_dim: int = 768, dropout: float = 0.1, subsampling: int = 1,
-                 subsampling_channels: int = 32, shared_qk: bool = False,
-                 attention: ValidatedAttention | None = None):
+    # No defaults: they live in the config schema (asr.config.ModelConfig), which also checks the values.
+    def __init__(self, feature_dim: int, *, layers: int, heads: int, head_dim: int, ff_dim: int, dropout: float,
+                 subsampling: int, subsampling_channels: int, shared_qk: bool, attention: ValidatedAttention):
         super().__init__()
         self.d_model = heads * head_dim
         self.input_scale = math.sqrt(self.d_model)
         self.shared_qk = shared_qk
         self.frontend = ConvSubsampling(feature_dim, self.d_model, subsampling, subsampling_channels)
         self.input_dropout = nn.Dropout(dropout)
-        attention = attention or validate_attention("full")
         check_attention_fits(attention, shared_qk)
         self.layers = nn.ModuleList(
             EncoderLayer(self.d_model, heads, ff_dim, dropout, shared_qk, attention.build())

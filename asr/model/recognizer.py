@@ -135,10 +135,7 @@ class SpeechRecognizer(L.LightningModule):
         self.encoder = TransformerEncoder(feature_dim, **{key: model[key] for key in ENCODER_ARGUMENTS},
                                           attention=validated)
         self.heads = CTCHeads(self.encoder.d_model, {kind: t.vocab_size for kind, t in self.tokenizers.items()})
-        unknown = sorted(set(model.get("loss_weights") or {}) - set(self.tokenizers))
-        if unknown:
-            raise ValueError(f"model.loss_weights names {unknown}, which are not targets; the targets "
-                             f"(data.targets) are {list(self.tokenizers)}")
+        # model.loss_weights is checked against data.targets where the config is read (asr.config)
         self.loss_weights = {kind: float((model.get("loss_weights") or {}).get(kind, 1.0))
                              for kind in self.tokenizers}
         self.register_buffer("feature_mean", torch.zeros(feature_dim))

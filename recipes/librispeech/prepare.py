@@ -26,19 +26,18 @@ import argparse
 import sys
 from pathlib import Path
 
-from recipes.audio_source import AudioSource
-from recipes.lexicon import Lexicon
-from recipes.manifest_builder import (
+from asr.data.audio_source import AudioSource
+from asr.data.manifest_builder import (
     Problem,
     RecordingSpec,
     UtteranceSpec,
     build_manifests,
     file_identity,
-    add_preparation_arguments,
     previous_complete_report,
-    run_preparation,
 )
-from recipes.text_normalisation import normalise_transcript
+from asr.data.text_normalisation import normalise_transcript
+from recipes.lexicon import Lexicon
+from recipes.preparation_command import add_preparation_arguments, run_preparation
 
 TRAIN_SUBSETS = ("train-clean-100", "train-clean-360", "train-other-500")
 EVALUATION_SUBSETS = {"dev-clean": "dev", "test-clean": "test", "dev-other": "dev_other", "test-other": "test_other"}

@@ -43,19 +43,18 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-from recipes.audio_source import AudioSource
-from recipes.lexicon import Lexicon
-from recipes.manifest_builder import (
+from asr.data.audio_source import AudioSource
+from asr.data.manifest_builder import (
     Problem,
     RecordingSpec,
     UtteranceSpec,
     build_manifests,
     file_identity,
-    add_preparation_arguments,
     previous_complete_report,
-    run_preparation,
 )
-from recipes.text_normalisation import normalise_transcript
+from asr.data.text_normalisation import normalise_transcript
+from recipes.lexicon import Lexicon
+from recipes.preparation_command import add_preparation_arguments, run_preparation
 
 NON_SPEECH = {"[silence]", "[noise]", "[laughter]", "[vocalized-noise]"}
 TRANSCRIPT_NAME = re.compile(r"^sw(\d{4})([AB])-ms98-a-trans\.text$", re.IGNORECASE)

@@ -28,17 +28,16 @@ import sys
 from pathlib import Path
 
 from asr.data.phones import TIMIT_61
-from recipes.audio_source import AudioSource
-from recipes.manifest_builder import (
+from asr.data.audio_source import AudioSource
+from asr.data.manifest_builder import (
     Problem,
     RecordingSpec,
     UtteranceSpec,
     build_manifests,
-    add_preparation_arguments,
     previous_complete_report,
-    run_preparation,
 )
-from recipes.text_normalisation import normalise_transcript
+from asr.data.text_normalisation import normalise_transcript
+from recipes.preparation_command import add_preparation_arguments, run_preparation
 
 CORE_TEST_SPEAKERS = frozenset(
     "mdab0 mwbt0 felc0 mtas1 mwew0 fpas0 mjmp0 mlnt0 fpkt0 mlll0 mtls0 fjlm0 "

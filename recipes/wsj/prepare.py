@@ -50,20 +50,19 @@ import re
 import sys
 from pathlib import Path
 
-from recipes.audio_source import AudioSource
-from recipes.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
-from recipes.lexicon import Lexicon
-from recipes.manifest_builder import (
+from asr.data.audio_source import AudioSource
+from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
+from asr.data.manifest_builder import (
     Problem,
     RecordingSpec,
     UtteranceSpec,
     build_manifests,
     file_identity,
-    add_preparation_arguments,
     previous_complete_report,
-    run_preparation,
 )
-from recipes.text_normalisation import normalise_transcript
+from asr.data.text_normalisation import normalise_transcript
+from recipes.lexicon import Lexicon
+from recipes.preparation_command import add_preparation_arguments, run_preparation
 
 TRAIN_SETS = ("si284", "si84")
 # Kaldi data directory names of each split.

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
-from recipes.sphere import SphereError, is_sphere, read_sphere
+from asr.data.sphere import SphereError, is_sphere, read_sphere
 
 
 class AudioSourceError(Exception):

@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from recipes.audio_source import AudioSource
+from asr.data.audio_source import AudioSource
 
 
 class KaldiDataDirError(ValueError):

@@ -1,0 +1,69 @@
+"""Layers only point down: attention_ext (bottom) <- asr <- recipes (top).
+
+A module may import its own package and the packages below it, never one above it (README,
+"Layout"). The check reads every module's import statements, also those inside functions, and
+importlib.import_module / __import__ calls with a literal name. asr reaches a recipe only through
+the corpus-preparer entry points (asr/data/corpus_preparers.py), which this check cannot see and
+need not: they name no package in asr's code.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+LAYERS = ("attention_ext", "asr", "recipes")  # bottom first
+
+
+def imported_names(tree: ast.AST) -> list[tuple[int, str]]:
+    """(line, dotted name) of every absolute import in a module."""
+    names = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names += [(node.lineno, alias.name) for alias in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            names.append((node.lineno, node.module))
+        elif isinstance(node, ast.Call) and node.args and isinstance(node.args[0], ast.Constant) \
+                and isinstance(node.args[0].value, str):
+            function = node.func
+            called = function.attr if isinstance(function, ast.Attribute) else getattr(function, "id", "")
+            if called in ("import_module", "__import__"):
+                names.append((node.lineno, node.args[0].value))
+    return names
+
+
+def upward_imports(root: Path) -> list[str]:
+    """'path:line: asr imports recipes.x' for every import of a layer above the module's own."""
+    found = []
+    for rank, package in enumerate(LAYERS):
+        for path in sorted((root / package).rglob("*.py")):
+            tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+            for line, name in imported_names(tree):
+                top = name.split(".")[0]
+                if top in LAYERS and LAYERS.index(top) > rank:
+                    found.append(f"{path.relative_to(root)}:{line}: {package} imports {name} "
+                                 f"(a layer above it)")
+    return found
+
+
+def test_every_layer_imports_only_itself_and_the_layers_below():
+    for package in LAYERS:
+        assert (REPO / package / "__init__.py").is_file(), package
+    assert upward_imports(REPO) == []
+
+
+def test_the_check_finds_a_planted_upward_import(tmp_path):
+    for package in LAYERS:
+        (tmp_path / package / "sub").mkdir(parents=True)
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "recipes" / "ok.py").write_text("import asr.data\nfrom attention_ext import build_attention\n")
+    (tmp_path / "asr" / "ok.py").write_text("from attention_ext.registry import registered\nfrom . import x\n")
+    (tmp_path / "asr" / "sub" / "bad.py").write_text(
+        "import os\n\ndef late():\n    from recipes.synth.prepare import prepare_synth\n")
+    (tmp_path / "attention_ext" / "bad.py").write_text(
+        "import importlib\nimport asr\nmodule = importlib.import_module('recipes.lexicon')\n")
+    assert upward_imports(tmp_path) == [
+        "attention_ext/bad.py:2: attention_ext imports asr (a layer above it)",
+        "attention_ext/bad.py:3: attention_ext imports recipes.lexicon (a layer above it)",
+        "asr/sub/bad.py:4: asr imports recipes.synth.prepare (a layer above it)",
+    ]
