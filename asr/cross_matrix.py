@@ -4,12 +4,12 @@
     python -m asr.cross_matrix full=a.ckpt iclustered=b.ckpt --specs full clustered-25 clustered-50
     python -m asr.cross_matrix *.ckpt --split dev --data-dir my_audio/
 
-Columns are trained models (a checkpoint, optionally named LABEL=PATH; otherwise its run
-folder's name), rows are evaluate-with attention specs (default: the paper's rows, then linear
-and agglomerative-8). Every valid cell is one `asr.evaluate` run: the column's weights with the
-row's attention in every layer, on the same split. A pair that cannot be valid (lsh or shared-full on a model with separate query
-and key projections, agglomerative with more classes than the head dim) is "-"; the cell whose
-attention equals the training attention is marked *.
+Columns are trained models (a checkpoint, optionally named LABEL=PATH; otherwise its run folder's
+name), rows are evaluate-with attention specs (default: the paper's rows, then linear and
+agglomerative-8). Every valid cell is one `asr.evaluate` run: the column's weights with the row's
+attention in every layer, on the same split. A pair that cannot be valid (lsh or shared-full on a
+model with separate query and key projections, agglomerative with more classes than the head dim) is
+"-"; the cell whose attention equals the training attention is marked *.
 
 Writes to --out (default: cross_matrix/):
     cells/<column>__<row>.json   one evaluation per cell; a run that is started again reuses
