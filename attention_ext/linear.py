@@ -41,15 +41,16 @@ class LinearAttention(torch.nn.Module):
             return zeros_without_valid_queries(q, k, v)
         dtype = compute_dtype(q.dtype)
         with torch.autocast(device_type=q.device.type, enabled=False):
-            padded = ~valid_positions(lengths, q.shape[2])[:, None, :, None]
-            # masked_fill, not a product with the mask: a non-finite padded value is dropped
-            # (and gives no NaN gradient through the padded rows).
-            phi_k = feature_map(k.to(dtype)).masked_fill(padded, 0.0)
-            values = v.to(dtype).masked_fill(padded, 0.0)
-            phi_q = feature_map(q.to(dtype)).masked_fill(padded, 0.0)
+            phi_q, phi_k, values = feature_map(q.to(dtype)), feature_map(k.to(dtype)), v.to(dtype)
+            if int(lengths.min()) < q.shape[2]:
+                padded = ~valid_positions(lengths, q.shape[2])[:, None, :, None]
+                # masked_fill, not a product with the mask: a non-finite padded value is dropped
+                # (and gives no NaN gradient through the padded rows).
+                phi_q, phi_k = phi_q.masked_fill(padded, 0.0), phi_k.masked_fill(padded, 0.0)
+                values = values.masked_fill(padded, 0.0)
             key_values = torch.einsum("bhnd,bhne->bhde", phi_k, values)       # (B, H, E, Ev)
             normaliser = phi_k.sum(dim=2)                                     # (B, H, E)
             numerator = torch.einsum("bhnd,bhde->bhne", phi_q, key_values)
             denominator = torch.einsum("bhnd,bhd->bhn", phi_q, normaliser)[..., None] + EPS
             out = (numerator / denominator).to(v.dtype)
-        return zero_padded_queries(out, lengths)
+        return zero_padded_queries(out, lengths) if int(lengths.min()) < q.shape[2] else out

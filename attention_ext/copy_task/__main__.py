@@ -21,12 +21,11 @@ from pathlib import Path
 import torch
 
 from ..registry import AttentionConfigError, parse_attention_spec
-from . import CopyResult, CopyTask, TrainSettings, train_copy_task
+from . import CopyResult, CopyTask, TrainSettings, train_copy_task, train_in_worker
 
 DEFAULT_LENGTHS = (31,)
-DEFAULT_CLUSTERS = (4, 8, 16)
+DEFAULT_CLUSTERS = (4, 8, 16, 32)
 OTHER_ATTENTIONS = ("lsh-1", "linear", "agglomerative-8")
-REPORT_EVERY = 10   # steps between a worker's progress reports
 
 
 def default_specs(clusters: list[int]) -> list[str]:
@@ -68,27 +67,21 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def _run(job: tuple, progress_queue, threads: int) -> CopyResult:
-    """One training run, in a worker process; reports its steps through progress_queue."""
-    torch.set_num_threads(threads)
-    index, task, spec, settings = job
-
-    def report(step: int, _loss: float) -> None:
-        if (step + 1) % REPORT_EVERY == 0 or step + 1 == settings.steps:
-            progress_queue.put((index, step + 1))
-    return train_copy_task(task, spec, settings, on_step=report)
-
-
 def run_all(tasks: list[CopyTask], specs: list[str], settings: TrainSettings, jobs: int, threads: int,
             progress: bool) -> list[CopyResult]:
     """Every (length, spec) pair, `jobs` at a time, with one progress bar over all their steps."""
     from tqdm import tqdm
     work = [(index, task, spec, settings) for index, (task, spec) in
             enumerate((task, spec) for task in tasks for spec in specs)]
+    if jobs == 1:   # in this process, one run after the other
+        torch.set_num_threads(threads)
+        with tqdm(total=len(work) * settings.steps, unit="step", disable=not progress, file=sys.stderr) as bar:
+            return [train_copy_task(task, spec, run_settings, on_step=lambda step, loss: bar.update(1))
+                    for _, task, spec, run_settings in work]
     context = multiprocessing.get_context("spawn")
     with context.Manager() as manager, ProcessPoolExecutor(max_workers=jobs, mp_context=context) as pool:
         progress_queue = manager.Queue()
-        futures = [pool.submit(_run, job, progress_queue, threads) for job in work]
+        futures = [pool.submit(train_in_worker, job, progress_queue, threads) for job in work]
         done_steps = [0] * len(work)
         bar = tqdm(total=len(work) * settings.steps, unit="step", disable=not progress, file=sys.stderr)
         finished = 0
@@ -117,20 +110,21 @@ def clusters_of(spec: str) -> int | None:
 
 def format_table(results: list[CopyResult]) -> str:
     lines = [f"{'L':>4}  {'N':>4}  {'attention':<18} {'clusters':>8}  {'accuracy':>8}  {'loss':>7}  "
-             f"{'train loss':>10}  {'seconds':>7}"]
+             f"{'train loss':>10}  {'seconds':>7}  {'CPU s':>6}"]
     lines.append("-" * len(lines[0]))
     for result in results:
         clusters = clusters_of(result.spec)
         lines.append(f"{result.length:>4}  {2 * result.length + 2:>4}  {result.spec:<18} "
                      f"{'-' if clusters is None else clusters:>8}  {result.accuracy:>8.3f}  "
-                     f"{result.loss:>7.3f}  {result.train_loss:>10.3f}  {result.seconds:>7.0f}")
+                     f"{result.loss:>7.3f}  {result.train_loss:>10.3f}  {result.seconds:>7.0f}  "
+                     f"{result.cpu_seconds:>6.0f}")
     return "\n".join(lines)
 
 
 def write_csv(results: list[CopyResult], path: Path) -> None:
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=["length", "sequence_length", "spec", "name", "clusters",
-                                               "accuracy", "loss", "train_loss", "seconds"])
+                                               "accuracy", "loss", "train_loss", "seconds", "cpu_seconds"])
         writer.writeheader()
         for result in results:
             row = asdict(result)
@@ -209,8 +203,10 @@ def main(argv: list[str] | None = None) -> int:
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(results, args.out / "results.csv")
     plot_heatmaps(results, args.out / "copy_task.png")
-    print(f"total {time.perf_counter() - started:.0f} s; wrote {args.out / 'results.csv'} and "
-          f"{args.out / 'copy_task.png'}")
+    cpu = sum(result.cpu_seconds for result in results)
+    print(f"total {time.perf_counter() - started:.0f} s wall; {cpu:.0f} CPU s in all, so about "
+          f"{cpu / args.jobs / 60:.1f} min on {args.jobs} quiet cores at {args.threads} thread(s) per job; "
+          f"wrote {args.out / 'results.csv'} and {args.out / 'copy_task.png'}")
     return 0
 
 
