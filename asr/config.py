@@ -157,9 +157,9 @@ def validate_config(cfg: Any) -> ValidatedAttention:
     except AttentionConfigError as error:
         raise AttentionConfigError(f"attention: {error}") from None
     from asr.model.encoder import SUBSAMPLING_STRIDES, check_attention_fits
-    check_attention_fits(attention, model.shared_qk)
     for key in ("layers", "heads", "head_dim", "ff_dim", "subsampling_channels"):
         _require(getattr(model, key) >= 1, f"model.{key}", getattr(model, key), "must be >= 1")
+    check_attention_fits(attention, model.shared_qk, model.head_dim)
     _require(model.subsampling in SUBSAMPLING_STRIDES, "model.subsampling", model.subsampling, "must be 1, 2 or 4")
     _require(0.0 <= model.dropout < 1.0, "model.dropout", model.dropout, "must lie in [0, 1)")
     try:

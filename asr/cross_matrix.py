@@ -4,11 +4,12 @@
     python -m asr.cross_matrix full=a.ckpt iclustered=b.ckpt --specs full clustered-25 clustered-50
     python -m asr.cross_matrix *.ckpt --split dev --data-dir my_audio/
 
-Columns are trained models (a checkpoint, optionally named LABEL=PATH; otherwise its run
-folder's name), rows are evaluate-with attention specs (default: the paper's rows). Every valid
-cell is one `asr.evaluate` run: the column's weights with the row's attention in every layer, on
-the same split. A pair that cannot be valid (lsh or shared-full on a model with separate query
-and key projections) is "-"; the cell whose attention equals the training attention is marked *.
+Columns are trained models (a checkpoint, optionally named LABEL=PATH; otherwise its run folder's
+name), rows are evaluate-with attention specs (default: the paper's rows, then linear and
+agglomerative-8). Every valid cell is one `asr.evaluate` run: the column's weights with the row's
+attention in every layer, on the same split. A pair that cannot be valid (lsh or shared-full on a
+model with separate query and key projections, agglomerative with more classes than the head dim) is
+"-"; the cell whose attention equals the training attention is marked *.
 
 Writes to --out (default: cross_matrix/):
     cells/<column>__<row>.json   one evaluation per cell; a run that is started again reuses
@@ -41,6 +42,8 @@ from attention_ext import AttentionConfigError, SharedQKRequiredError
 
 PAPER_SPECS = ("full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "clustered-200", "i-clustered-100",
                "i-clustered-200", "oracle-top")
+# The default rows: the paper's, then the further linear-cost attentions of this project.
+DEFAULT_SPECS = PAPER_SPECS + ("linear", "agglomerative-8")
 INVALID = "-"
 
 
@@ -120,11 +123,15 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
                 "trained_with": trained}
         attention = evaluation_attention(model, spec)
         try:
-            model.set_attention(attention)   # refuses lsh / shared_full without shared QK, changing nothing
-        except SharedQKRequiredError as error:
+            # refuses lsh / shared_full without shared QK, and options above the head dim,
+            # changing nothing
+            model.set_attention(attention)
+        except AttentionConfigError as error:
             cell.update(valid=False, reason=str(error))
             _write_json_atomic(cell_path(args.out, column.label, spec), cell)
-            progress(f"{column.label} x {spec}: {INVALID} (needs shared query/key projections)")
+            why = ("needs shared query/key projections" if isinstance(error, SharedQKRequiredError)
+                   else "does not fit the model's head dim")
+            progress(f"{column.label} x {spec}: {INVALID} ({why})")
             continue
         if data is None:
             split = "eval" if args.data_dir else args.split
@@ -263,8 +270,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("checkpoints", nargs="+", metavar="[LABEL=]CHECKPOINT",
                         help="trained models, the columns")
-    parser.add_argument("--specs", nargs="+", default=list(PAPER_SPECS), metavar="SPEC",
-                        help=f"evaluate-with attention specs, the rows (default: {' '.join(PAPER_SPECS)}); "
+    parser.add_argument("--specs", nargs="+", default=list(DEFAULT_SPECS), metavar="SPEC",
+                        help=f"evaluate-with attention specs, the rows (default: {' '.join(DEFAULT_SPECS)}); "
                              "cluster counts are numbers, e.g. clustered-25 for short sequences")
     parser.add_argument("--split", default=None, help="split of the models' corpus (default: its test split)")
     parser.add_argument("--data-dir", default=None, help="score a Kaldi-style data directory instead of a split")

@@ -36,10 +36,15 @@ class Option:
     minimum: int
     maximum: int | None = None
     help: str = ""
+    # The value may not exceed the head dim E of q (known only where a model or a call fixes
+    # it): checked by ValidatedAttention.check_head_dim and by the module at each call.
+    at_most_head_dim: bool = False
 
     def rule(self) -> str:
         upper = "" if self.maximum is None else f"..{self.maximum}"
         bound = f"{self.minimum}{upper}" if upper else f">= {self.minimum}"
+        if self.at_most_head_dim:
+            bound += ", <= head dim"
         return f"{self.name}: int {bound} (default {self.default}){' - ' + self.help if self.help else ''}"
 
     def validate(self, attention: str, value) -> int:
@@ -135,12 +140,28 @@ class ValidatedAttention(NamedTuple):
     def needs_shared_qk(self) -> bool:
         return _REGISTRY[self.name].needs_shared_qk
 
+    def check_head_dim(self, head_dim: int) -> None:
+        """Refuses an option declared at_most_head_dim whose value exceeds `head_dim`."""
+        check_options_fit_head_dim(self.name, self.options, head_dim)
+
     def as_config(self) -> dict:
         """{"name": name, **options}: the form of a config's attention node."""
         return {"name": self.name, **self.options}
 
     def build(self) -> torch.nn.Module:
         return _REGISTRY[self.name].cls(**self.options)
+
+
+def check_options_fit_head_dim(name: str, options: dict[str, int], head_dim: int) -> None:
+    """Raises AttentionConfigError when an option of `name` declared at_most_head_dim exceeds
+    `head_dim` (for a model: its head_dim; for a call: the last dim of q)."""
+    for option in _REGISTRY[name].options:
+        value = options.get(option.name, option.default)
+        if option.at_most_head_dim and value > head_dim:
+            raise AttentionConfigError(
+                f"attention '{name}': option {option.name}={value} exceeds the head dim {head_dim}; "
+                f"it must be at most the head dim (lower {option.name}, or use a model with "
+                f"model.head_dim >= {value})")
 
 
 def validate_attention(name: str, **options) -> ValidatedAttention:

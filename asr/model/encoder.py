@@ -25,8 +25,10 @@ from torch import nn
 from attention_ext import SharedQKRequiredError, ValidatedAttention
 
 
-def check_attention_fits(attention: ValidatedAttention, shared_qk: bool) -> None:
-    """Refuses an attention that needs shared query/key projections on a model without them."""
+def check_attention_fits(attention: ValidatedAttention, shared_qk: bool, head_dim: int) -> None:
+    """Refuses an attention that needs shared query/key projections on a model without them,
+    and one with an option larger than the model's head dim (agglomerative's classes)."""
+    attention.check_head_dim(head_dim)
     if attention.needs_shared_qk and not shared_qk:
         raise SharedQKRequiredError(
             f"attention '{attention.name}' needs shared query/key projections, but this model has "
@@ -146,11 +148,12 @@ class TransformerEncoder(nn.Module):
                  subsampling: int, subsampling_channels: int, shared_qk: bool, attention: ValidatedAttention):
         super().__init__()
         self.d_model = heads * head_dim
+        self.head_dim = head_dim
         self.input_scale = math.sqrt(self.d_model)
         self.shared_qk = shared_qk
         self.frontend = ConvSubsampling(feature_dim, self.d_model, subsampling, subsampling_channels)
         self.input_dropout = nn.Dropout(dropout)
-        check_attention_fits(attention, shared_qk)
+        check_attention_fits(attention, shared_qk, head_dim)
         self.layers = nn.ModuleList(
             EncoderLayer(self.d_model, heads, ff_dim, dropout, shared_qk, attention.build())
             for _ in range(layers))
@@ -168,9 +171,10 @@ class TransformerEncoder(nn.Module):
         """Replaces every layer's attention by `attention` (weights unchanged).
 
         Raises attention_ext.SharedQKRequiredError for an attention that needs shared
-        query/key projections the model does not have, and then changes nothing.
+        query/key projections the model does not have, AttentionConfigError for one with an
+        option above the model's head dim, and then changes nothing.
         """
-        check_attention_fits(attention, self.shared_qk)
+        check_attention_fits(attention, self.shared_qk, self.head_dim)
         modules = [attention.build() for _ in self.layers]   # all built before any layer changes
         for layer, module in zip(self.layers, modules):
             layer.attention = module

@@ -113,6 +113,19 @@ def test_set_attention_rejects_unknown_names_and_unshared_models():
         tiny_encoder(attention=validate_attention("shared_full"))
 
 
+def test_an_option_above_the_head_dim_is_refused_where_the_model_is_known():
+    encoder = tiny_encoder()                                 # head_dim 4
+    original = encoder.layers[0].attention
+    with pytest.raises(AttentionConfigError, match=r"classes=8 exceeds the head dim 4.*model.head_dim >= 8"):
+        encoder.set_attention(validate_attention("agglomerative"))
+    assert encoder.layers[0].attention is original        # nothing changed on failure
+    with pytest.raises(AttentionConfigError, match=r"classes=5 exceeds the head dim 4"):
+        tiny_encoder(attention=validate_attention("agglomerative", classes=5))
+    encoder.set_attention(validate_attention("agglomerative", classes=4))
+    out, _ = encoder(torch.randn(2, 6, 12), torch.tensor([6, 3]))
+    assert torch.isfinite(out).all()
+
+
 def test_state_dict_runs_under_another_attention_instance():
     torch.manual_seed(0)
     first, second = tiny_encoder(), tiny_encoder()

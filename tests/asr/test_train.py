@@ -66,7 +66,7 @@ def test_every_preset_trains_validates_and_tests(preset, tiny_synth, tmp_path):
 
 def test_presets_cover_the_attention_types():
     assert {"synth_full", "synth_shared_full", "synth_lsh1", "synth_lsh4", "synth_clustered",
-            "synth_iclustered"} <= set(PRESETS)
+            "synth_iclustered", "synth_linear", "synth_agglomerative"} <= set(PRESETS)
     default = compose_config()
     assert default.attention.name == "iclustered"          # python -m asr.train with no argument
 
@@ -145,6 +145,8 @@ def test_unknown_keys_and_wrong_types_fail_while_composing():
     (["attention=full"], None, None),   # a preset's attention can be swapped for one without options
     (["attention.clusters=0"], AttentionConfigError, "clusters=0 is out of range"),
     (["conf=synth_full", "attention=lsh"], AttentionConfigError, "needs shared query/key projections"),
+    (["conf=synth_agglomerative", "model.head_dim=4"], AttentionConfigError,
+     r"classes=8 exceeds the head dim 4.*model.head_dim >= 8"),
 ])
 def test_bad_values_are_refused_at_start_up_with_the_fix(overrides, error, message):
     if error is None:

@@ -101,14 +101,17 @@ def rarely(one_in: int):
 
 
 @st.composite
-def option_values(draw, name: str, length: int) -> dict:
+def option_values(draw, name: str, length: int, dim: int) -> dict:
     """Each registered option of `name` within its registered range; unbounded ones up to
-    N + OPTION_BEYOND_LENGTH (chunk sizes that do not divide N, clusters and top-k above N)."""
+    N + OPTION_BEYOND_LENGTH (chunk sizes that do not divide N, clusters and top-k above N),
+    those declared at_most_head_dim (agglomerative's classes) up to the head dim E."""
     values = {}
     for option in available_attentions()[name].options:
         upper = option.maximum
         if upper is None:
             upper = max(option.minimum, length) + OPTION_BEYOND_LENGTH
+        if option.at_most_head_dim:
+            upper = min(upper, dim)
         values[option.name] = draw(st.integers(option.minimum, upper))
     return values
 
@@ -142,7 +145,7 @@ def cases(draw, name: str, min_batch: int = 0, min_length: int = 0, with_lengths
     generator = torch.Generator().manual_seed(data_seed)
     shape = (batch, heads, length, dim)
     q, k, v = (random_rows(generator, shape, dtype, scale) for _ in range(3))
-    return Case(name, draw(option_values(name, length)), q, k, v,
+    return Case(name, draw(option_values(name, length, dim)), q, k, v,
                 None if lengths is None else torch.tensor(lengths, dtype=torch.long),
                 scale, draw(st.integers(0, 2**32 - 1)))
 

@@ -38,7 +38,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "conf").glob("*.yaml"))
 CORPORA = ("wsj", "timit", "librispeech", "switchboard")
-ATTENTIONS = ("full", "shared_full", "lsh1", "lsh4", "clustered", "iclustered")
+ATTENTIONS = ("full", "shared_full", "lsh1", "lsh4", "clustered", "iclustered", "linear", "agglomerative")
 # What a short CPU run needs; the preset's model, attention, optimiser and data stay as they are.
 TINY = ["trainer.max_steps=2", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1",
         "data.progress=false", "data.feature_jobs=1"]
@@ -78,6 +78,8 @@ EXPECTED_ATTENTION = {   # preset suffix -> (name, options after the registry's 
     "lsh4": ("lsh", {"rounds": 4, "chunk_size": 32}, True),
     "clustered": ("clustered", {"clusters": 100, "bits": 63, "iterations": 10}, False),
     "iclustered": ("iclustered", {"clusters": 100, "bits": 63, "iterations": 10, "topk": 32}, False),
+    "linear": ("linear", {}, False),                              # not in the paper: our defaults
+    "agglomerative": ("agglomerative", {"classes": 8}, False),
 }
 
 
@@ -211,6 +213,9 @@ def test_wsj_iclustered_trains_through_the_command_line(prepared, tmp_path):
 # preset -> (test split's utterance sample counts, the error rates its targets give)
 IN_PROCESS = {
     "timit_clustered": ([4000, 5200], {"per", "per_phones", "primary_error"}),     # mdab0 si1039, sx139
+    "timit_agglomerative": ([4000, 5200], {"per", "per_phones", "primary_error"}),
+    "wsj_linear": ([5600], {"per", "per_phones", "wer", "wer_chars", "cer", "cer_chars",   # eval92: 440c0401
+                            "primary_error"}),
     "librispeech_full": ([5600], {"wer", "cer", "wer_sentencepiece", "cer_sentencepiece", "primary_error"}),
     "switchboard_iclustered": ([16000, 16000], {"wer", "cer", "wer_sentencepiece", "cer_sentencepiece",
                                                 "primary_error"}),                 # sw2005 A and B, 1 s each
@@ -223,7 +228,7 @@ FIXTURE_VOCAB = {"librispeech": 40, "switchboard": 29}
 
 
 @pytest.mark.parametrize("preset", sorted(IN_PROCESS))
-def test_a_preset_of_each_other_corpus_trains_on_its_fixture(preset, prepared, tmp_path):
+def test_a_preset_of_each_other_corpus_and_attention_trains_on_its_fixture(preset, prepared, tmp_path):
     corpus = preset.split("_")[0]
     overrides = [f"conf={preset}", f"data.root={prepared[corpus]}", *TINY, "data.num_workers=0"]
     if corpus in FIXTURE_VOCAB:   # 500 word pieces cannot be learned from a handful of fixture transcripts
@@ -233,5 +238,5 @@ def test_a_preset_of_each_other_corpus_trains_on_its_fixture(preset, prepared, t
     samples, rates = IN_PROCESS[preset]
     test = check_trained(tmp_path / "run", cfg, prepared[corpus], samples)
     assert set(test) == rates | {"encoder_length"}
-    primary = "per" if corpus == "timit" else "wer"
+    primary = "per" if corpus in ("timit", "wsj") else "wer"
     assert test["primary_error"] == test[primary] and test[primary] >= 0.0

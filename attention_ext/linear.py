@@ -1,0 +1,56 @@
+"""Linear attention (Katharopoulos et al. 2020, "Transformers are RNNs"; thesis chapter 4).
+
+Softmax similarity exp(q . k) is replaced by phi(q) . phi(k) with phi(x) = elu(x) + 1, so the
+sums over keys factor out of the per-query work:
+
+    out_i = phi(q_i)^T (sum_j phi(k_j) v_j^T) / (phi(q_i)^T sum_j phi(k_j) + eps)
+
+which costs O(N E^2) instead of O(N^2 E). Non-causal (every query sees every valid key).
+Plain batched matmuls are already optimal for this (two GEMMs and a reduction), so there is
+no kernel.
+"""
+import torch
+import torch.nn.functional as F
+
+from .contract import check_inputs, valid_positions, zero_padded_queries, zeros_without_valid_queries
+from .registry import register_attention
+
+# Added to the denominator, as in the authors' reference code: phi(x) = elu(x) + 1 > 0, but it
+# underflows to 0 for very negative inputs, and 0 / 0 must not happen. Fixed, not an option.
+EPS = 1e-6
+
+
+def feature_map(x: torch.Tensor) -> torch.Tensor:
+    """phi(x) = elu(x) + 1, positive everywhere."""
+    return F.elu(x) + 1.0
+
+
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """float16/bfloat16 inputs are summed in float32 (a sum over thousands of keys overflows or
+    loses the small terms in half precision); the result is cast back."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
+@register_attention("linear", summary="linear attention, phi(x) = elu(x) + 1 (Transformers are RNNs)")
+class LinearAttention(torch.nn.Module):
+    """phi(Q) (phi(K)^T V) / (phi(Q) phi(K)^T 1 + eps) over the valid keys; no options."""
+
+    def forward(self, q, k, v, lengths=None):
+        lengths = check_inputs(q, k, v, lengths, attention=self)
+        if q.shape[0] == 0 or q.shape[2] == 0 or int(lengths.max()) == 0:
+            return zeros_without_valid_queries(q, k, v)
+        dtype = compute_dtype(q.dtype)
+        with torch.autocast(device_type=q.device.type, enabled=False):
+            phi_q, phi_k, values = feature_map(q.to(dtype)), feature_map(k.to(dtype)), v.to(dtype)
+            if int(lengths.min()) < q.shape[2]:
+                padded = ~valid_positions(lengths, q.shape[2])[:, None, :, None]
+                # masked_fill, not a product with the mask: a non-finite padded value is dropped
+                # (and gives no NaN gradient through the padded rows).
+                phi_q, phi_k = phi_q.masked_fill(padded, 0.0), phi_k.masked_fill(padded, 0.0)
+                values = values.masked_fill(padded, 0.0)
+            key_values = torch.einsum("bhnd,bhne->bhde", phi_k, values)       # (B, H, E, Ev)
+            normaliser = phi_k.sum(dim=2)                                     # (B, H, E)
+            numerator = torch.einsum("bhnd,bhde->bhne", phi_q, key_values)
+            denominator = torch.einsum("bhnd,bhd->bhn", phi_q, normaliser)[..., None] + EPS
+            out = (numerator / denominator).to(v.dtype)
+        return zero_padded_queries(out, lengths) if int(lengths.min()) < q.shape[2] else out
