@@ -47,12 +47,13 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config, validate_data_config
+from asr.data.dataset import batch_references
 from asr.data.manifests import ManifestError
 from asr.exit_status import SUCCESS, run_command
 from asr.metrics import percent
 from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
 from asr.model.ctc import greedy_decode, prefix_beam_search
-from asr.model.recognizer import (EVALUATION_SEED, REFERENCE_FIELD, EvaluationTally, SpeechRecognizer,
+from asr.model.recognizer import (EVALUATION_SEED, EvaluationTally, SpeechRecognizer,
                                   seed_evaluation_batch)
 from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError, ValidatedAttention, parse_attention_spec, validate_attention
@@ -321,25 +322,20 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
         _synchronize(device)
         forward_seconds += time.perf_counter() - start
         input_frames += int(lengths.sum())
-        tally.encoder_frames += int(out_lengths.sum())
-        tally.utterances += len(batch["ids"])
-        batch_records = [{"id": utterance_id} for utterance_id in batch["ids"]]
+        hypotheses = {}
         for kind, scores in log_probs.items():
-            tokenizer = model.tokenizers[kind]
             if decoder == "greedy":
                 ids = greedy_decode(scores, out_lengths)
             else:
                 ids = [prefix_beam_search(row, int(n), beam_size) for row, n in zip(scores, out_lengths)]
-            hypotheses = [tokenizer.decode(x) for x in ids]
-            references = batch[REFERENCE_FIELD[tokenizer.field]] if kind in data.scored else None
-            for i, record in enumerate(batch_records):
-                record[kind] = {"hypothesis": hypotheses[i]}
-                if references is not None:
-                    record[kind]["reference"] = references[i]
-            if references is not None:
-                tally.references.setdefault(kind, []).extend(references)
-                tally.hypotheses.setdefault(kind, []).extend(hypotheses)
-        records.extend(batch_records)
+            hypotheses[kind] = [model.tokenizers[kind].decode(x) for x in ids]
+        references = batch_references(batch, {kind: model.tokenizers[kind].field for kind in data.scored})
+        tally.add(hypotheses, references, out_lengths)
+        for i, utterance_id in enumerate(batch["ids"]):
+            records.append({"id": utterance_id, **{
+                kind: {"hypothesis": hypotheses[kind][i],
+                       **({"reference": references[kind][i]} if kind in references else {})}
+                for kind in hypotheses}})
     bar.close()
     if not records:
         raise EvaluationError(f"split {data.split!r} of {data.source} has no utterances")

@@ -1,17 +1,9 @@
-"""From a batch of cuts (chosen by the sampler) to a padded batch of tensors.
-
-Batch (a dict):
-    features         (B, T, F) float32 log-mel fbank, NOT normalised, zero-padded past each length
-    feature_lengths  (B,) int64
-    targets          {kind: (B, S) int64, padded with 0 (the blank)}; target_lengths {kind: (B,) int64}
-    ids, texts, phones   lists of str (cut ids, words, space-separated phones)
-    padding          bool: a stand-in batch of a DDP rank with nothing left to do in an epoch's last
-                     round (asr.data.batching); the model runs it but neither counts nor learns from it
-"""
+"""From a batch of cuts (chosen by the sampler) to a padded batch of tensors: a `Batch`."""
 
 from __future__ import annotations
 
 import hashlib
+from typing import TypedDict
 
 import numpy as np
 import torch
@@ -23,6 +15,29 @@ from asr.data.batching import EpochBatch
 from asr.data.feature_cache import FeatureStore, load_waveform, single_torch_thread
 from asr.data.features import FilterBank
 from asr.data.manifests import transcript
+
+
+class Batch(TypedDict):
+    """What the data loaders yield (a dict, so Lightning moves it between devices as it is)."""
+    features: torch.Tensor                  # (B, T, F) float32 log-mel fbank, NOT normalised, 0 past each length
+    feature_lengths: torch.Tensor           # (B,) int64
+    targets: dict[str, torch.Tensor]        # {kind: (B, S) int64}, padded with 0 (the blank)
+    target_lengths: dict[str, torch.Tensor]  # {kind: (B,) int64}
+    ids: list[str]                          # cut ids
+    texts: list[str]                        # normalised words
+    phones: list[str]                       # space-separated phones
+    # A stand-in batch of a DDP rank with nothing left to do in an epoch's last round
+    # (asr.data.batching): the model runs it but neither counts nor learns from it.
+    padding: bool
+
+
+# The batch field holding the reference strings of each tokenizer field (Tokenizer.field).
+REFERENCE_FIELD = {"phones": "phones", "text": "texts"}
+
+
+def batch_references(batch: Batch, fields: dict[str, str]) -> dict[str, list[str]]:
+    """{kind: the batch's reference strings} for `fields` {kind: its tokenizer's field}."""
+    return {kind: batch[REFERENCE_FIELD[field]] for kind, field in fields.items()}
 
 
 class StoredFeatures:
@@ -78,13 +93,13 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
         self.fill = fill
         self.seed = seed
 
-    def __getitem__(self, item: EpochBatch | CutSet | list) -> dict:
+    def __getitem__(self, item: EpochBatch | CutSet | list) -> Batch:
         epoch, cuts, padding = (item.epoch, item.cuts, item.padding) if isinstance(item, EpochBatch) \
             else (0, item, False)
         # Batch building is many small tensor ops: intra-op threads only add overhead (15x slower measured
         # with num_workers=0 on a busy 2-core machine), so it runs on one thread, restored afterwards.
         with single_torch_thread():
-            return {**self._build(list(cuts), epoch), "padding": padding}
+            return Batch(**self._build(list(cuts), epoch), padding=padding)
 
     def _build(self, cuts: list, epoch: int) -> dict:
         features = [self.features.load(cut) for cut in cuts]

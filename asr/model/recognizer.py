@@ -24,6 +24,7 @@ import numpy as np
 import torch
 from torch import nn
 
+from asr.data.dataset import Batch, batch_references
 from asr.data.tokenizers import Tokenizer, tokenizer_from_state_dict
 from asr.metrics import char_error_rate, phone_error_rate, word_error_rate
 from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY
@@ -31,8 +32,6 @@ from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode
 from asr.model.encoder import TransformerEncoder
 from attention_ext import ValidatedAttention, validate_attention
 
-# The batch field holding each tokenizer field's reference strings (see asr.data's Batch).
-REFERENCE_FIELD = {"phones": "phones", "text": "texts"}
 # The seed of the attention's randomness during validation and test (asr.evaluate's default `seed`).
 EVALUATION_SEED = 0
 
@@ -61,6 +60,16 @@ class EvaluationTally:
     utterances: int = 0
     loss_sum: float = 0.0
     head_loss_sums: dict[str, float] = field(default_factory=dict)
+
+    def add(self, hypotheses: dict[str, list[str]], references: dict[str, list[str]],
+            encoder_lengths: torch.Tensor) -> None:
+        """Counts one batch: per scored head its references and hypotheses, and the encoder lengths
+        (the one tally of validation, test and asr.evaluate)."""
+        for kind, strings in references.items():
+            self.references.setdefault(kind, []).extend(strings)
+            self.hypotheses.setdefault(kind, []).extend(hypotheses[kind])
+        self.encoder_frames += int(encoder_lengths.sum())
+        self.utterances += len(encoder_lengths)
 
     def error_rates(self, tokenizers: dict[str, Tokenizer]) -> dict[str, float]:
         """PER/WER/CER per head and headline, the primary error and the mean encoder length.
@@ -170,14 +179,14 @@ class SpeechRecognizer(L.LightningModule):
                 for kind, lp in log_probs.items()}
 
     # ---- training ----------------------------------------------------------------------------
-    def _losses(self, batch: dict) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict, torch.Tensor]:
+    def _losses(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict, torch.Tensor]:
         log_probs, lengths = self(batch["features"], batch["feature_lengths"])
         losses = {kind: ctc_loss(lp, lengths, batch["targets"][kind], batch["target_lengths"][kind])
                   for kind, lp in log_probs.items()}
         total = sum(self.loss_weights[kind] * loss for kind, loss in losses.items())
         return total, losses, log_probs, lengths
 
-    def training_step(self, batch: dict, batch_index: int) -> torch.Tensor:
+    def training_step(self, batch: Batch, batch_index: int) -> torch.Tensor:
         total, losses, _, _ = self._losses(batch)
         if batch.get("padding"):
             # a DDP rank's stand-in batch (asr.data.batching): it must take the step with the other
@@ -189,12 +198,12 @@ class SpeechRecognizer(L.LightningModule):
             self.log(f"train/loss_{kind}", loss, batch_size=size)
         return total
 
-    def on_train_batch_start(self, batch: dict, batch_index: int) -> None:
+    def on_train_batch_start(self, batch: Batch, batch_index: int) -> None:
         # the lr this step uses (outside optimizer_step, where the warm-up scaling is applied)
         self.log("train/lr", self.optimizers().param_groups[0]["lr"] * self._warmup_factor(),
                  batch_size=len(batch["ids"]))
 
-    def _evaluation_step(self, batch: dict, batch_index: int, stage: str) -> None:
+    def _evaluation_step(self, batch: Batch, batch_index: int, stage: str) -> None:
         """Adds the batch to the stage's tally; the losses and error rates are logged at the end of
         the stage from the tallies of all processes (_evaluation_epoch_end), so they are exact sums
         over the utterances, whatever the batches and however many processes."""
@@ -204,20 +213,18 @@ class SpeechRecognizer(L.LightningModule):
             return   # a DDP rank's stand-in batch: run (above) to stay in step with the others, not counted
         size = len(batch["ids"])
         tally = self._tallies.setdefault(stage, EvaluationTally())
-        for kind, lp in log_probs.items():
-            tokenizer = self.tokenizers[kind]
-            tally.references.setdefault(kind, []).extend(batch[REFERENCE_FIELD[tokenizer.field]])
-            tally.hypotheses.setdefault(kind, []).extend(tokenizer.decode(ids) for ids in greedy_decode(lp, lengths))
-        tally.encoder_frames += int(lengths.sum())
-        tally.utterances += size
+        hypotheses = {kind: [self.tokenizers[kind].decode(ids) for ids in greedy_decode(lp, lengths)]
+                      for kind, lp in log_probs.items()}
+        tally.add(hypotheses, batch_references(batch, {kind: t.field for kind, t in self.tokenizers.items()}),
+                  lengths)
         tally.loss_sum += float(total) * size     # the losses are batch means
         for kind, loss in losses.items():
             tally.head_loss_sums[kind] = tally.head_loss_sums.get(kind, 0.0) + float(loss) * size
 
-    def validation_step(self, batch: dict, batch_index: int) -> None:
+    def validation_step(self, batch: Batch, batch_index: int) -> None:
         self._evaluation_step(batch, batch_index, "val")
 
-    def test_step(self, batch: dict, batch_index: int) -> None:
+    def test_step(self, batch: Batch, batch_index: int) -> None:
         self._evaluation_step(batch, batch_index, "test")
 
     def _gathered(self, stage: str) -> EvaluationTally:
