@@ -233,7 +233,8 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
                               f"{', '.join(DataConfig.__dataclass_fields__)}")
     settings = {**trained_data_config(checkpoint), **overrides}
     kinds = list(model.tokenizers)
-    settings["num_mel_bins"] = model.hparams.feature_dim      # features as the model was trained on
+    frontend = model.frontend                   # features as the model was trained on (from its checkpoint)
+    settings["num_mel_bins"] = frontend.num_mel_bins
     settings["specaugment"] = False
     settings["progress"] = overrides.get("progress", progress)
     if data_dir is not None:
@@ -265,7 +266,7 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
         raise EvaluationError(f"data: {error}") from None
     split = split or config.test_split
     config.test_split = split
-    datamodule = SpeechDataModule(config, frame_subsampling=model.encoder.subsampling)
+    datamodule = SpeechDataModule(config, frame_subsampling=model.encoder.subsampling, filterbank=frontend)
     datamodule.set_tokenizers({kind: model.tokenizers[kind].state_dict() for kind in config.targets})
     source = source if data_dir is not None else f"{config.root}/{config.corpus}_cuts_{split}.jsonl.gz"
     return EvaluationData(datamodule, split, scored, source)

@@ -330,7 +330,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         attention=attention,
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         feature_dim=datamodule.feature_dim,
-        tokenizers={kind: tokenizer.state_dict() for kind, tokenizer in datamodule.tokenizers.items()})
+        tokenizers={kind: tokenizer.state_dict() for kind, tokenizer in datamodule.tokenizers.items()},
+        frontend=datamodule.filterbank.options)
     model.set_feature_stats(datamodule.feature_mean, datamodule.feature_std)
     if checkpoint is not None:
         check_state_dict_fits(model, checkpoint["state_dict"], f"checkpoint {resume_from}")
