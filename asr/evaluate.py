@@ -50,14 +50,13 @@ from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config, va
 from asr.data.manifests import ManifestError
 from asr.exit_status import SUCCESS, run_command
 from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
-from asr.model.ctc import greedy_decode, prefix_beam_search
+from asr.model.ctc import DECODERS, decode_transcripts
 from asr.model.recognizer import (EVALUATION_SEED, REFERENCE_FIELD, EvaluationTally, SpeechRecognizer,
                                   seed_evaluation_batch)
 from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError, ValidatedAttention, parse_attention_spec, validate_attention
 
 log = logging.getLogger("asr.evaluate")
-DECODERS = ("greedy", "beam")
 KALDI_CORPUS, KALDI_SPLIT = "kaldi", "eval"
 
 
@@ -326,11 +325,7 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
         batch_records = [{"id": utterance_id} for utterance_id in batch["ids"]]
         for kind, scores in log_probs.items():
             tokenizer = model.tokenizers[kind]
-            if decoder == "greedy":
-                ids = greedy_decode(scores, out_lengths)
-            else:
-                ids = [prefix_beam_search(row, int(n), beam_size) for row, n in zip(scores, out_lengths)]
-            hypotheses = [tokenizer.decode(x) for x in ids]
+            hypotheses = decode_transcripts(scores, out_lengths, tokenizer, decoder, beam_size)
             references = batch[REFERENCE_FIELD[tokenizer.field]] if kind in data.scored else None
             for i, record in enumerate(batch_records):
                 record[kind] = {"hypothesis": hypotheses[i]}

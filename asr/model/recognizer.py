@@ -351,6 +351,8 @@ class SpeechRecognizer(L.LightningModule):
     # ---- checkpoints: the schedule and the random state travel with the weights ---------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[FORMAT_KEY] = CHECKPOINT_FORMAT   # what asr.model.checkpoint.read_checkpoint checks
+        if "val" in self.last_error_rates:   # the latest validation's rates (asr.average best_k= ranks by them)
+            checkpoint["val_error_rates"] = dict(self.last_error_rates["val"])
         if getattr(self, "plateau", None) is not None:
             checkpoint["plateau"] = self.plateau.state_dict()
         name, keys, position, has_gauss, cached = np.random.get_state()
