@@ -11,18 +11,12 @@ from asr import cross_matrix
 from asr.average import AveragingError, average_checkpoints, main
 from asr.evaluate import EvaluateConfig, evaluate, load_model
 from asr.exit_status import SUCCESS, USAGE_ERROR
-from asr.train import train
 from asr.transcribe import main as transcribe
-from tiny_runs import tiny_config
 
 
-@pytest.fixture(scope="module")
-def epochs_run(tiny_synth, tmp_path_factory) -> Path:
-    """A tiny run of three epochs that keeps every epoch's checkpoint."""
-    run = tmp_path_factory.mktemp("three_epochs")
-    train(tiny_config(tiny_synth, "conf=synth_full", "test=false", "trainer.max_epochs=3",
-                      "trainer.keep_epoch_checkpoints=true"), run)
-    return run
+@pytest.fixture
+def epochs_run(tiny_epochs_run) -> Path:
+    return tiny_epochs_run
 
 
 def epochs(run: Path) -> list[Path]:

@@ -14,17 +14,13 @@ from asr.evaluate import EvaluateConfig, evaluate
 from asr.exit_status import FAILURE, SUCCESS, USAGE_ERROR
 from asr.model import encoder as encoder_module
 from asr.model.recognizer import SpeechRecognizer
-from asr.train import train
 from asr.transcribe import (Piece, TranscribeConfig, cut_into_pieces, frame_energies, main, resample,
                             transcribe_files)
-from tiny_runs import tiny_config
 
 
-@pytest.fixture(scope="module")
-def tiny_checkpoint(tiny_synth, tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("synth_full")
-    train(tiny_config(tiny_synth, "conf=synth_full", "test=false"), run)
-    return run / "checkpoints" / "best.ckpt"
+@pytest.fixture
+def tiny_checkpoint(tiny_epochs_run) -> Path:
+    return tiny_epochs_run / "checkpoints" / "best.ckpt"
 
 
 def transcribed(path: Path) -> dict[str, dict]:
