@@ -83,6 +83,8 @@ class TrainerConfig:
     # Diagnosis: every N steps, per-layer gradient norms, query norms and attention entropy into
     # <run folder>/diagnostics.csv (asr.model.diagnostics); None: off.
     diagnostics_every_n_steps: Optional[int] = None
+    # Keep every epoch's checkpoint too (checkpoints/epoch-NNN.ckpt), for asr.average.
+    keep_epoch_checkpoints: bool = False
 
 
 @dataclass

@@ -52,14 +52,13 @@ from asr.data.manifests import ManifestError
 from asr.exit_status import SUCCESS, run_command
 from asr.metrics import percent
 from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
-from asr.model.ctc import greedy_decode, prefix_beam_search
+from asr.model.ctc import DECODERS, decode_transcripts
 from asr.model.recognizer import (EVALUATION_SEED, EvaluationTally, SpeechRecognizer,
                                   seed_evaluation_batch)
 from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError, ValidatedAttention, parse_attention_spec, validate_attention
 
 log = logging.getLogger("asr.evaluate")
-DECODERS = ("greedy", "beam")
 KALDI_CORPUS, KALDI_SPLIT = "kaldi", "eval"
 
 
@@ -235,7 +234,8 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
                               f"{', '.join(DataConfig.__dataclass_fields__)}")
     settings = {**trained_data_config(checkpoint), **overrides}
     kinds = list(model.tokenizers)
-    settings["num_mel_bins"] = model.hparams.feature_dim      # features as the model was trained on
+    frontend = model.frontend                   # features as the model was trained on (from its checkpoint)
+    settings["num_mel_bins"] = frontend.num_mel_bins
     settings["specaugment"] = False
     settings["progress"] = overrides.get("progress", progress)
     if data_dir is not None:
@@ -267,7 +267,7 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
         raise EvaluationError(f"data: {error}") from None
     split = split or config.test_split
     config.test_split = split
-    datamodule = SpeechDataModule(config, frame_subsampling=model.encoder.subsampling)
+    datamodule = SpeechDataModule(config, frame_subsampling=model.encoder.subsampling, filterbank=frontend)
     datamodule.set_tokenizers({kind: model.tokenizers[kind].state_dict() for kind in config.targets})
     source = source if data_dir is not None else f"{config.root}/{config.corpus}_cuts_{split}.jsonl.gz"
     return EvaluationData(datamodule, split, scored, source)
@@ -324,11 +324,7 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
         input_frames += int(lengths.sum())
         hypotheses = {}
         for kind, scores in log_probs.items():
-            if decoder == "greedy":
-                ids = greedy_decode(scores, out_lengths)
-            else:
-                ids = [prefix_beam_search(row, int(n), beam_size) for row, n in zip(scores, out_lengths)]
-            hypotheses[kind] = [model.tokenizers[kind].decode(x) for x in ids]
+            hypotheses[kind] = decode_transcripts(scores, out_lengths, model.tokenizers[kind], decoder, beam_size)
         references = batch_references(batch, {kind: model.tokenizers[kind].field for kind in data.scored})
         tally.add(hypotheses, references, out_lengths)
         for i, utterance_id in enumerate(batch["ids"]):

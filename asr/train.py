@@ -249,6 +249,10 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             os.close(folder)
 
 
+class EpochCheckpoint(ModelCheckpoint):
+    """Keeps every epoch's checkpoint; its own class so Lightning keeps its state apart from `latest`'s."""
+
+
 def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
                   ) -> tuple[L.Trainer, ModelCheckpoint, ModelCheckpoint]:
     """The Trainer, and its checkpoints of the best (lowest primary error) and of the latest epoch."""
@@ -263,6 +267,10 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
     latest = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="last", save_top_k=1,
                              enable_version_counter=False)
     callbacks: list[Callback] = [best, latest, timer]
+    if t.keep_epoch_checkpoints:   # for asr.average: each epoch's weights, with its validation rates
+        callbacks.append(EpochCheckpoint(dirpath=run_dir / "checkpoints", filename="epoch-{epoch:03d}",
+                                         save_top_k=-1, auto_insert_metric_name=False,
+                                         enable_version_counter=False))
     if t.record_batches:
         callbacks.append(BatchRecorder(run_dir / "batches"))
     if t.diagnostics_every_n_steps:
@@ -332,7 +340,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         attention=attention,
         optim=OmegaConf.to_container(cfg.optim, resolve=True),
         feature_dim=datamodule.feature_dim,
-        tokenizers={kind: tokenizer.state_dict() for kind, tokenizer in datamodule.tokenizers.items()})
+        tokenizers={kind: tokenizer.state_dict() for kind, tokenizer in datamodule.tokenizers.items()},
+        frontend=datamodule.filterbank.options)
     model.set_feature_stats(datamodule.feature_mean, datamodule.feature_std)
     if checkpoint is not None:
         check_state_dict_fits(model, checkpoint["state_dict"], f"checkpoint {resume_from}")

@@ -153,7 +153,8 @@ class SpeechDataModule(lightning.LightningDataModule):
     SpecAugment draws.
     """
 
-    def __init__(self, cfg: DataConfig | Any, frame_subsampling: int = 1, seed: int = 0):
+    def __init__(self, cfg: DataConfig | Any, frame_subsampling: int = 1, seed: int = 0,
+                 filterbank: FilterBank | None = None):
         super().__init__()
         self.cfg = as_data_config(cfg)
         validate_data_config(self.cfg)
@@ -161,7 +162,11 @@ class SpeechDataModule(lightning.LightningDataModule):
             raise ValueError(f"frame_subsampling={frame_subsampling} must be >= 1")
         self.frame_subsampling = int(frame_subsampling)
         self.seed = int(seed)
-        self.filterbank = FilterBank(self.cfg.num_mel_bins)
+        # filterbank: a trained model's front-end (SpeechRecognizer.frontend) when evaluating it
+        self.filterbank = filterbank if filterbank is not None else FilterBank(self.cfg.num_mel_bins)
+        if self.filterbank.num_mel_bins != self.cfg.num_mel_bins:
+            raise ValueError(f"data.num_mel_bins={self.cfg.num_mel_bins}, but the front-end given computes "
+                             f"{self.filterbank.num_mel_bins} bins")
         self._tokenizers: dict[str, Tokenizer] | None = None
         self._loaded: dict[str, SplitData] = {}      # after steps 1-3
         self._ready: dict[str, SplitData] = {}       # after steps 4-5

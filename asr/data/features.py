@@ -103,6 +103,24 @@ class FilterBank:
                 "high_freq": self.high_freq, "preemphasis": self.preemphasis, "dither": 0.0,
                 "snip_edges": True, "input_scale": INT16_SCALE}
 
+    # options of `options` that this implementation does not let change
+    FIXED_OPTIONS = {"type": "kaldi_fbank", "dither": 0.0, "snip_edges": True, "input_scale": INT16_SCALE}
+
+    @classmethod
+    def from_options(cls, options: dict) -> "FilterBank":
+        """The filter bank whose `options` are `options` (what a checkpoint stores); ValueError
+        naming the option if they describe features this implementation does not compute."""
+        options = dict(options)
+        for key, value in cls.FIXED_OPTIONS.items():
+            given = options.pop(key, value)
+            if given != value:
+                raise ValueError(f"front-end option {key}={given!r} is not supported "
+                                 f"(this toolkit computes {key}={value!r})")
+        try:
+            return cls(**options)
+        except TypeError:
+            raise ValueError(f"front-end options {sorted(options)} are not those of a FilterBank") from None
+
     @property
     def cache_key(self) -> str:
         """A short folder name that changes whenever `options` change, e.g. 'fbank40-1a2b3c4d'."""

@@ -1,8 +1,9 @@
 """Reading an asr.train checkpoint: the one place that opens a .ckpt and checks it can be used.
 
     checkpoint = read_checkpoint("runs/synth_full/<time>/checkpoints/best.ckpt")
-    checkpoint["hyper_parameters"]   # model, attention, optim, feature_dim, tokenizers
+    checkpoint["hyper_parameters"]   # model, attention, optim, feature_dim, tokenizers, frontend
     checkpoint["state_dict"]         # the weights and the feature statistics
+    feature_frontend(checkpoint["hyper_parameters"])   # the FilterBank the model was trained on
 
 Every command that takes a checkpoint (asr.evaluate, asr.cross_matrix, asr.train ckpt_path=) reads
 it here, so a missing file, a file of another kind, a truncated file, a checkpoint of another
@@ -12,6 +13,10 @@ CheckpointError naming the file, instead of a traceback from deep inside torch.l
 Format versions: SpeechRecognizer.on_save_checkpoint writes CHECKPOINT_FORMAT under FORMAT_KEY.
 Checkpoints written before the number existed have no FORMAT_KEY; with the expected keys they are
 format 1. Raise CHECKPOINT_FORMAT when a change makes older readers misread new checkpoints.
+  1  the front-end was implied: Kaldi fbank with FilterBank's defaults and feature_dim mel bins
+  2  hyper_parameters["frontend"] holds the FilterBank's options (FilterBank.options), so a
+     checkpoint alone says how to compute its features (asr.transcribe); format 1 is read by
+     filling in the options it implied, which is exactly what every format-1 run computed
 """
 from __future__ import annotations
 
@@ -21,11 +26,13 @@ from pathlib import Path
 
 import torch
 
+from asr.data.features import FilterBank
 from attention_ext import AttentionConfigError, available_attentions, validate_attention
 
 FORMAT_KEY = "asr_checkpoint_format"
-CHECKPOINT_FORMAT = 1
-HYPER_PARAMETERS = ("model", "attention", "optim", "feature_dim", "tokenizers")
+CHECKPOINT_FORMAT = 2
+OLDEST_READABLE_FORMAT = 1
+HYPER_PARAMETERS = ("model", "attention", "optim", "feature_dim", "tokenizers", "frontend")
 
 
 class CheckpointError(ValueError):
@@ -79,9 +86,13 @@ def _check_contents(checkpoint, where: str) -> None:
     if version > CHECKPOINT_FORMAT:
         raise CheckpointError(f"{where} was written by a newer version of this toolkit (checkpoint format "
                               f"{version}; this version reads format {CHECKPOINT_FORMAT}); update the toolkit")
-    if version < CHECKPOINT_FORMAT:
+    if version < OLDEST_READABLE_FORMAT:
         raise CheckpointError(f"{where} has checkpoint format {version}, older than this version reads "
-                              f"(format {CHECKPOINT_FORMAT}); use the toolkit version that wrote it")
+                              f"(formats {OLDEST_READABLE_FORMAT} to {CHECKPOINT_FORMAT}); use the toolkit "
+                              "version that wrote it")
+    if version == 1 and isinstance(hyper_parameters.get("feature_dim"), int):
+        # format 1 implied the front-end: FilterBank's defaults with feature_dim mel bins
+        hyper_parameters.setdefault("frontend", FilterBank(hyper_parameters["feature_dim"]).options)
     missing = [key for key in HYPER_PARAMETERS if key not in hyper_parameters]
     if missing:
         raise CheckpointError(f"{where} is not an asr.train checkpoint (its hyper_parameters lack "
@@ -97,3 +108,23 @@ def _check_contents(checkpoint, where: str) -> None:
     except AttentionConfigError as error:
         raise CheckpointError(f"{where}: its attention options do not fit this build of attention_ext "
                               f"({str(error).splitlines()[0]})") from None
+    try:
+        feature_frontend(hyper_parameters)
+    except ValueError as error:
+        raise CheckpointError(f"{where}: {error}") from None
+
+
+def feature_frontend(hyper_parameters: dict) -> FilterBank:
+    """The feature front-end a model was trained on, from its hyper-parameters (the one place that
+    reads them): features for the model must be computed by this FilterBank. ValueError if the
+    stored options are not ones this toolkit computes or do not give feature_dim bins."""
+    options = hyper_parameters.get("frontend")
+    if options is None:      # a model built in code without a front-end: FilterBank's defaults
+        return FilterBank(hyper_parameters["feature_dim"])
+    if not isinstance(options, dict):
+        raise ValueError(f"its front-end options are {options!r}, not a dict of FilterBank options")
+    frontend = FilterBank.from_options(options)
+    if frontend.num_mel_bins != hyper_parameters["feature_dim"]:
+        raise ValueError(f"its front-end computes {frontend.num_mel_bins} mel bins, but the model takes "
+                         f"feature_dim={hyper_parameters['feature_dim']}")
+    return frontend

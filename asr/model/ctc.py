@@ -122,3 +122,21 @@ def _log_add(a: float, b: float) -> float:
         return a
     high, low = (a, b) if a > b else (b, a)
     return high + math.log1p(math.exp(low - high))
+
+
+# The decoders asr.evaluate and asr.transcribe choose from by name (decoder=...); a new decoder is
+# one more name here and one more branch in decode_transcripts, and both commands have it.
+DECODERS = ("greedy", "beam")
+
+
+def decode_transcripts(log_probs: torch.Tensor, lengths: torch.Tensor, tokenizer, decoder: str = "greedy",
+                       beam_size: int = 8) -> list[str]:
+    """(B, T, V) log-probs of one head, (B,) lengths -> one transcript per utterance, decoded by the
+    decoder named `decoder` (one of DECODERS) and turned into text by the head's `tokenizer`."""
+    if decoder == "greedy":
+        ids = greedy_decode(log_probs, lengths)
+    elif decoder == "beam":
+        ids = [prefix_beam_search(row, int(n), beam_size) for row, n in zip(log_probs, lengths)]
+    else:
+        raise ValueError(f"decoder={decoder!r}; choose one of {', '.join(DECODERS)}")
+    return [tokenizer.decode(x) for x in ids]

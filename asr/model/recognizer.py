@@ -2,11 +2,13 @@
 
     recognizer = SpeechRecognizer(model=dict(layers=9, ...), attention=validate_attention("full"),
                                   optim=dict(lr=1e-4, ...), feature_dim=40,
-                                  tokenizers={kind: tokenizer.state_dict()})
+                                  tokenizers={kind: tokenizer.state_dict()},
+                                  frontend=datamodule.filterbank.options)
     recognizer.set_feature_stats(datamodule.feature_mean, datamodule.feature_std)
 
 Everything needed to use a checkpoint alone is inside it: the model, attention and optimiser
-configs and the token tables as hyper-parameters, the feature mean/std as buffers.
+configs, the token tables and the feature front-end's options as hyper-parameters, the feature
+mean/std as buffers.
 
 Several target kinds (data.targets, e.g. phones and chars) get one CTC head each on the same
 encoder; the loss is sum_k w_k * CTC_k with w_k = model.loss_weights[k] (default 1 for every
@@ -27,7 +29,8 @@ from torch import nn
 from asr.data.dataset import Batch, batch_references
 from asr.data.tokenizers import Tokenizer, tokenizer_from_state_dict
 from asr.metrics import char_error_rate, phone_error_rate, word_error_rate
-from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY
+from asr.data.features import FilterBank
+from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY, feature_frontend
 from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode
 from asr.model.encoder import TransformerEncoder
 from attention_ext import ValidatedAttention, validate_attention
@@ -129,8 +132,11 @@ def check_state_dict_fits(model: nn.Module, state_dict: dict[str, torch.Tensor],
 
 class SpeechRecognizer(L.LightningModule):
     def __init__(self, model: dict, attention: ValidatedAttention | dict, optim: dict, feature_dim: int,
-                 tokenizers: dict[str, dict]):
+                 tokenizers: dict[str, dict], frontend: dict | None = None):
         super().__init__()
+        # frontend: FilterBank.options of the features the model is trained on (None: FilterBank's
+        # defaults with feature_dim bins), stored so that a checkpoint says how to compute them
+        frontend = feature_frontend({"feature_dim": feature_dim, "frontend": frontend}).options
         # The attention comes validated from the config (asr.config.attention_settings), or as the
         # plain {"name": ..., **options} that Lightning passes back from a checkpoint's
         # hyper-parameters: a file, checked here like a config.
@@ -154,6 +160,11 @@ class SpeechRecognizer(L.LightningModule):
         self.last_error_rates: dict[str, dict[str, float]] = {}
 
     # ---- model -------------------------------------------------------------------------------
+    @property
+    def frontend(self) -> FilterBank:
+        """The filter bank that computes this model's input features (as in training)."""
+        return feature_frontend(self.hparams)
+
     def set_feature_stats(self, mean: torch.Tensor, std: torch.Tensor) -> None:
         """Global per-bin mean/std of the training features (stored with the weights)."""
         self.feature_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
@@ -344,6 +355,8 @@ class SpeechRecognizer(L.LightningModule):
     # ---- checkpoints: the schedule and the random state travel with the weights ---------------
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint[FORMAT_KEY] = CHECKPOINT_FORMAT   # what asr.model.checkpoint.read_checkpoint checks
+        if "val" in self.last_error_rates:   # the latest validation's rates (asr.average best_k= ranks by them)
+            checkpoint["val_error_rates"] = dict(self.last_error_rates["val"])
         if getattr(self, "plateau", None) is not None:
             checkpoint["plateau"] = self.plateau.state_dict()
         name, keys, position, has_gauss, cached = np.random.get_state()

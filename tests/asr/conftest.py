@@ -2,8 +2,8 @@ from pathlib import Path
 
 import pytest
 
-from asr.train import ensure_corpus
-from tiny_runs import compose_config
+from asr.train import ensure_corpus, train
+from tiny_runs import compose_config, tiny_config
 
 
 @pytest.fixture(scope="session")
@@ -16,3 +16,13 @@ def tiny_synth(tmp_path_factory) -> Path:
     for split in ("train", "dev", "test"):
         assert (root / f"synth_cuts_{split}.jsonl.gz").is_file()
     return root
+
+
+@pytest.fixture(scope="session")
+def tiny_epochs_run(tiny_synth, tmp_path_factory) -> Path:
+    """A tiny synth_full run of three epochs that keeps every epoch's checkpoint (asr.average and
+    asr.transcribe use it)."""
+    run = tmp_path_factory.mktemp("three_epochs")
+    train(tiny_config(tiny_synth, "conf=synth_full", "test=false", "trainer.max_epochs=3",
+                      "trainer.keep_epoch_checkpoints=true"), run)
+    return run

@@ -17,6 +17,7 @@ import yaml
 from asr import cross_matrix
 from asr.evaluate import (EvaluateConfig, EvaluationError, decode_split, default_out_dir, evaluate,
                           evaluation_data, load_model, main, parse_arguments)
+from asr.data.features import FilterBank
 from asr.exit_status import USAGE_ERROR
 from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointError, read_checkpoint
 from asr.train import train
@@ -203,12 +204,38 @@ def one_error_line(stderr: str, command: str, path: Path, says: str) -> None:
 def test_a_checkpoint_carries_its_format_and_one_without_it_is_format_1(trained, tmp_path):
     good = best(trained["synth_full"])
     saved = torch.load(good, map_location="cpu", weights_only=True)
-    assert saved[FORMAT_KEY] == CHECKPOINT_FORMAT == 1
-    del saved[FORMAT_KEY]                     # as written before the number existed
+    assert saved[FORMAT_KEY] == CHECKPOINT_FORMAT == 2
+    del saved[FORMAT_KEY]                     # as written before the number existed (format 1) ...
+    del saved["hyper_parameters"]["frontend"]   # ... when the front-end was implied
     torch.save(saved, tmp_path / "before_formats.ckpt")
     assert FORMAT_KEY not in read_checkpoint(tmp_path / "before_formats.ckpt")
     model = load_model(tmp_path / "before_formats.ckpt")
     assert all(torch.equal(model.state_dict()[name], tensor) for name, tensor in saved["state_dict"].items())
+    # format 1 implied Kaldi fbank with FilterBank's defaults, which is what the run computed
+    assert model.frontend.options == FilterBank(40).options == load_model(good).frontend.options
+
+
+def test_the_checkpoint_carries_the_feature_front_end(trained, tmp_path):
+    good = best(trained["synth_full"])
+    saved = torch.load(good, map_location="cpu", weights_only=True)
+    stored = saved["hyper_parameters"]["frontend"]
+    assert stored == {"type": "kaldi_fbank", "num_mel_bins": 40, "sampling_rate": 16000, "frame_length_ms": 25.0,
+                      "frame_shift_ms": 10.0, "low_freq": 20.0, "high_freq": 0.0, "preemphasis": 0.97,
+                      "dither": 0.0, "snip_edges": True, "input_scale": 32768.0}
+    # the evaluation's data module computes features with the checkpoint's front-end
+    model = load_model(good)
+    assert evaluation_data(model, good, "test", progress=False).datamodule.filterbank.options == stored
+    for key, value, says in (("dither", 1.0, "dither=1.0 is not supported"),
+                             ("num_mel_bins", 80, "80 mel bins, but the model takes feature_dim=40"),
+                             ("window", "hann", "not those of a FilterBank")):
+        changed = dict(saved, hyper_parameters=dict(saved["hyper_parameters"], frontend={**stored, key: value}))
+        torch.save(changed, tmp_path / f"{key}.ckpt")
+        with pytest.raises(CheckpointError, match=says):
+            read_checkpoint(tmp_path / f"{key}.ckpt")
+    without = dict(saved, hyper_parameters={k: v for k, v in saved["hyper_parameters"].items() if k != "frontend"})
+    torch.save(without, tmp_path / "format2_without.ckpt")     # format 2 must carry it
+    with pytest.raises(CheckpointError, match="lack frontend"):
+        read_checkpoint(tmp_path / "format2_without.ckpt")
 
 
 def test_bad_checkpoints_are_one_line_naming_the_file_in_evaluate_and_cross_matrix(trained, tmp_path, capsys):
