@@ -53,6 +53,7 @@ from omegaconf import DictConfig, OmegaConf
 from asr.config import ConfigError, register_schema, validate_config
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError, preparation_hint
+from asr.fault_injection import pause_point
 from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
 from asr.model.checkpoint import CheckpointError, newest_usable_checkpoint, read_checkpoint
 from asr.model.diagnostics import TrainingDiagnostics
@@ -232,6 +233,8 @@ class EpochTimer(Callback):
             self._validation_start = time.perf_counter()
 
     def on_train_epoch_end(self, trainer, module) -> None:
+        if self._start is None:   # a resume that restarts at the end of its checkpoint's epoch (with max_steps)
+            return
         end = time.perf_counter()
         self.epochs.append({"epoch": trainer.current_epoch,
                             "train_seconds": (self._validation_start or end) - self._start,
@@ -253,6 +256,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
+            if path.exists():
+                pause_point("checkpoint_replace")   # the fault suite kills here (asr.fault_injection)
             os.replace(temporary, path)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)

@@ -420,7 +420,10 @@ class SpeechDataModule(lightning.LightningDataModule):
         workers = self.cfg.num_workers
         return torch.utils.data.DataLoader(
             self.dataset(split_name, train), sampler=self.sampler(split_name, train), batch_size=None,
-            num_workers=workers, persistent_workers=workers > 0)
+            num_workers=workers, persistent_workers=workers > 0,
+            # its own generator: making an iterator draws a seed, and from torch's global generator that
+            # draw would shift dropout after a resume that makes one iterator more (asr.model.recognizer)
+            generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self):
         loader = self.dataloader(self.cfg.train_split, train=True)
