@@ -36,6 +36,7 @@ from asr.evaluate import (EvaluationError, check_device, decode_split, evaluatio
 from asr.data.manifests import ManifestError
 from asr.exit_status import run_command
 from asr.metrics import percent
+from asr.fault_injection import pause_point
 from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError, SharedQKRequiredError
@@ -137,6 +138,7 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
             split = "eval" if args.data_dir else args.split
             data = evaluation_data(model, column.checkpoint, split, args.data_dir, dict(args.data),
                                    progress=False)
+        pause_point("cross_matrix_cell")   # the fault suite kills here (asr.fault_injection)
         result = decode_split(model, data, args.decoder, args.beam_size, args.seed, args.limit,
                               progress=sys.stderr.isatty())
         cell.update(valid=True, evaluated_with=attention.as_config(),

@@ -54,9 +54,10 @@ from asr.config import ConfigError, register_schema, validate_config
 from asr.data.corpus_preparers import corpus_preparer, unregistered_note
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError, preparation_hint
+from asr.fault_injection import pause_point
 from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
 from asr.metrics import percent
-from asr.model.checkpoint import CheckpointError, read_checkpoint
+from asr.model.checkpoint import CheckpointError, newest_usable_checkpoint, read_checkpoint
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
 from asr.warning_filters import install_warning_filters
@@ -112,25 +113,42 @@ OmegaConf.register_new_resolver("asr_run_dir", run_folder, use_cache=True, repla
 register_schema()
 
 
-def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> Path | None:
-    """The checkpoint to resume from, or None for a fresh run; a clear error if it is not there.
-    A fresh run never starts in a folder that already holds checkpoints (it would overwrite them)."""
+def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | None, dict | None]:
+    """(the checkpoint to resume from, its contents), or (None, None) for a fresh run; a clear error
+    if it is not there. A fresh run never starts in a folder that already holds checkpoints (it
+    would overwrite them).
+
+    ckpt_path=last resumes from the newest checkpoint of run_dir that can be read: last.ckpt, or
+    when that is damaged an older one (best.ckpt), saying so. A run killed before its first
+    checkpoint (the folder has its config.yaml, no checkpoint) starts again from the beginning."""
+    checkpoints = run_dir / "checkpoints"
     if ckpt_path in (None, ""):
-        if any((run_dir / "checkpoints").glob("*.ckpt")):
+        if any(checkpoints.glob("*.ckpt")):
             raise ConfigError(f"run folder {run_dir} already holds checkpoints of an earlier run; resume it with "
                               f"ckpt_path=last, or give another run_dir")
-        return None
+        return None, None
     if ckpt_path == "last":
-        path = run_dir / "checkpoints" / "last.ckpt"
-        if not path.is_file():
+        found = newest_usable_checkpoint(checkpoints) if checkpoints.is_dir() else None
+        if found is None:
+            if (run_dir / "config.yaml").is_file():
+                log.warning("ckpt_path=last: run folder %s has no checkpoint yet (the run stopped before its "
+                            "first one); starting it from the beginning", run_dir)
+                return None, None
             raise ConfigError(
                 f"ckpt_path=last: no earlier run with checkpoints/last.ckpt under {run_dir.parent}; "
                 "start a fresh run (no ckpt_path), or give run_dir=FOLDER or ckpt_path=FILE.ckpt")
-        return path
+        path, checkpoint, passed_over = found
+        for problem in passed_over:
+            log.warning("ckpt_path=last: passing over %s", problem)
+        if passed_over:
+            log.warning("ckpt_path=last: resuming from %s, the newest checkpoint that can be used", path)
+        for stray in checkpoints.glob(".*.tmp"):   # what a write killed before its rename left (AtomicCheckpointIO)
+            stray.unlink(missing_ok=True)
+        return path, checkpoint
     path = Path(ckpt_path)
     if not path.exists():
         raise ConfigError(f"ckpt_path={ckpt_path!r}: no such checkpoint file; give a .ckpt file or 'last'")
-    return path
+    return path, read_checkpoint(path)
 
 
 # ---- the corpus ----------------------------------------------------------------------------------
@@ -217,6 +235,8 @@ class EpochTimer(Callback):
             self._validation_start = time.perf_counter()
 
     def on_train_epoch_end(self, trainer, module) -> None:
+        if self._start is None:   # a resume that restarts at the end of its checkpoint's epoch (with max_steps)
+            return
         end = time.perf_counter()
         self.epochs.append({"epoch": trainer.current_epoch,
                             "train_seconds": (self._validation_start or end) - self._start,
@@ -238,6 +258,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 torch.save(checkpoint, handle)
                 handle.flush()
                 os.fsync(handle.fileno())
+            if path.exists():
+                pause_point("checkpoint_replace")   # the fault suite kills here (asr.fault_injection)
             os.replace(temporary, path)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
@@ -318,8 +340,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     # everything that can be checked is checked before the run folder gets anything of ours
     attention = validate_config(cfg)
     check_launch_shares_run_folder(cfg.run_dir)
-    resume_from = resolve_checkpoint(cfg.ckpt_path, run_dir)
-    checkpoint = None if resume_from is None else read_checkpoint(resume_from)
+    resume_from, checkpoint = resolve_checkpoint(cfg.ckpt_path, run_dir)
     if corpus_preparer(cfg.data.corpus) is None:
         ensure_corpus(cfg)   # a real corpus is only checked, never prepared: its missing manifests stop us here
     if cfg.trainer.torch_threads:

@@ -36,11 +36,12 @@ import torch
 from lhotse import CutSet
 
 from asr.data.augmentation import SpecAugment
+from asr.data.cut_checks import find_unusable_cuts
 from asr.data.batching import duration_bucketing_sampler
 from asr.data.dataset import OnTheFlyFeatures, SpeechBatchDataset, StoredFeatures, ctc_min_frames
 from asr.data.feature_cache import FeatureStats, feature_directory, global_feature_stats, precompute_features
 from asr.data.features import FilterBank
-from asr.data.manifests import (ManifestError, UtteranceProblems, find_bad_audio, find_empty_transcripts,
+from asr.data.manifests import (ManifestError, UtteranceProblems, find_empty_transcripts,
                                 listing, load_cuts, phone_set_of, transcript)
 from asr.data.tokenizers import (DEFAULT_PHONE_SET, SENTENCEPIECE_TYPES, TOKENIZER_KINDS, Tokenizer,
                                  UnknownTokenError, build_tokenizer, tokenizer_from_state_dict)
@@ -270,7 +271,7 @@ class SpeechDataModule(lightning.LightningDataModule):
         fields = {"text"} | ({"phones"} if "phones" in cfg.targets else set())
         problems = UtteranceProblems()
         find_empty_transcripts(cuts, fields, problems)
-        find_bad_audio(cuts, problems)
+        find_unusable_cuts(cuts, split, problems, cfg.max_duration, self.filterbank)   # asr.data.cut_checks
         data = SplitData(split, cuts, targets={})
         if problems.cut_ids("bad_audio"):
             self._apply_bad_audio_policy(data, problems.by_reason["bad_audio"])
@@ -304,10 +305,10 @@ class SpeechDataModule(lightning.LightningDataModule):
         described = listing(f"{cut_id}: {message}" for cut_id, message in failures.items())
         if not self.cfg.skip_bad_audio:
             raise ManifestError(
-                f"{data.name}: {len(failures)} utterances have missing or unreadable audio: {described}. "
+                f"{data.name}: {len(failures)} utterances have missing, unreadable or unusable audio: {described}. "
                 "Regenerate or fix these files (for synth: rerun recipes.synth.prepare, which redoes what is "
                 "missing), or set data.skip_bad_audio=true to leave them out. Features computed so far are kept.")
-        log.warning("%s: skipping %d utterances with missing or unreadable audio (data.skip_bad_audio=true): %s",
+        log.warning("%s: skipping %d utterances with missing, unreadable or unusable audio (data.skip_bad_audio=true): %s",
                     data.name, len(failures), described)
         self._drop(data, set(failures), "bad_audio")
 
@@ -424,7 +425,10 @@ class SpeechDataModule(lightning.LightningDataModule):
         workers = self.cfg.num_workers
         return torch.utils.data.DataLoader(
             self.dataset(split_name, train), sampler=self.sampler(split_name, train), batch_size=None,
-            num_workers=workers, persistent_workers=workers > 0)
+            num_workers=workers, persistent_workers=workers > 0,
+            # its own generator: making an iterator draws a seed, and from torch's global generator that
+            # draw would shift dropout after a resume that makes one iterator more (asr.model.recognizer)
+            generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self):
         loader = self.dataloader(self.cfg.train_split, train=True)

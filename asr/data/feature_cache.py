@@ -36,6 +36,7 @@ import numpy as np
 import torch
 
 from asr.data.features import FilterBank
+from asr.fault_injection import pause_point
 
 SHARD_CUTS = 256
 # Standard deviations below this are raised to it, so normalising a constant dimension cannot divide by 0.
@@ -63,8 +64,9 @@ def load_waveform(cut) -> np.ndarray:
         audio = cut.load_audio()
     except Exception as error:  # lhotse/soundfile raise many types for bad audio
         paths = ", ".join(str(s.source) for s in cut.recording.sources if s.type == "file")
+        first_line = (str(error).strip().splitlines() or [""])[0]   # lhotse appends pages of context
         raise RuntimeError(f"cannot read the audio of cut {cut.id} ({paths or 'non-file source'}): "
-                           f"{type(error).__name__}: {error}") from error
+                           f"{type(error).__name__}: {first_line}") from error
     return audio[0] if audio.ndim == 2 else audio
 
 
@@ -154,6 +156,7 @@ def _compute_chunk(cuts: list, filterbank_options: dict, shard_path: str | None)
     if shard_path is not None and entries:
         data = np.concatenate(features) if features else np.zeros((0, filterbank.num_mel_bins), np.float32)
         _write_atomic(Path(shard_path).with_suffix(".npy"), lambda f: np.save(f, data))
+        pause_point("feature_shard_index")   # the fault suite kills here: frames without their index
         _write_atomic(Path(shard_path).with_suffix(".json"), lambda f: f.write(json.dumps(entries).encode()))
     return entries, failures, total, total_sq, count
 

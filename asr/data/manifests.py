@@ -8,9 +8,10 @@ on the working directory.
 
 What is wrong with an utterance falls in two groups:
 - problems of the manifest as a whole (file missing, a cut without exactly one supervision, no phones
-  field while phone targets are asked for, a sampling rate other than 16 kHz): `ManifestError` at once;
-- problems of single utterances (empty transcript, missing/corrupt audio): listed per cut in
-  `UtteranceProblems`; the data module decides per kind whether they are skipped and counted or fatal.
+  field while phone targets are asked for): `ManifestError` at once;
+- problems of single utterances (empty transcript, missing/corrupt audio, a sampling rate other than
+  16 kHz, too short or too long: `asr.data.cut_checks`): listed per cut in `UtteranceProblems`; the
+  data module decides per kind whether they are skipped and counted or fatal.
 """
 
 from __future__ import annotations
@@ -23,7 +24,6 @@ from pathlib import Path
 
 from lhotse import CutSet
 
-from asr.data.features import SAMPLING_RATE
 
 log = logging.getLogger(__name__)
 
@@ -129,10 +129,6 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
     no_audio = [c.id for c in cuts if not c.has_recording]
     if no_audio:
         raise ManifestError(f"{path}: cuts without a recording: {listing(no_audio)}")
-    wrong_rate = [f"{c.id} ({c.sampling_rate} Hz)" for c in cuts if c.sampling_rate != SAMPLING_RATE]
-    if wrong_rate:
-        raise ManifestError(f"{path}: the features expect {SAMPLING_RATE} Hz audio; resample these recordings "
-                            f"in the recipe (e.g. `sox in.wav -r 16000 out.wav`): {listing(wrong_rate)}")
     if need_phones:
         no_phones = [c.id for c in cuts if "phones" not in (c.supervisions[0].custom or {})]
         if no_phones:
@@ -201,6 +197,9 @@ def _audio_file_problem(path: str, recording, soundfile) -> str:
         return f"unreadable audio ({error})"
     if info.samplerate != recording.sampling_rate:
         return f"file is {info.samplerate} Hz, manifest says {recording.sampling_rate} Hz"
+    if info.channels > len(recording.channel_ids):
+        return (f"file has {info.channels} channels, manifest says {len(recording.channel_ids)} "
+                "(a stereo file where mono is expected?)")
     if info.frames < recording.num_samples:
         return f"file has {info.frames} samples, manifest says {recording.num_samples} (truncated?)"
     return ""

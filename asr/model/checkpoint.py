@@ -17,6 +17,10 @@ format 1. Raise CHECKPOINT_FORMAT when a change makes older readers misread new 
   2  hyper_parameters["frontend"] holds the FilterBank's options (FilterBank.options), so a
      checkpoint alone says how to compute its features (asr.transcribe); format 1 is read by
      filling in the options it implied, which is exactly what every format-1 run computed
+
+A checkpoint that cannot be read names, in its error, the other checkpoints of its folder that can
+(`usable_checkpoints`); `newest_usable_checkpoint` is what `asr.train ckpt_path=last` resumes from
+when last.ckpt itself is damaged.
 """
 from __future__ import annotations
 
@@ -41,8 +45,55 @@ class CheckpointError(ValueError):
 
 def read_checkpoint(path: str | Path) -> dict:
     """The checkpoint at `path` (tensors on the CPU), checked to be an asr.train checkpoint this
-    version can use; CheckpointError otherwise."""
+    version can use; CheckpointError otherwise, naming the checkpoints beside it that can be used."""
     path = Path(path)
+    try:
+        return _read(path)
+    except CheckpointError as error:
+        alternatives = usable_checkpoints(path.parent, exclude=path) if path.is_file() else []
+        if not alternatives:
+            raise
+        raise CheckpointError(f"{error}; checkpoints in the same folder that can be used (newest first): "
+                              f"{', '.join(map(str, alternatives))}") from None
+
+
+def checkpoints_newest_first(folder: str | Path) -> list[Path]:
+    """The .ckpt files of `folder`, newest first (last.ckpt first among files written at the same time).
+    Temporary files of an interrupted write (`.last.ckpt.*.tmp`) are not checkpoints."""
+    files = [p for p in Path(folder).glob("*.ckpt") if p.is_file() and not p.name.startswith(".")]
+    return sorted(files, key=lambda p: (p.stat().st_mtime, p.name == "last.ckpt"), reverse=True)
+
+
+def usable_checkpoints(folder: str | Path, exclude: Path | None = None) -> list[Path]:
+    """The checkpoints of `folder` that read_checkpoint accepts, newest first."""
+    usable = []
+    for candidate in checkpoints_newest_first(folder):
+        if exclude is not None and candidate.resolve() == exclude.resolve():
+            continue
+        try:
+            _read(candidate)
+        except CheckpointError:
+            continue
+        usable.append(candidate)
+    return usable
+
+
+def newest_usable_checkpoint(folder: str | Path) -> tuple[Path, dict, list[str]] | None:
+    """(path, checkpoint, why each newer file was passed over) for the newest checkpoint of `folder`
+    that can be used; None when the folder holds no .ckpt file. CheckpointError, naming every file
+    and its problem, when it holds some and none can be used."""
+    skipped = []
+    for candidate in checkpoints_newest_first(folder):
+        try:
+            return candidate, _read(candidate), skipped
+        except CheckpointError as error:
+            skipped.append(str(error))
+    if skipped:
+        raise CheckpointError(f"no checkpoint in {folder} can be used: " + "; ".join(skipped))
+    return None
+
+
+def _read(path: Path) -> dict:
     where = f"checkpoint {path}"
     if not path.exists():
         raise CheckpointError(f"{where}: no such file; give a .ckpt written by asr.train "

@@ -345,6 +345,16 @@ class SpeechRecognizer(L.LightningModule):
         for group, lr in zip(optimizer.param_groups, saved):
             group["lr"] = lr
 
+    def on_train_epoch_start(self) -> None:
+        """The training sampler shuffles epoch e with seed + e, e = the epochs finished. Lightning sets
+        the sampler's epoch from its own counter, which runs one ahead after resuming a
+        trainer.max_steps run from a checkpoint written at an epoch's end (Lightning 2.6 finishes
+        that epoch a second time); the data would then follow another order than an uninterrupted
+        run's. The epoch is set here, before the epoch's iterator is made."""
+        sampler = getattr(self.trainer.train_dataloader, "sampler", None)
+        if hasattr(sampler, "set_epoch") and getattr(sampler, "epoch", None) != self.current_epoch:
+            sampler.set_epoch(self.current_epoch)
+
     def on_train_batch_end(self, outputs, batch, batch_index) -> None:
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         if loss is not None and not math.isfinite(float(loss)):

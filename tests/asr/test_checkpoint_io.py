@@ -47,3 +47,59 @@ def test_training_writes_its_checkpoints_through_it(tiny_synth, tmp_path, monkey
     from tiny_runs import tiny_config
     train_module.train(tiny_config(tiny_synth, "conf=synth_full", "test=false"), tmp_path / "run")
     assert {p.rsplit("/", 1)[-1] for p in map(str, written)} == {"best.ckpt", "last.ckpt"}
+
+
+# ---- a damaged checkpoint: ckpt_path=last falls back, a direct read names what can be used -------
+def test_a_damaged_last_checkpoint_falls_back_to_the_newest_usable_one(tiny_synth, tmp_path, caplog):
+    from asr.model.checkpoint import CheckpointError, read_checkpoint
+    from tiny_runs import tiny_config
+    run = tmp_path / "run"
+    common = ("conf=synth_full", "test=false")
+    first = train_module.train(tiny_config(tiny_synth, *common, "trainer.max_epochs=2"), run)
+    last, best = run / "checkpoints" / "last.ckpt", run / "checkpoints" / "best.ckpt"
+    steps_per_epoch = first["steps"] // 2
+    best_step = torch.load(best, weights_only=True)["global_step"]
+    last.write_bytes(last.read_bytes()[:1000])   # damaged by something else than our writer
+    (run / "checkpoints" / ".last.ckpt.x1y2.tmp").write_bytes(b"PK\x03\x04 half")   # a killed write's leftover
+
+    with pytest.raises(CheckpointError) as error:
+        read_checkpoint(last)
+    message = str(error.value)
+    assert "\n" not in message and message.startswith(f"checkpoint {last} is not a PyTorch checkpoint")
+    assert message.endswith(f"checkpoints in the same folder that can be used (newest first): {best}")
+
+    caplog.set_level("WARNING", logger="asr.train")
+    resumed = train_module.train(tiny_config(tiny_synth, *common, "trainer.max_epochs=3", "ckpt_path=last"), run)
+    said = caplog.text
+    assert f"passing over checkpoint {last} is not a PyTorch checkpoint" in said
+    assert f"resuming from {best}, the newest checkpoint that can be used" in said
+    assert resumed["steps"] == 3 * steps_per_epoch and best_step in (steps_per_epoch, 2 * steps_per_epoch)
+    assert torch.load(last, weights_only=True)["global_step"] == 3 * steps_per_epoch   # whole again
+    assert not list(run.glob("checkpoints/.*.tmp"))
+
+
+def test_no_usable_checkpoint_names_every_file_and_its_problem(tiny_synth, tmp_path):
+    from asr.model.checkpoint import CheckpointError
+    from tiny_runs import tiny_config
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_text("")
+    (run / "checkpoints" / "best.ckpt").write_text("not a checkpoint")
+    with pytest.raises(CheckpointError) as error:
+        train_module.train(tiny_config(tiny_synth, "conf=synth_full", "ckpt_path=last"), run)
+    message = str(error.value)
+    assert message.startswith(f"no checkpoint in {run / 'checkpoints'} can be used: ")
+    assert f"checkpoint {run / 'checkpoints' / 'last.ckpt'} is not a PyTorch checkpoint" in message
+    assert f"checkpoint {run / 'checkpoints' / 'best.ckpt'} is not a PyTorch checkpoint" in message
+
+
+def test_a_run_killed_before_its_first_checkpoint_starts_again_with_ckpt_path_last(tiny_synth, tmp_path, caplog):
+    from tiny_runs import tiny_config
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.yaml").write_text("# written at the start of a run that was killed before its first epoch ended\n")
+    caplog.set_level("WARNING", logger="asr.train")
+    result = train_module.train(tiny_config(tiny_synth, "conf=synth_full", "test=false", "trainer.max_steps=1",
+                                            "ckpt_path=last"), run)
+    assert result["steps"] == 1
+    assert "has no checkpoint yet (the run stopped before its first one); starting it from the beginning" in caplog.text
