@@ -57,6 +57,7 @@ from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
 from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
+from asr.progress import EpochProgressBar
 from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError
 
@@ -261,6 +262,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
     latest = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="last", save_top_k=1,
                              enable_version_counter=False)
     callbacks: list[Callback] = [best, latest, timer]
+    if t.enable_progress_bar:   # k/N with an ETA, and the time budget left (asr.progress)
+        callbacks.append(EpochProgressBar())
     if t.record_batches:
         callbacks.append(BatchRecorder(run_dir / "batches"))
     if t.diagnostics_every_n_steps:
