@@ -57,8 +57,15 @@ fi
 # ---- 2. torch: keep the installed one, or install the pinned one; pin it for every later step.
 # NumPy comes with it: torch imports it if present, and importing torch without it (the extension
 # build does) prints "Failed to initialize NumPy".
-torch_probe='import torch; print(torch.__version__, torch.version.cuda or "")'
-read -r installed_torch torch_cuda < <(python -c "$torch_probe" 2>/dev/null) || true
+# One python start that imports torch (seconds on its own): torch, its CUDA, the environment, Python.
+torch_probe='import sys, torch; print(torch.__version__, torch.version.cuda or "", sys.prefix, sys.version.split()[0], sep="\n")'
+probe_torch() {
+  local facts
+  facts=$(python -c "$torch_probe" 2>/dev/null) || facts=""
+  installed_torch=$(sed -n 1p <<<"$facts"); torch_cuda=$(sed -n 2p <<<"$facts")
+  python_prefix=$(sed -n 3p <<<"$facts"); python_version=$(sed -n 4p <<<"$facts")
+}
+probe_torch
 if [ -z "${installed_torch:-}" ]; then
   torch_spec="${TORCH_SPEC:-torch==2.13.0}"
   index_args=()
@@ -66,7 +73,7 @@ if [ -z "${installed_torch:-}" ]; then
   say "[2/4] torch: installing $torch_spec${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL} and numpy (a large download: minutes)"
   # ${a[@]+"${a[@]}"}: an empty array expands to nothing, also under set -u in older bash
   python -m pip install -q ${index_args[@]+"${index_args[@]}"} "$torch_spec" numpy
-  read -r installed_torch torch_cuda < <(python -c "$torch_probe") || true
+  probe_torch
   if [ -z "${installed_torch:-}" ]; then
     echo "install.sh: torch does not import after installing $torch_spec (see pip's output above)" >&2
     exit 1
@@ -98,7 +105,6 @@ fi
 # satisfies them (the project installed from this checkout, every requirement present).
 state_dir=build/install-state
 mkdir -p "$state_dir"
-python_prefix=$(python -c "import sys; print(sys.prefix)")
 packages_key=$(fingerprint pyproject.toml "torch $installed_torch" "python $python_prefix")
 verify_packages='
 import importlib.metadata as metadata, json, os, sys, urllib.parse
@@ -142,7 +148,7 @@ fi
 # ---- 4. The extension attention_ext._C, rebuilt in place when its sources, setup.py, torch or
 # the build settings changed since the build recorded in attention_ext/_C.build-hash.
 extension_key=$(fingerprint setup.py $(ls attention_ext/csrc/* 2>/dev/null | LC_ALL=C sort) \
-  "torch $installed_torch $python_prefix" "$(python -c 'import sys; print(sys.version)')" \
+  "torch $installed_torch $python_prefix" "python $python_version" \
   "ATTENTION_EXT_CPU_ARCH=${ATTENTION_EXT_CPU_ARCH:-} ATTENTION_EXT_DEBUG=${ATTENTION_EXT_DEBUG:-}" \
   "ATTENTION_EXT_CUDA=${ATTENTION_EXT_CUDA:-} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-}")
 extension_hash_file=attention_ext/_C.build-hash
@@ -151,7 +157,7 @@ if [ "$extension_built_by_pip" = "1" ]; then
   echo "$extension_key" > "$extension_hash_file"
   say "[4/4] attention_ext: built by pip above for torch $(python -c "$check_extension")"
 elif [ "$(cat "$extension_hash_file" 2>/dev/null)" = "$extension_key" ] \
-     && python -c "$check_extension" >/dev/null 2>&1; then
+     && compgen -G "attention_ext/_C*.so" >/dev/null; then
   say "[4/4] attention_ext: up to date (sources, setup.py and torch unchanged since its build)"
 else
   say "[4/4] attention_ext: compiling the extension (csrc/ or its settings changed; 2-3 minutes on 2 cores)"

@@ -263,16 +263,13 @@ if args[:1] == ["-c"]:
         sys.exit(0 if marked("project") else "the project is not installed")
     elif script == "import numpy":
         sys.exit(0 if marked("numpy") else 1)
-    elif "sys.prefix" in script:
-        print("/stub/prefix")
-        sys.exit(0)
-    elif "sys.version" in script:
-        print("3.11.0 (stub)")
-        sys.exit(0)
     if not os.path.exists(state):
         sys.exit(1)   # import torch fails
     torch = json.load(open(state))
-    print(torch["version"], torch["cuda"]) if "version.cuda" in script else print(torch["version"])
+    if "version.cuda" in script:   # the probe: torch, its CUDA, the environment, Python
+        print(torch["version"], torch["cuda"], "/stub/prefix", "3.11.0", sep="\n")
+    else:
+        print(torch["version"])
 elif args[:3] == ["-m", "pip", "install"]:
     pip = args[3:]
     entry = {{"pip": pip}}
