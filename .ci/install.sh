@@ -17,50 +17,157 @@
 #
 # The extension build reads ATTENTION_EXT_CPU_ARCH and TORCH_CUDA_ARCH_LIST (see setup.py);
 # it needs nvcc for a CUDA torch but never a GPU.
+#
+# It prints one line per step (Debian packages, torch, Python packages, the extension). A second
+# run with nothing changed takes seconds: pip is skipped while pyproject.toml, torch and the Python
+# environment are those of the last successful install and every requirement is still satisfied;
+# the extension build is skipped while its sources, setup.py, torch and the build settings hash to
+# the value stored beside the built library (attention_ext/_C.build-hash).
 set -euo pipefail
 cd "$(dirname "$0")/.."
+checkout=$(pwd)
+say() { echo "install.sh: $*"; }
 
-# System packages: espeak-ng and flite synthesise the built-in corpus, sox resamples,
+# A short fingerprint of files and strings (file names included, so a renamed source counts).
+fingerprint() {
+  local item
+  for item in "$@"; do
+    if [ -f "$item" ]; then printf '%s\n' "$item"; cat "$item"; else printf '%s\n' "$item"; fi
+  done | sha256sum | cut -c1-16
+}
+
+# ---- 1. Debian packages: espeak-ng and flite synthesise the built-in corpus, sox resamples,
 # ffmpeg decodes shorten-compressed NIST SPHERE audio (WSJ's .wv1 files).
 apt_packages=(espeak-ng flite sox ffmpeg)
 missing=()
 for package in "${apt_packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
 done
-if [ "${SKIP_APT:-0}" != "1" ] && [ ${#missing[@]} -gt 0 ]; then
+if [ "${SKIP_APT:-0}" = "1" ]; then
+  say "[1/4] Debian packages: skipped (SKIP_APT=1)${missing[*]:+; not installed: ${missing[*]}}"
+elif [ ${#missing[@]} -eq 0 ]; then
+  say "[1/4] Debian packages: ${apt_packages[*]} already installed"
+else
   if [ "$(id -u)" = "0" ]; then SUDO=""; else SUDO="sudo"; fi
-  echo "install.sh: installing Debian packages: ${missing[*]}"
+  say "[1/4] Debian packages: installing ${missing[*]} with apt-get (a minute or two)"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
 fi
 
-# torch: keep the installed one, or install the pinned one; pin it for every later step.
-installed_torch=$(python -c "import torch; print(torch.__version__)" 2>/dev/null || true)
-if [ -z "$installed_torch" ]; then
+# ---- 2. torch: keep the installed one, or install the pinned one; pin it for every later step.
+# NumPy comes with it: torch imports it if present, and importing torch without it (the extension
+# build does) prints "Failed to initialize NumPy".
+# One python start that imports torch (seconds on its own): torch, its CUDA, the environment, Python.
+torch_probe='import sys, torch; print(torch.__version__, torch.version.cuda or "", sys.prefix, sys.version.split()[0], sep="\n")'
+probe_torch() {
+  local facts
+  facts=$(python -c "$torch_probe" 2>/dev/null) || facts=""
+  installed_torch=$(sed -n 1p <<<"$facts"); torch_cuda=$(sed -n 2p <<<"$facts")
+  python_prefix=$(sed -n 3p <<<"$facts"); python_version=$(sed -n 4p <<<"$facts")
+}
+probe_torch
+if [ -z "${installed_torch:-}" ]; then
   torch_spec="${TORCH_SPEC:-torch==2.13.0}"
   index_args=()
   if [ -n "${TORCH_INDEX_URL:-}" ]; then index_args=(--index-url "$TORCH_INDEX_URL"); fi
-  echo "install.sh: installing $torch_spec${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL}"
+  say "[2/4] torch: installing $torch_spec${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL} and numpy (a large download: minutes)"
   # ${a[@]+"${a[@]}"}: an empty array expands to nothing, also under set -u in older bash
-  python -m pip install -q ${index_args[@]+"${index_args[@]}"} "$torch_spec"
-  installed_torch=$(python -c "import torch; print(torch.__version__)")
+  python -m pip install -q ${index_args[@]+"${index_args[@]}"} "$torch_spec" numpy
+  probe_torch
+  if [ -z "${installed_torch:-}" ]; then
+    echo "install.sh: torch does not import after installing $torch_spec (see pip's output above)" >&2
+    exit 1
+  fi
+  torch_action="installed"
+else
+  torch_action="keeping the installed"
 fi
-torch_cuda=$(python -c "import torch; print(torch.version.cuda or '')")
-echo "install.sh: torch $installed_torch (${torch_cuda:+CUDA $torch_cuda}${torch_cuda:-a CPU build})"
-if [ "${REQUIRE_CUDA_TORCH:-0}" = "1" ] && [ -z "$torch_cuda" ]; then
+say "[2/4] torch: $torch_action $installed_torch (${torch_cuda:+CUDA $torch_cuda}${torch_cuda:-a CPU build})"
+if [ "${REQUIRE_CUDA_TORCH:-0}" = "1" ] && [ -z "${torch_cuda:-}" ]; then
   echo "install.sh: REQUIRE_CUDA_TORCH=1 but torch $installed_torch is a CPU build; set TORCH_SPEC" \
        "(and TORCH_INDEX_URL) to a CUDA build, e.g. TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130" >&2
   exit 1
 fi
+constraints=$(mktemp)
+trap 'rm -f "$constraints"' EXIT
+echo "torch==${installed_torch}" > "$constraints"
+if ! python -c "import numpy" >/dev/null 2>&1; then
+  say "[2/4] torch: installing numpy (torch uses it; the extension build imports torch)"
+  python -m pip install -q -c "$constraints" numpy
+fi
 if [ "${INSTALL_PROJECT:-1}" = "0" ]; then
   exit 0
 fi
-constraints=$(mktemp)
-echo "torch==${installed_torch}" > "$constraints"
 
-# The project, its Python dependencies, and the compiled extension. No build
-# isolation: the extension compiles against the torch installed above.
-python -m pip install -q -c "$constraints" setuptools wheel ninja
-python -m pip install -q -c "$constraints" --no-build-isolation -e ".[asr,test]"
-rm -f "$constraints"
-python -c "import attention_ext._C, torch; print('install.sh: attention_ext built for torch', torch.__version__)"
+# ---- 3. Python packages: the project (editable) and its dependencies. No build isolation:
+# the extension compiles against the torch installed above. pip builds the extension too.
+# Skipped while the inputs are those of the last successful install and the environment still
+# satisfies them (the project installed from this checkout, every requirement present).
+state_dir=build/install-state
+mkdir -p "$state_dir"
+packages_key=$(fingerprint pyproject.toml "torch $installed_torch" "python $python_prefix")
+verify_packages='
+import importlib.metadata as metadata, json, os, sys, urllib.parse
+try:
+    from packaging.requirements import Requirement
+except ImportError:
+    from pip._vendor.packaging.requirements import Requirement
+try:
+    dist = metadata.distribution("clustered-asr")
+except metadata.PackageNotFoundError:
+    sys.exit("the project is not installed")
+url = json.loads(dist.read_text("direct_url.json") or "{}")
+where = urllib.parse.unquote(urllib.parse.urlparse(url.get("url", "")).path)
+if not url.get("dir_info", {}).get("editable") or os.path.realpath(where) != os.path.realpath(sys.argv[1]):
+    source = url.get("url", "an unknown place")
+    sys.exit(f"the project is installed from {source}, not from this checkout")
+for text in dist.requires or []:
+    requirement = Requirement(text)
+    if requirement.marker and not any(requirement.marker.evaluate({"extra": extra}) for extra in ("", "asr", "test")):
+        continue
+    try:
+        version = metadata.version(requirement.name)
+    except metadata.PackageNotFoundError:
+        sys.exit(f"{requirement.name} is missing")
+    if not requirement.specifier.contains(version, prereleases=True):
+        sys.exit(f"{requirement.name} {version} does not satisfy {requirement}")
+'
+extension_built_by_pip=0
+if [ "$(cat "$state_dir/python-packages" 2>/dev/null)" = "$packages_key" ] \
+   && why=$(python -c "$verify_packages" "$checkout" 2>&1); then
+  say "[3/4] Python packages: up to date (pyproject.toml, torch and the environment unchanged; requirements satisfied)"
+else
+  say "[3/4] Python packages: pip install -e \".[asr,test]\" (downloads what is missing; builds attention_ext: minutes)"
+  rm -f "$state_dir/python-packages"
+  python -m pip install -q -c "$constraints" setuptools wheel ninja
+  python -m pip install -q -c "$constraints" --no-build-isolation -e ".[asr,test]"
+  echo "$packages_key" > "$state_dir/python-packages"
+  extension_built_by_pip=1
+fi
+
+# ---- 4. The extension attention_ext._C, rebuilt in place when its sources, setup.py, torch or
+# the build settings changed since the build recorded in attention_ext/_C.build-hash.
+extension_key=$(fingerprint setup.py $(ls attention_ext/csrc/* 2>/dev/null | LC_ALL=C sort) \
+  "torch $installed_torch $python_prefix" "python $python_version" \
+  "ATTENTION_EXT_CPU_ARCH=${ATTENTION_EXT_CPU_ARCH:-} ATTENTION_EXT_DEBUG=${ATTENTION_EXT_DEBUG:-}" \
+  "ATTENTION_EXT_CUDA=${ATTENTION_EXT_CUDA:-} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-}")
+extension_hash_file=attention_ext/_C.build-hash
+check_extension='import attention_ext._C, torch; print(torch.__version__)'
+if [ "$extension_built_by_pip" = "1" ]; then
+  echo "$extension_key" > "$extension_hash_file"
+  say "[4/4] attention_ext: built by pip above for torch $(python -c "$check_extension")"
+elif [ "$(cat "$extension_hash_file" 2>/dev/null)" = "$extension_key" ] \
+     && compgen -G "attention_ext/_C*.so" >/dev/null; then
+  say "[4/4] attention_ext: up to date (sources, setup.py and torch unchanged since its build)"
+else
+  say "[4/4] attention_ext: compiling the extension (csrc/ or its settings changed; 2-3 minutes on 2 cores)"
+  rm -f "$extension_hash_file"
+  build_log="$state_dir/extension-build.log"
+  if ! python setup.py build_ext --inplace >"$build_log" 2>&1; then
+    tail -n 40 "$build_log" >&2
+    echo "install.sh: the extension build failed; the whole log is in $build_log" >&2
+    exit 1
+  fi
+  echo "$extension_key" > "$extension_hash_file"
+  say "[4/4] attention_ext: built for torch $(python -c "$check_extension")"
+fi

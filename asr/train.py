@@ -10,8 +10,9 @@ One run = one folder (<run_root>/<preset>/<timestamp>, or run_dir=...):
     checkpoints/best.ckpt   lowest validation error of the primary target; checkpoints/last.ckpt
     logs/version_N/         TensorBoard events and metrics.csv (one version per start or resume)
     results.json            test and best-validation PER/WER/CER, time per epoch, parameters, ...
-    train.log               what was printed (train_ddp_process_N.log: the other processes of a
-                            multi-device run that Lightning started itself)
+    train.log               what the console showed but the progress bars, through the test result
+                            and why training stopped (train_ddp_process_N.log: the other processes
+                            of a multi-device run that Lightning started itself)
     batches/rankN.jsonl     with trainer.record_batches=true: the utterance ids of every batch
                             process N ran (BatchRecorder)
 
@@ -44,7 +45,7 @@ import hydra
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
-from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, Timer
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
@@ -60,10 +61,15 @@ from asr.metrics import percent
 from asr.model.checkpoint import CheckpointError, newest_usable_checkpoint, read_checkpoint
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
+from asr.progress import EpochProgressBar
 from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError
 
 log = logging.getLogger("asr.train")
+# train.log only (train_log_keeps_the_console): what the console gets by print, Lightning's table and
+# a failure's traceback, which the console has in their own form.
+file_log = logging.getLogger("asr.train.file")
+file_log.propagate = False
 SPLITS = ("train_split", "dev_split", "test_split")
 
 
@@ -293,6 +299,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
         callbacks.append(EpochCheckpoint(dirpath=run_dir / "checkpoints", filename="epoch-{epoch:03d}",
                                          save_top_k=-1, auto_insert_metric_name=False,
                                          enable_version_counter=False))
+    if t.enable_progress_bar:   # k/N with an ETA, and the time budget left (asr.progress)
+        callbacks.append(EpochProgressBar())
     if t.record_batches:
         callbacks.append(BatchRecorder(run_dir / "batches"))
     if t.diagnostics_every_n_steps:
@@ -377,6 +385,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     trainer, best, latest = build_trainer(cfg, run_dir, timer)
     with ctrl_c_as_keyboard_interrupt(trainer):
         trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+    log.info("training stopped: %s", stop_reason(trainer))
 
     best_path = best.best_model_path or latest.best_model_path   # the latest one when nothing was validated
     results = {
@@ -391,12 +400,52 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     }
     if cfg.test and best_path:
         with ctrl_c_as_keyboard_interrupt(trainer):
-            trainer.test(model, datamodule=datamodule, ckpt_path=best_path)
+            metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best_path)
+        for name, value in sorted((metrics or [{}])[0].items()):   # Lightning printed them as a table
+            file_log.info("%-24s %s", name, value)
         results["test"] = model.last_error_rates.get("test", {})
     results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
     if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them
         (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     return results
+
+
+def stop_reason(trainer: L.Trainer) -> str:
+    """Why fit returned: the time budget, early stopping, the step budget or the epochs."""
+    where = f"after {trainer.current_epoch} epoch(s), {trainer.global_step} steps"
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    if timer is not None and timer.time_remaining() is not None and timer.time_remaining() <= 0:
+        return f"the time budget trainer.max_minutes={timer._duration / 60:g} ran out {where}"
+    early = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
+    if early is not None and early.stopped_epoch:
+        return f"early stopping: no better {early.monitor} for {early.patience} validations, {where}"
+    if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
+        return f"the step budget trainer.max_steps={trainer.max_steps} was reached {where}"
+    if trainer.max_epochs is not None and 0 < trainer.max_epochs <= trainer.current_epoch:
+        return f"trainer.max_epochs={trainer.max_epochs} epochs done ({trainer.global_step} steps)"
+    return f"Lightning ended fit {where}"
+
+
+def train_log_keeps_the_console() -> None:
+    """The run folder's train.log (Hydra's file handler on the root logger) gets, besides our log
+    lines: Lightning's (its logger does not propagate to the root: it got its own console handler
+    when imported before Hydra set up logging), warnings that pass the filters, and through
+    `file_log` what the console shows by print. Progress bars stay on the console only."""
+    files = [handler for handler in logging.getLogger().handlers if isinstance(handler, logging.FileHandler)]
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        if not logger.propagate:
+            for handler in files:
+                if handler not in logger.handlers:
+                    logger.addHandler(handler)
+    logging.captureWarnings(True)   # py.warnings -> the root logger: the console's log lines and train.log
+    file_log.handlers = files
+
+
+def say(text: str, stream=None) -> None:
+    """Print a line of the command's own (the result, an error, the resume hint) and keep it in train.log."""
+    print(text, file=stream or sys.stdout)
+    file_log.info(text.strip())
 
 
 def _mean(values: list[float]) -> float | None:
@@ -454,23 +503,27 @@ def run(cfg: DictConfig) -> None:
     global _task_started
     _task_started = True
     install_warning_filters()
+    train_log_keeps_the_console()
     run_dir = Path(HydraConfig.get().runtime.output_dir)
     try:
         results = train(cfg, run_dir)
     except USAGE_ERRORS as error:
         remove_unused_run_folder(run_dir, cfg.run_dir)
-        print(f"asr.train: error: {error}", file=sys.stderr)
+        say(f"asr.train: error: {error}", sys.stderr)
         raise SystemExit(USAGE_ERROR) from None
     except KeyboardInterrupt:
-        print(f"\nasr.train: interrupted; {resume_hint(run_dir)}", file=sys.stderr)
+        say(f"\nasr.train: interrupted; {resume_hint(run_dir)}", sys.stderr)
         raise SystemExit(INTERRUPTED) from None
+    except Exception:   # the console gets Hydra's report of it; train.log the reason the run stopped
+        file_log.exception("asr.train: stopped by an error")
+        raise
     if rank_zero_only.rank != 0:   # the other processes of a multi-device run stay quiet
         return
     test = results.get("test", {})
-    print(f"\nrun folder: {run_dir}")
+    say(f"\nrun folder: {run_dir}")
     if test:
-        print(f"test: PER {percent(test.get('per'))}  WER {percent(test.get('wer'))}  "
-              f"CER {percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})")
+        say(f"test: PER {percent(test.get('per'))}  WER {percent(test.get('wer'))}  "
+            f"CER {percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})")
 
 
 def main() -> None:

@@ -99,6 +99,15 @@ def _absolute_sources(cut, root: Path):
     return dataclasses.replace(cut, recording=dataclasses.replace(recording, sources=sources))
 
 
+def other_corpora(root: Path, corpus: str, split: str) -> list[str]:
+    """The corpus names other than `corpus` that have a `<name>_cuts_<split>.jsonl.gz` in `root`."""
+    suffix = f"_cuts_{split}.jsonl.gz"
+    if not root.is_dir():
+        return []
+    return sorted(path.name[:-len(suffix)] for path in root.glob(f"*{suffix}")
+                  if path.name[:-len(suffix)] not in ("", corpus))
+
+
 def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: bool,
               limit: int | None = None) -> CutSet:
     """Read `{root}/{corpus}_cuts_{split}.jsonl.gz` into memory (the first `limit` cuts when given),
@@ -106,6 +115,14 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
     root = Path(root)
     path = cuts_path(root, corpus, split)
     if not path.is_file():
+        other = other_corpora(root, corpus, split)
+        if other:   # the folder holds this split under another corpus name: say which option picks it
+            names = " or ".join(f"data.corpus={name}" for name in other)
+            raise ManifestError(
+                f"manifest {path} not found, but {root} holds manifests of corpus "
+                f"{', '.join(repr(name) for name in other)} for split {split!r} "
+                f"({', '.join(cuts_path(root, name, split).name for name in other)}), not of corpus {corpus!r}: "
+                f"add {names}")
         hint = preparation_hint(corpus, root)
         present = sorted(p.name for p in root.glob("*_cuts_*.jsonl.gz")) if root.is_dir() else []
         raise ManifestError(

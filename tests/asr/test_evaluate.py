@@ -36,6 +36,13 @@ def trained(tiny_synth, tmp_path_factory) -> dict[str, Path]:
     return runs
 
 
+def tiny_synth_manifests(trained) -> list[Path]:
+    """The manifests of the corpus the tiny models were trained on."""
+    import yaml
+    root = Path(yaml.safe_load((trained["synth_full"] / "config.yaml").read_text())["data"]["root"])
+    return sorted(root.glob("synth_*.jsonl.gz"))
+
+
 def best(run: Path) -> Path:
     return run / "checkpoints" / "best.ckpt"
 
@@ -133,6 +140,20 @@ def test_arguments_and_their_errors(trained, tmp_path, capsys):
         assert len(error.strip().splitlines()) == 1 and f"{tmp_path / folder} {says}" in error
     assert main([f"checkpoint={best(trained['synth_full'])}", "attention=clustered", "attention.clusters=0"]) == 2
     assert "clusters" in capsys.readouterr().err
+    # a folder of manifests written under another corpus name (the model was trained on 'synth')
+    renamed = tmp_path / "renamed"
+    renamed.mkdir()
+    for manifest in tiny_synth_manifests(trained):
+        (renamed / manifest.name.replace("synth_", "mytimit_", 1)).write_bytes(manifest.read_bytes())
+    (renamed / "audio").symlink_to(manifest.parent / "audio")   # the manifests' relative audio paths
+    assert main([f"checkpoint={best(trained['synth_full'])}", f"data.root={renamed}", f"out={tmp_path}/e",
+                 "progress=false"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "holds manifests of corpus 'mytimit' for split 'test'" in error[0]
+    assert error[0].endswith("add data.corpus=mytimit")
+    assert main([f"checkpoint={best(trained['synth_full'])}", f"data.root={renamed}", "data.corpus=mytimit",
+                 f"out={tmp_path}/e", "progress=false", "limit=1"]) == 0
+    capsys.readouterr()
 
 
 def test_cli_prints_the_error_rates_and_the_forward_time(trained, tmp_path, capsys):

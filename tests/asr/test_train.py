@@ -4,6 +4,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -225,6 +226,7 @@ def test_ctrl_c_exits_130_with_the_command_that_resumes_the_run(tiny_synth, tmp_
     assert hint.startswith("asr.train: interrupted; resume from the last finished epoch with: python -m asr.train ")
     assert hint.endswith(f" run_dir={run.relative_to(tmp_path)} ckpt_path=last")   # relative to where it ran
     assert " ".join(arguments) in hint
+    assert (run / "train.log").read_text().rstrip().endswith(hint)   # why the run stopped, in its log too
 
 
 def test_cli_trains_tests_prints_and_resumes_in_the_run_folder(tiny_synth, tmp_path):
@@ -237,11 +239,44 @@ def test_cli_trains_tests_prints_and_resumes_in_the_run_folder(tiny_synth, tmp_p
     results = json.loads((run / "results.json").read_text())
     per, wer = 100 * results["test"]["per"], 100 * results["test"]["wer"]
     assert f"test: PER {per:.2f}%  WER {wer:.2f}%" in first.stdout
-    assert (run / ".hydra" / "overrides.yaml").is_file() and (run / "train.log").is_file()
+    assert (run / ".hydra" / "overrides.yaml").is_file()
+    # train.log holds what the console showed (no bars here), Lightning's lines and table included,
+    # through why training stopped and the test result
+    train_log = (run / "train.log").read_text()
+    table = re.compile(r"^(─+|\s*Test metric\s+DataLoader 0|\s*(test/\S+)\s+(\S+))$")
+    for line in (first.stdout + first.stderr).splitlines():
+        if line.strip() and not (row := table.match(line)):
+            assert line.strip() in train_log, line
+        elif row and row.group(2):
+            assert re.search(rf"{re.escape(row.group(2))}\s+{re.escape(row.group(3))}", train_log), line
+    assert "training stopped: trainer.max_epochs=1 epochs done" in train_log
+    assert "GPU available" in train_log
+    assert train_log.rstrip().endswith(f"test: PER {per:.2f}%  WER {wer:.2f}%  CER {100 * results['test']['cer']:.2f}%"
+                                       f"  (mean encoder length {results['test']['encoder_length']:.0f})")
     second = run_cli(*arguments, "trainer.max_epochs=2", "ckpt_path=last", cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert list((tmp_path / "runs" / "synth_full").iterdir()) == [run]    # continued in the same folder
     assert json.loads((run / "results.json").read_text())["epochs"] == 2
     # what a user cannot act on is not printed (asr/warning_filters.py), in a fresh run nor a resumed one
     for noise in ("LeafSpec", "litlogger", "Checkpoint directory", "val_check_interval", "Warning"):
-        assert noise not in first.stderr + second.stderr, noise
+        assert noise not in first.stdout + first.stderr + second.stdout + second.stderr, noise
+
+
+def test_stop_reason_names_the_budget_that_ended_training():
+    from types import SimpleNamespace
+
+    from lightning.pytorch.callbacks import EarlyStopping, Timer
+
+    from asr.train import stop_reason
+
+    def trainer(callbacks=(), max_steps=-1, max_epochs=1000, epoch=3, step=120):
+        return SimpleNamespace(callbacks=list(callbacks), max_steps=max_steps, max_epochs=max_epochs,
+                               current_epoch=epoch, global_step=step)
+    budget = Timer(duration={"minutes": 15})
+    budget.time_remaining = lambda stage="train": -0.4
+    assert stop_reason(trainer([budget])) == "the time budget trainer.max_minutes=15 ran out after 3 epoch(s), 120 steps"
+    early = EarlyStopping(monitor="val/primary_error", patience=4)
+    early.stopped_epoch = 3
+    assert stop_reason(trainer([early])).startswith("early stopping: no better val/primary_error for 4 validations")
+    assert stop_reason(trainer(max_steps=120)) == "the step budget trainer.max_steps=120 was reached after 3 epoch(s), 120 steps"
+    assert stop_reason(trainer(max_epochs=3)) == "trainer.max_epochs=3 epochs done (120 steps)"
