@@ -1,0 +1,98 @@
+"""The synthetic corpus's pronunciation lexicon and word trigram LM, for lexicon decoding.
+
+- ``lexicon.txt``: every word of the corpus's transcripts (train, dev and test: a closed
+  vocabulary, as in WSJ's standard 20k setup), with the pronunciations the synthesisers give the
+  word spoken alone: espeak-ng en-us, espeak-ng en-us-nyc and flite (CMUdict's cmulex), mapped to
+  ARPABET_39 by ``recipes.synth.phonemes``; distinct ones only. Spoken inside a sentence some
+  words sound different (weak forms such as "a" -> AH); the decoder's beam absorbs most of it.
+- ``lm/3gram.arpa.gz``: a modified Kneser-Ney trigram (``asr.decoding.ngram``) estimated on the
+  *training* transcripts only, with the whole lexicon as its vocabulary (so dev/test words that
+  training never saw get the interpolated unigram share, as in a closed-vocabulary LM).
+
+Both are written atomically; an existing file is kept, so a rerun finishes what is missing.
+"""
+from __future__ import annotations
+
+import gzip
+import json
+import subprocess
+from pathlib import Path
+
+from asr.decoding.lexicon import write_lexicon
+from asr.decoding.ngram import estimate_arpa
+from recipes.synth.phonemes import UnmappablePhonemeError, espeak_to_arpabet, flite_to_arpabet
+
+LEXICON_FILE = "lexicon.txt"
+LM_FILE = "lm/3gram.arpa.gz"
+LM_ORDER = 3
+ESPEAK_VOICES = ("en-us", "en-us-nyc")
+_CHUNK = 200
+
+
+def transcripts(out_dir: Path, corpus: str, split: str) -> list[str]:
+    """The word transcripts of one split, from its supervision manifest."""
+    path = out_dir / f"{corpus}_supervisions_{split}.jsonl.gz"
+    with gzip.open(path, "rt", encoding="utf-8") as handle:
+        return [json.loads(line)["text"] for line in handle if line.strip()]
+
+
+def _run(command: list[str], text: str | None = None) -> str:
+    return subprocess.run(command, input=text, capture_output=True, text=True, check=True,
+                          env={"LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin:/usr/local/bin"}).stdout
+
+
+def _espeak_words(words: list[str], voice: str) -> list[str | None]:
+    """espeak-ng's phoneme text of each word said alone (one output line per input line)."""
+    lines = _run(["espeak-ng", "-v", voice, "-q", "-x", "--sep= "], "\n".join(words) + "\n").splitlines()
+    lines = [line for line in lines if line.strip()]
+    if len(lines) == len(words):
+        return lines
+    return [_run(["espeak-ng", "-v", voice, "-q", "-x", "--sep= ", word]) for word in words]
+
+
+def _flite_words(words: list[str]) -> list[str | None]:
+    """flite's segments of each word said alone: words joined by full stops give pau-separated groups."""
+    groups = [g.strip() for g in _run(["flite", "-ps", "-t", ". ".join(words) + ".", "-o", "none"]).split("pau")]
+    groups = [g for g in groups if g]
+    if len(groups) == len(words):
+        return groups
+    return [_run(["flite", "-ps", "-t", word + ".", "-o", "none"]) for word in words]
+
+
+def synthesiser_pronunciations(words: list[str]) -> tuple[dict[str, list[tuple[str, ...]]], list[str]]:
+    """(word -> distinct ARPABET_39 pronunciations, words no synthesiser pronounces in ARPAbet)."""
+    lexicon: dict[str, list[tuple[str, ...]]] = {word: [] for word in words}
+    for start in range(0, len(words), _CHUNK):
+        chunk = words[start:start + _CHUNK]
+        outputs = [(espeak_to_arpabet, _espeak_words(chunk, voice)) for voice in ESPEAK_VOICES]
+        outputs.append((flite_to_arpabet, _flite_words(chunk)))
+        for to_arpabet, texts in outputs:
+            for word, text in zip(chunk, texts):
+                try:
+                    phones = tuple(to_arpabet(text))
+                except UnmappablePhonemeError:
+                    continue
+                if phones and phones not in lexicon[word]:
+                    lexicon[word].append(phones)
+    missing = [word for word, spellings in lexicon.items() if not spellings]
+    return {word: spellings for word, spellings in lexicon.items() if spellings}, missing
+
+
+def write_lexicon_and_lm(out_dir: str | Path, corpus: str = "synth", splits=("train", "dev", "test"),
+                         train_split: str = "train") -> dict:
+    """Writes out_dir/lexicon.txt and out_dir/lm/3gram.arpa.gz where missing; returns what it did."""
+    out_dir = Path(out_dir)
+    lexicon_path, lm_path = out_dir / LEXICON_FILE, out_dir / LM_FILE
+    summary: dict = {"lexicon": str(lexicon_path), "lm": str(lm_path)}
+    texts = {split: transcripts(out_dir, corpus, split) for split in splits}
+    vocabulary = sorted({word for split_texts in texts.values() for text in split_texts for word in text.split()})
+    if not lexicon_path.is_file():
+        lexicon, unpronounced = synthesiser_pronunciations(vocabulary)
+        write_lexicon(lexicon, lexicon_path)
+        summary.update(lexicon_words=len(lexicon), unpronounced_words=unpronounced)
+    if not lm_path.is_file():
+        from asr.decoding.lexicon import read_lexicon
+        words = sorted(read_lexicon(lexicon_path))
+        estimate_arpa(texts[train_split], lm_path, order=LM_ORDER, vocabulary=words)
+        summary.update(lm_order=LM_ORDER, lm_training_sentences=len(texts[train_split]))
+    return summary
