@@ -361,6 +361,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         with ctrl_c_as_keyboard_interrupt(trainer):
             trainer.test(model, datamodule=datamodule, ckpt_path=best_path)
         results["test"] = model.last_error_rates.get("test", {})
+        if trainer.is_global_zero:   # words through the corpus's lexicon and LM, when it ships them
+            from asr.decoding.evaluation import lexicon_test_rates
+            results["test"].update(lexicon_test_rates(best_path, cfg.data.root, bool(cfg.data.progress)) or {})
     results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
     if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them
         (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -442,7 +445,9 @@ def run(cfg: DictConfig) -> None:
     print(f"\nrun folder: {run_dir}")
     if test:
         print(f"test: PER {_percent(test.get('per'))}  WER {_percent(test.get('wer'))}  "
-              f"CER {_percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})")
+              f"CER {_percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})"
+              + (f"\n      lexicon + LM: WER {_percent(test['wer_lexicon'])}  CER {_percent(test['cer_lexicon'])}"
+                 if "wer_lexicon" in test else ""))
 
 
 def main() -> None:

@@ -55,3 +55,22 @@ def word_rates(references: list[str], hypotheses: list[str]) -> dict[str, float]
     from asr.metrics import char_error_rate, word_error_rate
     return {"wer_lexicon": word_error_rate(references, hypotheses),
             "cer_lexicon": char_error_rate(references, hypotheses)}
+
+
+def lexicon_test_rates(checkpoint: str | Path, data_root: str | Path, progress: bool = True) -> dict | None:
+    """asr.train's closing lexicon evaluation: the test split of `checkpoint` decoded with the
+    corpus folder's lexicon and LM (default settings), or None when the folder has neither."""
+    lexicon, lm = corpus_lexicon_and_lm(data_root)
+    if lexicon is None or lm is None:
+        return None
+    import logging
+    from asr.decoding.ngram import LanguageModelError
+    from asr.evaluate import EvaluateConfig, evaluate
+    try:
+        report = evaluate(EvaluateConfig(checkpoint=str(checkpoint), decoder="lexicon", lexicon=str(lexicon),
+                                         lm=str(lm), progress=progress))
+    except (LexiconFileError, LanguageModelError) as error:   # the training itself went well: say, go on
+        logging.getLogger("asr.decoding").warning("no lexicon decoding of the test split: %s", error)
+        return None
+    return {"wer_lexicon": report["error_rates"]["wer_lexicon"], "cer_lexicon": report["error_rates"]["cer_lexicon"],
+            "lexicon_evaluation": report["out"]}

@@ -226,3 +226,99 @@ def test_restrict_lexicon_decodes_only_the_words_the_lm_knows(tmp_path):
     settings, _, _ = bad_inputs(tmp_path)["LM missing lexicon words"]
     decoder = LexiconDecoder(PHONES, LexiconDecoderSettings(**settings, restrict_lexicon=True))
     assert "bird" not in decoder.words and "cat" in decoder.words
+
+
+# ---- where it is used: asr.train's test line, asr.evaluate, asr.tune_lm, asr.cross_matrix -------------
+@pytest.fixture(scope="module")
+def trained_run(tiny_synth, tmp_path_factory) -> tuple[Path, dict]:
+    """A tiny model trained on the tiny corpus, which ships a lexicon and an LM: the run's test
+    results gain the lexicon decoder's WER."""
+    from asr.train import train
+    from tiny_runs import tiny_config
+    run = tmp_path_factory.mktemp("lexicon_run")
+    results = train(tiny_config(tiny_synth, "conf=synth_full"), run)
+    return run, results
+
+
+def test_training_ends_with_the_lexicon_wer_when_the_corpus_has_a_lexicon_and_lm(trained_run):
+    run, results = trained_run
+    assert 0 <= results["test"]["wer_lexicon"] and "cer_lexicon" in results["test"]
+    report = json.loads((Path(results["test"]["lexicon_evaluation"]) / "results.json").read_text())
+    assert report["decoder"] == "lexicon" and report["lexicon_decoder"]["head"] == "phones"
+    assert report["error_rates"]["wer"] == results["test"]["wer_lexicon"]
+
+
+def test_evaluate_with_the_lexicon_decoder_records_its_settings_and_scores_its_words(trained_run, tiny_synth, tmp_path):
+    from asr.evaluate import EvaluateConfig, evaluate
+    from asr.metrics import word_error_rate
+    run, _ = trained_run
+    checkpoint = str(run / "checkpoints" / "best.ckpt")
+    report = evaluate(EvaluateConfig(checkpoint=checkpoint, decoder="lexicon", lm_weight=0.5, word_score=1.0,
+                                     decode_workers=2, out=str(tmp_path / "e"), progress=False))
+    settings = report["lexicon_decoder"]
+    assert (settings["lm_weight"], settings["word_score"]) == (0.5, 1.0)
+    assert settings["lexicon"] == str(tiny_synth / "lexicon.txt") and settings["lm"].endswith("3gram.arpa.gz")
+    records = [json.loads(line) for line in (tmp_path / "e" / "hypotheses.jsonl").read_text().splitlines()]
+    words = [r["lexicon"] for r in records]
+    assert report["error_rates"]["wer"] == pytest.approx(
+        word_error_rate([w["reference"] for w in words], [w["hypothesis"] for w in words]))
+    lexicon = read_lexicon(tiny_synth / "lexicon.txt")
+    assert all(word in lexicon for w in words for word in w["hypothesis"].split())
+    assert "per" in report["error_rates"]                              # still from the phone head
+
+
+def test_a_kaldi_directory_gets_a_per_from_the_lexicon(trained_run, tiny_synth, tmp_path):
+    from asr.evaluate import EvaluateConfig, evaluate
+    from asr.metrics import phone_error_rate
+    run, _ = trained_run
+    folder = tmp_path / "kaldi"
+    folder.mkdir()
+    with gzip.open(tiny_synth / "synth_cuts_test.jsonl.gz", "rt") as handle:
+        cuts = [json.loads(line) for line in handle]
+    (folder / "wav.scp").write_text("".join(f"{c['id']} {tiny_synth / c['recording']['sources'][0]['source']}\n"
+                                            for c in cuts))
+    (folder / "text").write_text("".join(f"{c['id']} {c['supervisions'][0]['text']} zyzzyva\n" for c in cuts))
+    lexicon_path = tiny_synth / "lexicon.txt"
+    report = evaluate(EvaluateConfig(checkpoint=str(run / "checkpoints" / "best.ckpt"), data_dir=str(folder),
+                                     lexicon=str(lexicon_path), out=str(tmp_path / "k"), progress=False))
+    assert report["words_missing_from_lexicon"] == ["zyzzyva"]
+    records = [json.loads(line) for line in (tmp_path / "k" / "hypotheses.jsonl").read_text().splitlines()]
+    lexicon = read_lexicon(lexicon_path)
+    references = [words_to_phones(c["supervisions"][0]["text"], lexicon)[0] for c in cuts]
+    by_id = {r["id"]: r["phones"]["hypothesis"] for r in records}
+    assert report["error_rates"]["per"] == pytest.approx(phone_error_rate(references, [by_id[c["id"]] for c in cuts]))
+
+
+def test_tune_lm_prints_a_grid_and_refuses_the_test_split(trained_run, tmp_path, capsys):
+    from asr.tune_lm import main
+    run, _ = trained_run
+    checkpoint = f"checkpoint={run / 'checkpoints' / 'best.ckpt'}"
+    assert main([checkpoint, "split=test", "progress=false"]) == 2
+    assert "test split" in capsys.readouterr().err
+    assert main([checkpoint, "split=dev", "lm_weights=[0,1]", "word_scores=[0,1]", "progress=false",
+                 f"out={tmp_path / 'tune.json'}"]) == 0
+    printed = capsys.readouterr().out
+    assert "best: lm_weight=" in printed
+    report = json.loads((tmp_path / "tune.json").read_text())
+    assert len(report["grid"]) == 4 and report["best"]["wer"] == min(row["wer"] for row in report["grid"])
+
+
+def test_cross_matrix_adds_a_lexicon_wer_table(trained_run, tmp_path):
+    from asr import cross_matrix
+    run, _ = trained_run
+    args = cross_matrix.build_parser().parse_args([str(run / "checkpoints" / "best.ckpt"), "--specs", "full",
+                                                   "--decoder", "lexicon", "--out", str(tmp_path / "m")])
+    args.data = {}
+    matrix = cross_matrix.run(args, progress=lambda line: None)
+    cell = matrix["rows"][0]["cells"][next(iter(matrix["rows"][0]["cells"]))]
+    assert cell["wer_lexicon"] is not None
+    assert "WER (lexicon + LM)" in (tmp_path / "m" / "matrix.md").read_text()
+
+
+def test_bad_lexicon_in_the_command_is_one_line_and_exit_status_2(trained_run, tmp_path, capsys):
+    from asr.evaluate import main
+    run, _ = trained_run
+    status = main([f"checkpoint={run / 'checkpoints' / 'best.ckpt'}", "decoder=lexicon",
+                   f"lexicon={tmp_path / 'missing.txt'}", "progress=false", f"out={tmp_path / 'x'}"])
+    error = capsys.readouterr().err.strip().splitlines()
+    assert status == 2 and len(error) == 1 and "missing.txt" in error[0] and "does not exist" in error[0]
