@@ -140,6 +140,9 @@ def ensure_corpus(cfg: DictConfig) -> None:
     missing = [split for split in (data.train_split, data.dev_split, data.test_split)
                if not (root / f"{data.corpus}_cuts_{split}.jsonl.gz").is_file()]
     if not missing:
+        if data.corpus == "synth":   # a corpus made before its recipe wrote lexicon and LM gains them
+            from recipes.synth.lexicon_lm import write_lexicon_and_lm
+            write_lexicon_and_lm(root)
         return
     if data.corpus != "synth":   # a real corpus is the user's: say how to prepare it, never guess
         where = (f"data.root={str(root)!r} does not exist, so it holds no {data.corpus} manifests"

@@ -15,12 +15,14 @@ from __future__ import annotations
 
 import gzip
 import json
+import os
 import subprocess
 from pathlib import Path
 
 from asr.decoding.lexicon import write_lexicon
 from asr.decoding.ngram import estimate_arpa
 from recipes.synth.phonemes import UnmappablePhonemeError, espeak_to_arpabet, flite_to_arpabet
+from recipes.synth.voices import SynthesisError, check_synthesisers
 
 LEXICON_FILE = "lexicon.txt"
 LM_FILE = "lm/3gram.arpa.gz"
@@ -37,8 +39,15 @@ def transcripts(out_dir: Path, corpus: str, split: str) -> list[str]:
 
 
 def _run(command: list[str], text: str | None = None) -> str:
-    return subprocess.run(command, input=text, capture_output=True, text=True, check=True,
-                          env={"LC_ALL": "C.UTF-8", "PATH": "/usr/bin:/bin:/usr/local/bin"}).stdout
+    try:
+        return subprocess.run(command, input=text, capture_output=True, text=True, check=True,
+                              env={**os.environ, "LC_ALL": "C.UTF-8"}).stdout
+    except FileNotFoundError:
+        check_synthesisers()           # names every missing program and its Debian package
+        raise
+    except subprocess.CalledProcessError as error:
+        raise SynthesisError(f"`{' '.join(command[:4])} ...` failed with exit status {error.returncode}: "
+                             f"{error.stderr.strip()[-300:]}") from None
 
 
 def _espeak_words(words: list[str], voice: str) -> list[str | None]:
