@@ -3,8 +3,10 @@
 - ``lexicon.txt``: every word of the corpus's transcripts (train, dev and test: a closed
   vocabulary, as in WSJ's standard 20k setup), with the pronunciations the synthesisers give the
   word spoken alone: espeak-ng en-us, espeak-ng en-us-nyc and flite (CMUdict's cmulex), mapped to
-  ARPABET_39 by ``recipes.synth.phonemes``; distinct ones only. Spoken inside a sentence some
-  words sound different (weak forms such as "a" -> AH); the decoder's beam absorbs most of it.
+  ARPABET_39 by ``recipes.synth.phonemes``; distinct ones only. Inside a sentence both
+  synthesisers reduce short function words ("a" EY -> AH, "for" F AO R -> F ER): the
+  WEAK_FORM_WORDS most frequent one-vowel words of the training text also get their weak form
+  (the vowel -> AH, a vowel + R -> ER), as CMUdict lists for such words.
 - ``lm/3gram.arpa.gz``: a modified Kneser-Ney trigram (``asr.decoding.ngram``) estimated on the
   *training* transcripts only, with the whole lexicon as its vocabulary (so dev/test words that
   training never saw get the interpolated unigram share, as in a closed-vocabulary LM).
@@ -29,6 +31,8 @@ LM_FILE = "lm/3gram.arpa.gz"
 LM_ORDER = 3
 ESPEAK_VOICES = ("en-us", "en-us-nyc")
 _CHUNK = 200
+WEAK_FORM_WORDS = 100
+VOWELS = {"AA", "AE", "AH", "AO", "AW", "AY", "EH", "ER", "EY", "IH", "IY", "OW", "OY", "UH", "UW"}
 
 
 def transcripts(out_dir: Path, corpus: str, split: str) -> list[str]:
@@ -87,6 +91,33 @@ def synthesiser_pronunciations(words: list[str]) -> tuple[dict[str, list[tuple[s
     return {word: spellings for word, spellings in lexicon.items() if spellings}, missing
 
 
+def weak_form(phones: tuple[str, ...]) -> tuple[str, ...] | None:
+    """The reduced form of a one-vowel pronunciation: its vowel -> AH, or vowel + R -> ER."""
+    vowels = [i for i, phone in enumerate(phones) if phone in VOWELS]
+    if len(vowels) != 1:
+        return None
+    i = vowels[0]
+    if phones[i] in ("AH", "ER"):      # already reduced
+        return phones
+    if i + 1 < len(phones) and phones[i + 1] == "R":
+        return phones[:i] + ("ER",) + phones[i + 2:]
+    return phones[:i] + ("AH",) + phones[i + 1:]
+
+
+def add_weak_forms(lexicon: dict[str, list[tuple[str, ...]]], train_texts: list[str],
+                   count: int = WEAK_FORM_WORDS) -> None:
+    """Adds the weak form of the `count` most frequent one-vowel training words (in place)."""
+    from collections import Counter
+    frequencies = Counter(word for text in train_texts for word in text.split())
+    frequent = [word for word, _ in frequencies.most_common()
+                if word in lexicon and all(weak_form(s) for s in lexicon[word])][:count]
+    for word in frequent:
+        for spelling in list(lexicon[word]):
+            reduced = weak_form(spelling)
+            if reduced not in lexicon[word]:
+                lexicon[word].append(reduced)
+
+
 def write_lexicon_and_lm(out_dir: str | Path, corpus: str = "synth", splits=("train", "dev", "test"),
                          train_split: str = "train") -> dict:
     """Writes out_dir/lexicon.txt and out_dir/lm/3gram.arpa.gz where missing; returns what it did."""
@@ -97,6 +128,7 @@ def write_lexicon_and_lm(out_dir: str | Path, corpus: str = "synth", splits=("tr
     vocabulary = sorted({word for split_texts in texts.values() for text in split_texts for word in text.split()})
     if not lexicon_path.is_file():
         lexicon, unpronounced = synthesiser_pronunciations(vocabulary)
+        add_weak_forms(lexicon, texts[train_split])
         write_lexicon(lexicon, lexicon_path)
         summary.update(lexicon_words=len(lexicon), unpronounced_words=unpronounced)
     if not lm_path.is_file():
