@@ -158,12 +158,13 @@ def estimate_arpa(sentences: Iterable[str], out_path: str | os.PathLike, order: 
     return out_path
 
 
-def open_text(path: Path):
-    """A text handle on a plain or gzipped file."""
-    return gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
+def open_text(path: Path, gzipped: bool | None = None):
+    """A text handle on a plain or gzipped file (by its suffix unless `gzipped` says)."""
+    gzipped = path.suffix == ".gz" if gzipped is None else gzipped
+    return gzip.open(path, "rt", encoding="utf-8") if gzipped else open(path, encoding="utf-8")
 
 
-def read_arpa_vocabulary(path: str | os.PathLike) -> tuple[set[str], list[int]]:
+def read_arpa_vocabulary(path: str | os.PathLike, gzipped: bool | None = None) -> tuple[set[str], list[int]]:
     """(the unigram words, the n-gram counts of the header) of an ARPA file (.arpa or .arpa.gz);
     LanguageModelError naming the file and line when it is missing or not ARPA. Reads only the
     header and the unigrams, so it is quick on LibriSpeech-sized files."""
@@ -174,7 +175,7 @@ def read_arpa_vocabulary(path: str | os.PathLike) -> tuple[set[str], list[int]]:
     words: set[str] = set()
     section = None
     try:
-        with open_text(path) as handle:
+        with open_text(path, gzipped) as handle:
             for number, raw_line in enumerate(handle, 1):
                 line = raw_line.strip()
                 if not line:

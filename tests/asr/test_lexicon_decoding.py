@@ -322,3 +322,21 @@ def test_bad_lexicon_in_the_command_is_one_line_and_exit_status_2(trained_run, t
                    f"lexicon={tmp_path / 'missing.txt'}", "progress=false", f"out={tmp_path / 'x'}"])
     error = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(error) == 1 and "missing.txt" in error[0] and "does not exist" in error[0]
+
+
+def test_a_corpus_lm_and_cmudict_are_installed_lowercased_and_restricted_to_the_lm(tmp_path):
+    from recipes.decoding_files import install_decoding_files
+    cmudict = write(tmp_path / "cmudict", ";;; CMUdict\nCAT  K AE1 T\nCAT(2)  K AA1 T\nDOG  D AO1 G\nZEBRA  Z IY1 B R AH0\n")
+    lm = estimate_arpa(["CAT DOG", "DOG CAT"], tmp_path / "upper.arpa.gz", order=2)
+    (tmp_path / "upper.arpa.gz").write_bytes(gzip.compress(gzip.decompress(lm.read_bytes()).replace(b"<unk>", b"<UNK>")))
+    done = install_decoding_files(tmp_path / "corpus", cmudict, lm)
+    assert done["lexicon_words"] == 2
+    assert read_lexicon(tmp_path / "corpus" / "lexicon.txt") == {"cat": [("K", "AE", "T"), ("K", "AA", "T")],
+                                                                 "dog": [("D", "AO", "G")]}
+    vocabulary, _ = read_arpa_vocabulary(tmp_path / "corpus" / "lm" / "3gram.arpa.gz")
+    assert vocabulary == {"<s>", "</s>", "<unk>", "cat", "dog"}
+    LexiconDecoder(PHONES, LexiconDecoderSettings(lexicon=str(tmp_path / "corpus" / "lexicon.txt"),
+                                                  lm=str(tmp_path / "corpus" / "lm" / "3gram.arpa.gz")))
+    with pytest.raises(LanguageModelError, match="not a usable ARPA LM"):
+        install_decoding_files(tmp_path / "other", None, write(tmp_path / "x.arpa", "words\n"))
+    assert not (tmp_path / "other" / "lm" / "3gram.arpa.gz").exists()
