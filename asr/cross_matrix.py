@@ -3,6 +3,7 @@
     python -m asr.cross_matrix runs/full/.../best.ckpt runs/iclustered/.../best.ckpt --out matrix/
     python -m asr.cross_matrix full=a.ckpt iclustered=b.ckpt --specs full clustered-25 clustered-50
     python -m asr.cross_matrix *.ckpt --split dev --data-dir my_audio/
+    python -m asr.cross_matrix *.ckpt --decoder lexicon [--lexicon L --lm LM --lm-weight 1 --word-score 0]
 
 Columns are trained models (a checkpoint, optionally named LABEL=PATH; otherwise its run folder's
 name), rows are evaluate-with attention specs (default: the paper's rows, then linear and
@@ -14,7 +15,9 @@ model with separate query and key projections, agglomerative with more classes t
 Writes to --out (default: cross_matrix/):
     cells/<column>__<row>.json   one evaluation per cell; a run that is started again reuses
                                  them (and recomputes a cell whose checkpoint changed)
-    matrix.md, matrix.csv, matrix.json   PER (and WER) per cell, forward time per row
+    matrix.md, matrix.csv, matrix.json   PER (and WER) per cell, forward time per row; with
+                                 --decoder lexicon the WER table is the lexicon + LM decoder's
+                                 (asr.decoding; lexicon and LM default to the corpus folder's)
     matrix_heatmap.png           PER per cell
     speed_accuracy.png           per column: error against forward time of each row (Fig. 1)
 """
@@ -34,6 +37,8 @@ import torch
 from asr.evaluate import (EvaluationError, check_device, decode_split, evaluation_attention, evaluation_data,
                           load_model, run_folder_of, write_outputs)
 from asr.data.manifests import ManifestError
+from asr.decoding.lexicon import LexiconFileError
+from asr.decoding.ngram import LanguageModelError
 from asr.exit_status import run_command
 from asr.metrics import percent
 from asr.fault_injection import pause_point
@@ -97,8 +102,11 @@ def _write_json_atomic(path: Path, value: dict) -> None:
 
 def evaluation_settings(args: argparse.Namespace) -> dict:
     """What besides the checkpoint and attention decides a cell's numbers (cached cells must match)."""
-    return {"split": args.split, "data_dir": args.data_dir, "data": dict(args.data), "decoder": args.decoder,
-            "beam_size": args.beam_size, "seed": args.seed, "limit": args.limit}
+    settings = {"split": args.split, "data_dir": args.data_dir, "data": dict(args.data), "decoder": args.decoder,
+                "beam_size": args.beam_size, "seed": args.seed, "limit": args.limit}
+    if args.decoder == "lexicon":
+        settings.update(lexicon=args.lexicon, lm=args.lm, lm_weight=args.lm_weight, word_score=args.word_score)
+    return settings
 
 
 def compute_column(column: Column, specs: list[str], args: argparse.Namespace, progress) -> None:
@@ -139,8 +147,18 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
             data = evaluation_data(model, column.checkpoint, split, args.data_dir, dict(args.data),
                                    progress=False)
         pause_point("cross_matrix_cell")   # the fault suite kills here (asr.fault_injection)
-        result = decode_split(model, data, args.decoder, args.beam_size, args.seed, args.limit,
-                              progress=sys.stderr.isatty())
+        word_decoder = None
+        if args.decoder == "lexicon":
+            from asr.decoding.evaluation import resolve_settings, start_word_decoder
+            word_decoder = start_word_decoder(model.tokenizers, resolve_settings(
+                args.lexicon, args.lm, data.datamodule.cfg.root, lm_weight=args.lm_weight,
+                word_score=args.word_score))
+        try:
+            result = decode_split(model, data, args.decoder, args.beam_size, args.seed, args.limit,
+                                  progress=sys.stderr.isatty(), word_decoder=word_decoder)
+        finally:
+            if word_decoder is not None:
+                word_decoder[1].close()
         cell.update(valid=True, evaluated_with=attention.as_config(),
                     same_as_training=attention.as_config() == trained, split=data.split,
                     utterances=len(result.utterances), error_rates=result.rates, **result.timing())
@@ -179,6 +197,7 @@ def matrix_rows(cells: dict, columns: list[Column], specs: list[str]) -> list[di
             row["cells"][column.label] = {
                 "valid": bool(cell.get("valid")), "same_as_training": bool(cell.get("same_as_training")),
                 "per": metric_of(cell, "per"), "wer": metric_of(cell, "wer"), "cer": metric_of(cell, "cer"),
+                "wer_lexicon": metric_of(cell, "wer_lexicon"),
                 "forward_ms_per_utterance": cell.get("forward_ms_per_utterance"),
                 "reason": cell.get("reason")}
         rows.append(row)
@@ -196,7 +215,7 @@ def _cell_text(cell: dict, metric: str) -> str:
 def format_markdown(rows: list[dict], columns: list[Column], metrics: list[str], split: str) -> str:
     lines = []
     for metric in metrics:
-        lines.append(f"{metric.upper()} (%) on {split}; columns: trained with, rows: evaluated with; "
+        lines.append(f"{metric.upper().replace('_LEXICON', ' (lexicon + LM)')} (%) on {split}; columns: trained with, rows: evaluated with; "
                      f"**x*** = evaluated with the training attention; {INVALID} = not a valid pair")
         lines.append("")
         header = ["evaluate with \\ train with"] + [c.label for c in columns] + ["forward ms/utt"]
@@ -279,7 +298,12 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--data-dir", default=None, help="score a Kaldi-style data directory instead of a split")
     parser.add_argument("--data", nargs="*", default=[], metavar="KEY=VALUE",
                         help="data option overrides, e.g. --data root=data/synth max_duration=100")
-    parser.add_argument("--decoder", choices=("greedy", "beam"), default="greedy")
+    parser.add_argument("--decoder", choices=("greedy", "beam", "lexicon"), default="greedy",
+                        help="lexicon: words through a lexicon and an n-gram LM (an extra WER table)")
+    parser.add_argument("--lexicon", default=None, help="--decoder lexicon: lexicon file (default: the corpus's)")
+    parser.add_argument("--lm", default=None, help="--decoder lexicon: ARPA LM (default: the corpus's; none: no LM)")
+    parser.add_argument("--lm-weight", type=float, default=1.0)
+    parser.add_argument("--word-score", type=float, default=0.0)
     parser.add_argument("--beam-size", type=int, default=8)
     parser.add_argument("--seed", type=int, default=0, help="seed of the random hashing (clustered, lsh)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N batches per cell")
@@ -322,7 +346,7 @@ def run(args: argparse.Namespace, progress=print) -> dict:
     cells = load_cells(args.out, columns, specs)
     rows = matrix_rows(cells, columns, specs)
     split = next((cell["split"] for cell in cells.values() if cell.get("valid")), args.split or "test")
-    metrics = [m for m in ("per", "wer") if any(row["cells"][c.label][m] is not None
+    metrics = [m for m in ("per", "wer_lexicon" if args.decoder == "lexicon" else "wer") if any(row["cells"][c.label][m] is not None
                                                   for row in rows for c in columns)]
     (args.out / "matrix.md").write_text(format_markdown(rows, columns, metrics, split))
     write_csv(rows, columns, args.out / "matrix.csv")
@@ -340,7 +364,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)       # a bad option: argparse exits with USAGE_ERROR
     install_warning_filters()
     return run_command("asr.cross_matrix", lambda: _run_and_print(args),
-                       usage_errors=(EvaluationError, AttentionConfigError, ManifestError, CheckpointError),
+                       usage_errors=(EvaluationError, AttentionConfigError, ManifestError, CheckpointError,
+                                     LexiconFileError, LanguageModelError),
                        resume_hint="run the same command again: the cells computed so far are reused")
 
 

@@ -6,6 +6,8 @@
     python -m asr.evaluate checkpoint=best.ckpt attention=lsh-4          # refused unless shared QK
     python -m asr.evaluate checkpoint=best.ckpt data_dir=my_audio/       # a Kaldi-style folder
     python -m asr.evaluate checkpoint=best.ckpt decoder=beam beam_size=16
+    python -m asr.evaluate checkpoint=best.ckpt decoder=lexicon [lexicon=PATH lm=PATH lm_weight=1 word_score=0 beam=50]
+    python -m asr.evaluate checkpoint=best.ckpt data_dir=my_audio/ lexicon=cmudict.dict   # PER too
 
 Arguments are key=value (see `EvaluateConfig` below, or `python -m asr.evaluate --help`):
 `attention` is an attention spec (a registry name such as `iclustered`, or a short form such as
@@ -16,6 +18,13 @@ next to checkpoints/), `data.<key>=...` changes any data option (e.g. `data.root
 its audio is converted once into manifests and features under <data_dir>/asr_manifests (or
 `data.root`), and its word transcripts score the chars / sentencepiece heads (a phone head
 decodes, unscored).
+
+decoder=lexicon decodes words through a pronunciation lexicon and a word n-gram LM
+(asr.decoding, flashlight-text) on the phone head (or the first word head without one): WER/CER
+come from it, PER still from the phone head. lexicon/lm default to the corpus folder's
+lexicon.txt and lm/3gram.arpa.gz (the synth recipe writes them); lm=none decodes with the lexicon
+only. With data_dir, lexicon=PATH also turns the word transcripts into phone references, so the
+phone head gets a PER (words missing from the lexicon are listed).
 
 Writes to `out` (default: <run folder>/evaluations/<name>/, the name made of every option that
 changes the numbers: split, attention and options, decoder, seed, device, limit, data source;
@@ -52,13 +61,14 @@ from asr.data.manifests import ManifestError
 from asr.exit_status import SUCCESS, run_command
 from asr.metrics import percent
 from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
-from asr.model.ctc import DECODERS, decode_transcripts
+from asr.model.ctc import DECODERS as CTC_DECODERS, decode_transcripts
 from asr.model.recognizer import (EVALUATION_SEED, EvaluationTally, SpeechRecognizer,
                                   seed_evaluation_batch)
 from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError, ValidatedAttention, parse_attention_spec, validate_attention
 
 log = logging.getLogger("asr.evaluate")
+DECODERS = (*CTC_DECODERS, "lexicon")   # lexicon: words through a lexicon and an n-gram LM (asr.decoding)
 KALDI_CORPUS, KALDI_SPLIT = "kaldi", "eval"
 
 
@@ -73,8 +83,15 @@ class EvaluateConfig:
     split: Optional[str] = None          # a split of the corpus; None: its test split
     data_dir: Optional[str] = None       # a Kaldi-style data directory to score instead of a split
     data: dict = field(default_factory=dict)   # data.<key>=... overrides of the run's data config
-    decoder: str = "greedy"              # greedy | beam (CTC prefix beam search, no LM)
+    decoder: str = "greedy"              # greedy | beam (CTC prefix beam search, no LM) | lexicon (+ LM)
     beam_size: int = 8
+    lexicon: Optional[str] = None        # decoder=lexicon: word -> phones file; None: <data root>/lexicon.txt
+    lm: Optional[str] = None             # ARPA (.arpa/.arpa.gz); None: <data root>/lm/3gram.arpa.gz; none: no LM
+    lm_weight: float = 1.0
+    word_score: float = 0.0
+    beam: int = 50                       # the lexicon decoder's beam
+    restrict_lexicon: bool = False       # decode only the lexicon words the LM knows
+    decode_workers: Optional[int] = None  # lexicon decoding processes; None: min(4, CPUs)
     seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention
     device: str = "cpu"                  # cpu | cuda | cuda:N
     threads: Optional[int] = None        # torch.set_num_threads; None: torch's default
@@ -282,6 +299,8 @@ class EvaluationResult:
     input_frames: int               # 10 ms feature frames
     encoder_frames: int
     audio_seconds: float
+    decode_seconds: float = 0.0     # wall time of the whole split: forward, decoding, scoring
+    missing_words: list = field(default_factory=list)   # transcript words the phone lexicon lacks
 
     def timing(self) -> dict[str, float]:
         count = max(1, len(self.utterances))
@@ -299,11 +318,19 @@ def _synchronize(device: torch.device) -> None:
 
 @torch.no_grad()
 def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "greedy", beam_size: int = 8,
-                 seed: int = EVALUATION_SEED, limit: int | None = None, progress: bool = True
-                 ) -> EvaluationResult:
-    """Decodes every utterance of the split; times the model's forward pass (not the decoding)."""
+                 seed: int = EVALUATION_SEED, limit: int | None = None, progress: bool = True,
+                 word_decoder=None, phone_lexicon: dict | None = None) -> EvaluationResult:
+    """Decodes every utterance of the split; times the model's forward pass (not the decoding).
+
+    word_decoder: (head, ParallelLexiconDecoder) of decoder=lexicon; its workers decode while the
+    model computes the next batch. phone_lexicon: word -> pronunciations, to score an unscored
+    phone head against the word transcripts' pronunciations (a Kaldi directory)."""
     from tqdm.auto import tqdm
+    from asr.decoding.lexicon import words_to_phones
     model.eval()
+    started = time.perf_counter()
+    pending: list = []                  # (record, reference words, the worker's result)
+    missing_words: dict[str, int] = {}
     device = model.device
     loader = data.datamodule.dataloader(data.split)
     tally = EvaluationTally()
@@ -322,23 +349,52 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
         _synchronize(device)
         forward_seconds += time.perf_counter() - start
         input_frames += int(lengths.sum())
-        hypotheses = {}
-        for kind, scores in log_probs.items():
-            hypotheses[kind] = decode_transcripts(scores, out_lengths, model.tokenizers[kind], decoder, beam_size)
+        word_heads = "beam" if decoder == "beam" else "greedy"   # decoder=lexicon: greedy per head, words below
+        hypotheses = {kind: decode_transcripts(scores, out_lengths, model.tokenizers[kind], word_heads, beam_size)
+                      for kind, scores in log_probs.items()}
         references = batch_references(batch, {kind: model.tokenizers[kind].field for kind in data.scored})
+        if phone_lexicon is not None:   # an unscored phone head against the transcripts' pronunciations
+            for kind, tokenizer in model.tokenizers.items():
+                if tokenizer.field == "phones" and kind not in references:
+                    references[kind] = []
+                    for text in batch["texts"]:
+                        phones, missing = words_to_phones(text, phone_lexicon)
+                        references[kind].append(phones)
+                        for word in missing:
+                            missing_words[word] = missing_words.get(word, 0) + 1
         tally.add(hypotheses, references, out_lengths)
-        for i, utterance_id in enumerate(batch["ids"]):
-            records.append({"id": utterance_id, **{
-                kind: {"hypothesis": hypotheses[kind][i],
-                       **({"reference": references[kind][i]} if kind in references else {})}
-                for kind in hypotheses}})
+        batch_records = [{"id": utterance_id, **{
+            kind: {"hypothesis": hypotheses[kind][i],
+                   **({"reference": references[kind][i]} if kind in references else {})}
+            for kind in hypotheses}} for i, utterance_id in enumerate(batch["ids"])]
+        if word_decoder is not None:
+            head, parallel = word_decoder
+            rows = log_probs[head].cpu().numpy()
+            for i, record in enumerate(batch_records):
+                pending.append((record, batch["texts"][i], parallel.submit(rows[i, :int(out_lengths[i])])))
+        records.extend(batch_records)
     bar.close()
     if not records:
         raise EvaluationError(f"split {data.split!r} of {data.source} has no utterances")
-    scored_tokenizers = {kind: model.tokenizers[kind] for kind in data.scored}
+    scored_tokenizers = {kind: model.tokenizers[kind] for kind in tally.references}
+    rates = tally.error_rates(scored_tokenizers)
+    if pending:
+        from asr.decoding.evaluation import word_rates
+        words = tqdm(pending, desc="lexicon decoding", unit="utt", disable=not progress, leave=False)
+        for record, _, result in words:
+            record["lexicon"] = {"hypothesis": result.get()}
+        references = [reference for _, reference, _ in pending]
+        rates.update(word_rates(references, [record["lexicon"]["hypothesis"] for record, _, _ in pending]))
+        for record, reference, _ in pending:
+            record["lexicon"]["reference"] = reference
+        rates["wer"], rates["cer"] = rates["wer_lexicon"], rates["cer_lexicon"]
+    if missing_words:
+        shown = ", ".join(sorted(missing_words, key=missing_words.get, reverse=True)[:10])
+        log.warning("%d words of the transcripts are not in the lexicon (phone references lack them): %s",
+                    len(missing_words), shown)
     audio_seconds = input_frames * 0.01          # 10 ms frame shift
-    return EvaluationResult(tally.error_rates(scored_tokenizers), records, forward_seconds, input_frames,
-                            tally.encoder_frames, audio_seconds)
+    return EvaluationResult(rates, records, forward_seconds, input_frames, tally.encoder_frames, audio_seconds,
+                            time.perf_counter() - started, sorted(missing_words))
 
 
 # ---- the command ------------------------------------------------------------------------------------
@@ -354,7 +410,7 @@ def default_out_dir(config: EvaluateConfig, split: str, label: str) -> Path:
     test_iclustered_bits63_clusters100_iterations10_topk32_greedy_seed0_cpu."""
     run = run_folder_of(config.checkpoint)
     base = run / "evaluations" if run is not None else Path("evaluations") / Path(config.checkpoint).stem
-    decoder = "greedy" if config.decoder == "greedy" else f"beam{config.beam_size}"
+    decoder = {"greedy": "greedy", "beam": f"beam{config.beam_size}"}.get(config.decoder) or lexicon_label(config)
     parts = [split, label, decoder, f"seed{config.seed}", config.device.replace(":", "")]
     if config.limit is not None:
         parts.append(f"limit{config.limit}")
@@ -363,6 +419,13 @@ def default_out_dir(config: EvaluateConfig, split: str, label: str) -> Path:
         source = {"data_dir": str(Path(config.data_dir).resolve()) if config.data_dir else None, "data": data}
         parts.append("data" + hashlib.sha1(json.dumps(source, sort_keys=True).encode()).hexdigest()[:8])
     return base / "_".join(parts)
+
+
+def lexicon_label(config: EvaluateConfig) -> str:
+    """lexicon_lmw1.0_ws0.0_beam50_<hash of the lexicon and LM paths>: a folder-name part."""
+    files = json.dumps([config.lexicon, config.lm, config.restrict_lexicon])
+    return (f"lexicon_lmw{config.lm_weight}_ws{config.word_score}_beam{config.beam}_"
+            + hashlib.sha1(files.encode()).hexdigest()[:6])
 
 
 def write_outputs(out: Path, result: EvaluationResult, report: dict) -> None:
@@ -391,13 +454,30 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
     data = evaluation_data(model, config.checkpoint, split_name, config.data_dir, dict(config.data),
                            progress=config.progress)
     out = out or default_out_dir(config, data.split, label)
-    result = decode_split(model, data, config.decoder, config.beam_size, config.seed, config.limit,
-                          config.progress)
+    word_decoder, phone_lexicon, lexicon_settings = None, None, None
+    if config.decoder == "lexicon":
+        from asr.decoding.evaluation import resolve_settings, start_word_decoder
+        lexicon_settings = resolve_settings(config.lexicon, config.lm, data.datamodule.cfg.root,
+                                            lm_weight=config.lm_weight, word_score=config.word_score,
+                                            beam=config.beam, restrict_lexicon=config.restrict_lexicon)
+        word_decoder = start_word_decoder(model.tokenizers, lexicon_settings, config.decode_workers)
+    if config.lexicon and config.data_dir:
+        from asr.decoding.lexicon import read_lexicon
+        phone_lexicon = read_lexicon(config.lexicon)
+    try:
+        result = decode_split(model, data, config.decoder, config.beam_size, config.seed, config.limit,
+                              config.progress, word_decoder, phone_lexicon)
+    finally:
+        if word_decoder is not None:
+            word_decoder[1].close()
     report = {
         "checkpoint": str(config.checkpoint), "data": data.source, "split": data.split,
         "trained_with": trained, "evaluated_with": attention.as_config(),
         "same_as_training": attention.as_config() == trained,
-        "decoder": config.decoder if config.decoder == "greedy" else f"beam (size {config.beam_size})",
+        "decoder": {"greedy": "greedy", "beam": f"beam (size {config.beam_size})"}.get(config.decoder, "lexicon"),
+        "lexicon_decoder": (dict(lexicon_settings.describe(), head=word_decoder[0])
+                            if lexicon_settings is not None else None),
+        "decode_seconds": result.decode_seconds, "words_missing_from_lexicon": result.missing_words,
         "seed": config.seed, "limit": config.limit, "data_overrides": dict(config.data),
         "utterances": len(result.utterances), "scored_heads": data.scored,
         "error_rates": result.rates, **result.timing(),
@@ -415,8 +495,11 @@ def main(argv: list[str] | None = None) -> int:
         return SUCCESS
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     install_warning_filters()
+    from asr.decoding.lexicon import LexiconFileError
+    from asr.decoding.ngram import LanguageModelError
     return run_command("asr.evaluate", lambda: _evaluate_and_print(argv),
-                       usage_errors=(EvaluationError, AttentionConfigError, ManifestError, CheckpointError))
+                       usage_errors=(EvaluationError, AttentionConfigError, ManifestError, CheckpointError,
+                                     LexiconFileError, LanguageModelError))
 
 
 def _evaluate_and_print(argv: list[str]) -> None:
@@ -427,10 +510,15 @@ def _evaluate_and_print(argv: list[str]) -> None:
     print(f"{report['checkpoint']}: {report['utterances']} utterances of {report['data']}")
     print(f"attention {attention['name']} {({k: v for k, v in attention.items() if k != 'name'})}"
           f"{' (as trained)' if report['same_as_training'] else ''}, {report['decoder']} decoding")
+    if report["lexicon_decoder"]:
+        settings = report["lexicon_decoder"]
+        print(f"lexicon {settings['lexicon']}, LM {settings['lm']}, lm_weight {settings['lm_weight']}, "
+              f"word_score {settings['word_score']}, beam {settings['beam']} on the {settings['head']} head")
     print(f"PER {percent(rates.get('per'))}  WER {percent(rates.get('wer'))}  CER {percent(rates.get('cer'))}")
     print(f"forward: {report['forward_ms_per_utterance']:.1f} ms per utterance, "
           f"{report['forward_us_per_frame']:.1f} us per 10 ms frame (real-time factor "
           f"{report['real_time_factor']:.3f}) on {report['device']} with {report['threads']} threads")
+    print(f"decoding took {report['decode_seconds']:.1f} s in all")
     print(f"wrote {report['out']}/results.json and hypotheses.jsonl")
 
 

@@ -404,6 +404,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         for name, value in sorted((metrics or [{}])[0].items()):   # Lightning printed them as a table
             file_log.info("%-24s %s", name, value)
         results["test"] = model.last_error_rates.get("test", {})
+        if trainer.is_global_zero:   # words through the corpus's lexicon and LM, when it ships them
+            from asr.decoding.evaluation import lexicon_test_rates
+            results["test"].update(lexicon_test_rates(best_path, cfg.data.root, bool(cfg.data.progress)) or {})
     results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
     if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them
         (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -523,7 +526,9 @@ def run(cfg: DictConfig) -> None:
     say(f"\nrun folder: {run_dir}")
     if test:
         say(f"test: PER {percent(test.get('per'))}  WER {percent(test.get('wer'))}  "
-            f"CER {percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})")
+            f"CER {percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})"
+            + (f"\n      lexicon + LM: WER {percent(test['wer_lexicon'])}  CER {percent(test['cer_lexicon'])}"
+               if "wer_lexicon" in test else ""))
 
 
 def main() -> None:

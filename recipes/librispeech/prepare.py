@@ -128,21 +128,36 @@ def prepare_librispeech(corpus_dir, out_dir, *, train_subsets=TRAIN_SUBSETS, lex
                            phone_set="arpabet39" if pronunciations else None, jobs=jobs, progress=progress)
 
 
+from asr.decoding.lexicon import LexiconFileError  # noqa: E402  (decoding files' errors)
+from asr.decoding.ngram import LanguageModelError  # noqa: E402
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--corpus-dir", required=True, help="the LibriSpeech folder (holding train-clean-100/ ...)")
     parser.add_argument("--out", default="data/librispeech", help="where the manifests go (default data/librispeech)")
     parser.add_argument("--train-subsets", nargs="+", default=list(TRAIN_SUBSETS), choices=TRAIN_SUBSETS)
+    parser.add_argument("--lm-dir", default=None,
+                        help="OpenSLR 11's folder (librispeech-lexicon.txt and the ARPA files): installs the "
+                             "lexicon and --lm-name into --out for asr.evaluate decoder=lexicon")
+    parser.add_argument("--lm-name", default="3-gram.pruned.1e-7.arpa.gz",
+                        help="the ARPA file of --lm-dir to decode with (default 3-gram.pruned.1e-7.arpa.gz)")
     add_preparation_arguments(parser, lexicon="optional",
                               lexicon_help="CMUdict-format lexicon for phone targets (e.g. librispeech-lexicon.txt)")
     args = parser.parse_args(argv)
-    return run_preparation(
-        "recipes.librispeech.prepare",
-        lambda: prepare_librispeech(args.corpus_dir, args.out, train_subsets=args.train_subsets,
-                                    lexicon=args.lexicon, extra_lexicon=args.extra_lexicon, oov_policy=args.oov,
-                                    bad_data_policy=args.bad_data, jobs=args.jobs, progress=not args.no_progress),
-        (LibriSpeechLayoutError,))
+
+    def prepare():
+        report = prepare_librispeech(args.corpus_dir, args.out, train_subsets=args.train_subsets,
+                                     lexicon=args.lexicon, extra_lexicon=args.extra_lexicon, oov_policy=args.oov,
+                                     bad_data_policy=args.bad_data, jobs=args.jobs, progress=not args.no_progress)
+        if args.lm_dir:
+            from recipes.decoding_files import install_decoding_files
+            lm_dir = Path(args.lm_dir)
+            install_decoding_files(args.out, lm_dir / "librispeech-lexicon.txt", lm_dir / args.lm_name)
+        return report
+    return run_preparation("recipes.librispeech.prepare", prepare,
+                           (LibriSpeechLayoutError, LanguageModelError, LexiconFileError))
 
 
 if __name__ == "__main__":

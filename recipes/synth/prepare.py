@@ -29,7 +29,8 @@ speaker and voicing), synthesis in parallel, the manifests and the report.
 
 Output in ``out_dir``: ``synth_{recordings,supervisions,cuts}_{train,dev,test}.jsonl.gz`` (audio
 paths relative to ``out_dir``, which ``asr.data.manifests`` resolves), ``audio/``, ``meta/``,
-``synth_report.json``.
+``synth_report.json``, and for lexicon decoding ``lexicon.txt`` (every corpus word) and
+``lm/3gram.arpa.gz`` (trained on the training transcripts only), see ``recipes.synth.lexicon_lm``.
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ from pathlib import Path
 import numpy as np
 
 from asr.exit_status import run_command
+from recipes.synth.lexicon_lm import write_lexicon_and_lm
 from recipes.synth.phonemes import UnmappablePhonemeError
 from recipes.synth.sentences import load_sentences, normalise_text
 from recipes.synth.voices import (
@@ -285,6 +287,7 @@ def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: in
     report = _is_complete(out_dir, request)
     if report is not None:
         _check_config(out_dir, seed, sentences, utterance_scale)
+        write_lexicon_and_lm(out_dir, CORPUS, SPLITS)     # a folder made before they existed gains them
         return report
     check_synthesisers()
     _check_config(out_dir, seed, sentences, utterance_scale)
@@ -299,6 +302,7 @@ def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: in
             kept[split], dropped[split] = _generate_split(out_dir, planner,
                                                           counts[split], pool, progress)
     _write_manifests(out_dir, kept)
+    write_lexicon_and_lm(out_dir, CORPUS, SPLITS)
     report = _make_report(request, kept, dropped, pools, jobs, time.time() - started)
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=1, sort_keys=True))
     return report

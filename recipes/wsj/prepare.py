@@ -293,6 +293,10 @@ def prepare_wsj(corpus_dirs, out_dir, lexicon, *, extra_lexicon=(), train_set: s
                            jobs=jobs, progress=progress)
 
 
+from asr.decoding.lexicon import LexiconFileError  # noqa: E402  (decoding files' errors)
+from asr.decoding.ngram import LanguageModelError  # noqa: E402
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -300,14 +304,23 @@ def main(argv=None) -> int:
                         help="a Kaldi data/ folder, or the folders holding the WSJ0 and WSJ1 LDC discs")
     parser.add_argument("--out", default="data/wsj", help="where the manifests and audio go (default data/wsj)")
     parser.add_argument("--train-set", choices=TRAIN_SETS, default="si284")
+    parser.add_argument("--lm", default=None,
+                        help="an ARPA LM for lexicon decoding, e.g. WSJ1's 20k closed-vocabulary trigram "
+                             "13-32.1/wsj1/doc/lng_modl/base_lm/tcb20onp.z; installed into --out with the lexicon "
+                             "restricted to its vocabulary")
     add_preparation_arguments(parser, lexicon="required", lexicon_help="CMUdict-format lexicon (e.g. cmudict-0.7b)")
     args = parser.parse_args(argv)
-    return run_preparation(
-        "recipes.wsj.prepare",
-        lambda: prepare_wsj(args.corpus_dir, args.out, args.lexicon, extra_lexicon=args.extra_lexicon,
-                            train_set=args.train_set, oov_policy=args.oov, bad_data_policy=args.bad_data,
-                            jobs=args.jobs, progress=not args.no_progress),
-        (WsjLayoutError, KaldiDataDirError))
+
+    def prepare():
+        report = prepare_wsj(args.corpus_dir, args.out, args.lexicon, extra_lexicon=args.extra_lexicon,
+                             train_set=args.train_set, oov_policy=args.oov, bad_data_policy=args.bad_data,
+                             jobs=args.jobs, progress=not args.no_progress)
+        if args.lm:
+            from recipes.decoding_files import install_decoding_files
+            install_decoding_files(args.out, [args.lexicon, *(args.extra_lexicon or [])], args.lm)
+        return report
+    return run_preparation("recipes.wsj.prepare", prepare,
+                           (WsjLayoutError, KaldiDataDirError, LanguageModelError, LexiconFileError))
 
 
 if __name__ == "__main__":

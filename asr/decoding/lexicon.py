@@ -1,0 +1,105 @@
+"""Pronunciation lexicons for decoding: word -> one or more phone spellings.
+
+Line forms accepted (our `lexicon.txt`, CMUdict, LibriSpeech's librispeech-lexicon.txt):
+
+    word  HH AH L OW            one pronunciation per line; a word may have several lines
+    WORD(2)  HH AH0 L OW1       CMUdict: (N) alternative markers and stress digits are removed
+    ;;; comment                 skipped, as are empty lines and trailing '#' comments
+
+Words are lowercased (transcripts are lowercase). Unlike `recipes.lexicon` (which picks one
+pronunciation per word to make phone targets), every pronunciation is kept: the decoder searches
+all of them.
+"""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Iterable
+
+from asr.data.phones import strip_stress
+
+_ALTERNATIVE = re.compile(r"\(\d+\)$")
+
+
+class LexiconFileError(ValueError):
+    """A lexicon that is missing, malformed, or does not fit the model or LM; the message says what to do."""
+
+
+def _examples(items: Iterable[str], limit: int = 5) -> str:
+    items = list(items)
+    shown = ", ".join(repr(item) for item in items[:limit])
+    return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
+
+
+def read_lexicon(path: str | Path) -> dict[str, list[tuple[str, ...]]]:
+    """word -> its distinct pronunciations (stress-free phones), in file order."""
+    path = Path(path)
+    if not path.is_file():
+        raise LexiconFileError(f"lexicon file {path} does not exist; give lexicon=PATH (lines 'word PH ON ES')")
+    lexicon: dict[str, list[tuple[str, ...]]] = {}
+    malformed: list[str] = []
+    try:
+        lines = path.read_text(encoding="utf-8", errors="strict").splitlines()
+    except (OSError, UnicodeDecodeError) as error:
+        raise LexiconFileError(f"lexicon file {path} cannot be read as UTF-8 text ({error})") from None
+    for number, line in enumerate(lines, 1):
+        line = line.split("#", 1)[0].strip() if not line.startswith(";;;") else ""
+        if not line:
+            continue
+        fields = line.split()
+        if len(fields) < 2:
+            malformed.append(f"line {number}: {line[:40]!r}")
+            continue
+        word = _ALTERNATIVE.sub("", fields[0]).lower()
+        phones = tuple(strip_stress(phone).upper() for phone in fields[1:])
+        spellings = lexicon.setdefault(word, [])
+        if phones not in spellings:
+            spellings.append(phones)
+    if malformed:
+        raise LexiconFileError(f"lexicon file {path}: {len(malformed)} lines are not 'word PHONE PHONE ...' "
+                               f"({_examples(malformed)})")
+    if not lexicon:
+        raise LexiconFileError(f"lexicon file {path} holds no pronunciations")
+    return lexicon
+
+
+def check_lexicon_phones(lexicon: dict[str, list[tuple[str, ...]]], phones: Iterable[str], path: str | Path) -> None:
+    """LexiconFileError when the lexicon spells words with phones outside the model's phone set."""
+    known = set(phones)
+    unknown: dict[str, list[str]] = {}
+    for word, spellings in lexicon.items():
+        for spelling in spellings:
+            for phone in spelling:
+                if phone not in known:
+                    unknown.setdefault(phone, []).append(word)
+    if unknown:
+        words = sorted({word for ws in unknown.values() for word in ws})
+        raise LexiconFileError(
+            f"lexicon file {path}: {len(words)} words are spelled with {len(unknown)} phones the model does "
+            f"not have ({_examples(sorted(unknown))}; e.g. in {_examples(words)}); the model's phones are "
+            f"{' '.join(sorted(known))}: map the lexicon onto them")
+
+
+def write_lexicon(lexicon: dict[str, list[tuple[str, ...]]], path: str | Path) -> Path:
+    """Writes `word PH ON ES` lines (one per pronunciation, words sorted), atomically."""
+    import os
+    path = Path(path)
+    partial = path.with_name(path.name + ".partial")
+    partial.write_text("".join(f"{word} {' '.join(spelling)}\n" for word in sorted(lexicon)
+                               for spelling in lexicon[word]), encoding="utf-8")
+    os.replace(partial, path)
+    return path
+
+
+def words_to_phones(text: str, lexicon: dict[str, list[tuple[str, ...]]]) -> tuple[str, list[str]]:
+    """A word transcript's phone reference (each word's first pronunciation) and its words
+    missing from the lexicon (the reference then lacks them)."""
+    phones: list[str] = []
+    missing: list[str] = []
+    for word in text.split():
+        spellings = lexicon.get(word.lower())
+        if spellings:
+            phones.extend(spellings[0])
+        else:
+            missing.append(word)
+    return " ".join(phones), missing
