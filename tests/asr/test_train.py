@@ -251,8 +251,12 @@ def test_cli_trains_tests_prints_and_resumes_in_the_run_folder(tiny_synth, tmp_p
             assert re.search(rf"{re.escape(row.group(2))}\s+{re.escape(row.group(3))}", train_log), line
     assert "training stopped: trainer.max_epochs=1 epochs done" in train_log
     assert "GPU available" in train_log
-    assert train_log.rstrip().endswith(f"test: PER {per:.2f}%  WER {wer:.2f}%  CER {100 * results['test']['cer']:.2f}%"
-                                       f"  (mean encoder length {results['test']['encoder_length']:.0f})")
+    test_line = (f"test: PER {per:.2f}%  WER {wer:.2f}%  CER {100 * results['test']['cer']:.2f}%"
+                 f"  (mean encoder length {results['test']['encoder_length']:.0f})")
+    # the tiny synth corpus ships a lexicon and an LM, so the words decoded through them come last
+    lexicon_line = (f"      lexicon + LM: WER {100 * results['test']['wer_lexicon']:.2f}%  "
+                    f"CER {100 * results['test']['cer_lexicon']:.2f}%")
+    assert train_log.rstrip().endswith(f"{test_line}\n{lexicon_line}")
     second = run_cli(*arguments, "trainer.max_epochs=2", "ckpt_path=last", cwd=tmp_path)
     assert second.returncode == 0, second.stderr[-3000:]
     assert list((tmp_path / "runs" / "synth_full").iterdir()) == [run]    # continued in the same folder
