@@ -56,8 +56,9 @@ class Setting:
 
     @property
     def specs(self) -> tuple[str, ...]:
+        """Table 1's rows, then this project's further linear-cost attentions (no finding rests on them)."""
         return ("full", "shared-full", "lsh-1", "lsh-4", f"clustered-{self.small}", f"clustered-{self.large}",
-                f"i-clustered-{self.small}", f"i-clustered-{self.large}", "oracle-top")
+                f"i-clustered-{self.small}", f"i-clustered-{self.large}", "oracle-top", "linear", "agglomerative-8")
 
     def preset_overrides(self, preset: str) -> list[str]:
         clusters = [f"attention.clusters={self.train_clusters}"] if preset in CLUSTERED_PRESETS else []
@@ -273,9 +274,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--out", type=Path, default=None,
                         help="folder of the runs and the matrix (default: runs/synth_experiment_<setting>)")
     parser.add_argument("--presets", nargs="+", default=list(PRESETS), metavar="PRESET",
-                        help="train-with presets, the matrix's columns (default: the six synth ones)")
+                        help="train-with presets, the matrix's columns (default: the six synth ones; add "
+                             "synth_linear synth_agglomerative for columns of those, each one more training run)")
     parser.add_argument("--specs", nargs="+", default=None, metavar="SPEC",
-                        help="evaluate-with attention specs, the rows (default: the setting's Table 1 rows)")
+                        help="evaluate-with attention specs, the rows (default: the setting's Table 1 rows, then linear and agglomerative-8)")
     parser.add_argument("--steps", type=int, default=None,
                         help="training steps per preset (default: the setting's, "
                              + ", ".join(f"{name} {s.steps}" for name, s in SETTINGS.items()) + ")")

@@ -94,7 +94,7 @@ def test_the_paper_setting_gives_about_780_positions_and_100_clusters(preset):
     if cfg.attention.name in ("clustered", "iclustered"):
         assert cfg.attention.clusters == 100
     assert setting.specs == ("full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "clustered-200",
-                             "i-clustered-100", "i-clustered-200", "oracle-top")
+                             "i-clustered-100", "i-clustered-200", "oracle-top", "linear", "agglomerative-8")
 
 
 # ---- what the experiment keeps -------------------------------------------------------------------
