@@ -277,7 +277,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="train-with presets, the matrix's columns (default: the six synth ones; add "
                              "synth_linear synth_agglomerative for columns of those, each one more training run)")
     parser.add_argument("--specs", nargs="+", default=None, metavar="SPEC",
-                        help="evaluate-with attention specs, the rows (default: the setting's Table 1 rows, then linear and agglomerative-8)")
+                        help="evaluate-with attention specs, the rows (default: the setting's Table 1 rows, "
+                             "then linear and agglomerative-8)")
     parser.add_argument("--steps", type=int, default=None,
                         help="training steps per preset (default: the setting's, "
                              + ", ".join(f"{name} {s.steps}" for name, s in SETTINGS.items()) + ")")
