@@ -18,11 +18,12 @@ import torch
 
 @dataclass
 class SpecAugment:
-    freq_masks: int = 2
-    freq_mask_width: int = 10
-    time_masks: int = 2
-    time_mask_width: int = 40
-    time_mask_max_fraction: float = 0.2
+    # No defaults: they live in the data config's schema (asr.data.datamodule.DataConfig).
+    freq_masks: int
+    freq_mask_width: int
+    time_masks: int
+    time_mask_width: int
+    time_mask_max_fraction: float
 
     def __post_init__(self):
         for name in ("freq_masks", "freq_mask_width", "time_masks", "time_mask_width"):

@@ -72,7 +72,7 @@ class FilterBank:
     T = `num_frames(len(waveform))`; a waveform shorter than one frame gives (0, num_mel_bins).
     """
 
-    def __init__(self, num_mel_bins: int = 40, sampling_rate: int = SAMPLING_RATE,
+    def __init__(self, num_mel_bins: int, sampling_rate: int = SAMPLING_RATE,
                  frame_length_ms: float = 25.0, frame_shift_ms: float = 10.0,
                  low_freq: float = 20.0, high_freq: float = 0.0, preemphasis: float = 0.97):
         if num_mel_bins < 1:

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from asr.metrics import char_error_rate, phone_error_rate, word_error_rate
+from asr.metrics import char_error_rate, percent, phone_error_rate, word_error_rate
 from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode, prefix_beam_search
 
 
@@ -117,3 +117,8 @@ def test_char_error_rate_counts_spaces_as_characters():
     assert char_error_rate(["ab cd", "xy"], ["abcd", "xz"]) == pytest.approx(2 / 7)
     # runs of spaces collapse before scoring
     assert char_error_rate(["ab  cd "], [" ab cd"]) == 0.0
+
+
+def test_percent_formats_a_rate_for_people():
+    assert percent(0.1234) == "12.34%" and percent(1.5) == "150.00%" and percent(0.0) == "0.00%"
+    assert percent(None) == "n/a"

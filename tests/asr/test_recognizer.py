@@ -9,7 +9,7 @@ import torch
 
 from asr.data.tokenizers import build_tokenizer
 from asr.metrics import phone_error_rate
-from asr.model.recognizer import SpeechRecognizer, warmup_factor
+from asr.model.recognizer import EvaluationTally, SpeechRecognizer, warmup_factor
 from attention_ext import validate_attention
 
 FEATURES = 12
@@ -163,3 +163,12 @@ def test_attention_is_built_as_validated_and_kept_as_a_plain_hyper_parameter():
     assert recognizer.hparams.attention == expected
     assert repr(recognizer.encoder.layers[0].attention) == "ClusteredAttention(clusters=7, bits=63, iterations=10)"
     assert toy_recognizer({"name": "clustered", "clusters": 7}).hparams.attention == expected
+
+
+def test_the_evaluation_tally_adds_batches_up():
+    tally = EvaluationTally()
+    tally.add({"phones": ["AH", "B"], "chars": ["a", "b"]}, {"phones": ["AH", "B C"]}, torch.tensor([3, 4]))
+    tally.add({"phones": ["D"], "chars": ["d"]}, {"phones": ["D"]}, torch.tensor([5]))
+    assert tally.references == {"phones": ["AH", "B C", "D"]}      # only the scored head
+    assert tally.hypotheses == {"phones": ["AH", "B", "D"]}
+    assert (tally.utterances, tally.encoder_frames) == (3, 12)

@@ -31,7 +31,7 @@ def batch(lengths, num_bins=40, seed=0):
 
 
 def test_one_frequency_band_per_utterance_of_at_most_the_width_and_only_on_valid_frames():
-    augment = SpecAugment(freq_masks=1, freq_mask_width=7, time_masks=0)
+    augment = SpecAugment(freq_masks=1, freq_mask_width=7, time_masks=0, time_mask_width=0, time_mask_max_fraction=0.0)
     features, lengths = batch([120, 80, 50])
     widths = []
     for seed in range(200):
@@ -52,7 +52,8 @@ def test_one_frequency_band_per_utterance_of_at_most_the_width_and_only_on_valid
 
 
 def test_time_bands_respect_count_width_and_fraction():
-    augment = SpecAugment(freq_masks=0, time_masks=2, time_mask_width=30, time_mask_max_fraction=0.2)
+    augment = SpecAugment(freq_masks=0, freq_mask_width=0, time_masks=2, time_mask_width=30,
+                          time_mask_max_fraction=0.2)
     features, lengths = batch([200, 60])
     longest = [0, 0]
     for seed in range(200):
@@ -72,7 +73,7 @@ def test_time_bands_respect_count_width_and_fraction():
 
 
 def test_masks_counted_per_utterance():
-    augment = SpecAugment(freq_masks=3, freq_mask_width=2, time_masks=0)
+    augment = SpecAugment(freq_masks=3, freq_mask_width=2, time_masks=0, time_mask_width=0, time_mask_max_fraction=0.0)
     features, lengths = batch([100] * 4)
     for seed in range(50):
         out = augment(features, lengths, FILL, torch.Generator().manual_seed(seed))
