@@ -53,10 +53,10 @@ class DataConfig:
     """The `data:` section of the Hydra config."""
 
     corpus: str = "synth"                 # manifests are {root}/{corpus}_cuts_{split}.jsonl.gz
-    root: str = "data/synth"
-    train_split: str = "train"
-    dev_split: str = "dev"
-    test_split: str = "test"
+    root: str = "data/synth"              # the folder holding the manifests (and, by default, the feature cache)
+    train_split: str = "train"            # training split: {root}/{corpus}_cuts_{train_split}.jsonl.gz
+    dev_split: str = "dev"                # validation split (picks the best checkpoint)
+    test_split: str = "test"              # scored once at the end of asr.train
     # Tokenizer kinds, one CTC head each; the first is the primary one (its error rate picks the best checkpoint).
     targets: List[str] = field(default_factory=lambda: ["phones", "chars"])
     sentencepiece_vocab: int = 256        # sentencepiece pieces incl. <unk>; the head adds the blank
@@ -65,13 +65,13 @@ class DataConfig:
     precompute_features: bool = True      # cache fbank under {root}/features/; false: compute per batch
     feature_jobs: int = 1                 # processes that precompute features (2 was slower on a shared 2-core box)
     specaugment: bool = True              # training batches only
-    freq_masks: int = 2
+    freq_masks: int = 2                   # SpecAugment frequency bands masked per utterance
     freq_mask_width: int = 10             # mel bins, each band 0..width wide
-    time_masks: int = 2
+    time_masks: int = 2                   # SpecAugment time bands masked per utterance
     time_mask_width: int = 40             # frames (10 ms), each band 0..width wide ...
     time_mask_max_fraction: float = 0.2   # ... and at most this fraction of the utterance
     max_duration: float = 200.0           # padded seconds per batch: batch size x longest utterance
-    num_buckets: int = 10
+    num_buckets: int = 10                 # duration buckets; a batch takes utterances of one bucket
     num_workers: int = 0                  # DataLoader workers (0 is fastest with precomputed features)
     max_train_utterances: Optional[int] = None  # use only the first N training cuts (quick runs)
     skip_bad_audio: bool = False          # false: missing/corrupt audio is an error listing every cut
