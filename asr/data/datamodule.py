@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -62,7 +63,8 @@ class DataConfig:
     sentencepiece_vocab: int = 256        # sentencepiece pieces incl. <unk>; the head adds the blank
     sentencepiece_type: str = "unigram"   # unigram | bpe
     num_mel_bins: int = 40                # 40 (the paper, WSJ) or 80
-    precompute_features: bool = True      # cache fbank under {root}/features/; false: compute per batch
+    precompute_features: bool = True      # cache fbank (under cache_dir); false: compute per batch
+    cache_dir: Optional[str] = None       # the feature cache; None: {root}/features (root must be writable)
     feature_jobs: int = 1                 # processes that precompute features (2 was slower on a shared 2-core box)
     specaugment: bool = True              # training batches only
     freq_masks: int = 2                   # SpecAugment frequency bands masked per utterance
@@ -101,6 +103,20 @@ def as_data_config(cfg: Any) -> DataConfig:
     return DataConfig(**cfg)
 
 
+def feature_cache_folder(cfg: DataConfig) -> Path:
+    """Where the features are cached: data.cache_dir, or by default {data.root}/features."""
+    return Path(cfg.cache_dir) if cfg.cache_dir else Path(cfg.root) / "features"
+
+
+def can_write(path: Path) -> bool:
+    """Whether `path` can be written or created: the nearest existing folder on its way is writable
+    (os.access: for root, who may write anywhere, a read-only permission bit does not count)."""
+    for candidate in (path, *path.absolute().parents):
+        if candidate.exists():
+            return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
+    return False
+
+
 def validate_data_config(cfg: DataConfig) -> None:
     """Raise ValueError naming the first bad option and what is allowed."""
     if not cfg.targets:
@@ -127,6 +143,13 @@ def validate_data_config(cfg: DataConfig) -> None:
         raise ValueError(f"data.max_train_utterances={cfg.max_train_utterances} must be >= 1 or null")
     SpecAugment(cfg.freq_masks, cfg.freq_mask_width, cfg.time_masks, cfg.time_mask_width,
                 cfg.time_mask_max_fraction)  # validates its own options
+    if cfg.precompute_features and not can_write(feature_cache_folder(cfg)):
+        if cfg.cache_dir:
+            raise ValueError(f"data.cache_dir={cfg.cache_dir!r} is not writable; give a folder you can write to")
+        raise ValueError(
+            f"the feature cache {feature_cache_folder(cfg)} cannot be written (data.root={cfg.root!r} is read-only): "
+            f"give a writable folder with data.cache_dir=FOLDER (features are computed once and reused from "
+            f"there), or data.precompute_features=false to compute them per batch")
 
 
 @dataclass
@@ -205,7 +228,7 @@ class SpeechDataModule(lightning.LightningDataModule):
 
     @property
     def feature_directory(self) -> Path:
-        return feature_directory(self.cfg.root, self.filterbank)
+        return feature_directory(feature_cache_folder(self.cfg), self.filterbank)
 
     @property
     def feature_stats(self) -> FeatureStats:
