@@ -37,8 +37,9 @@ fingerprint() {
 }
 
 # ---- 1. Debian packages: espeak-ng and flite synthesise the built-in corpus, sox resamples,
-# ffmpeg decodes shorten-compressed NIST SPHERE audio (WSJ's .wv1 files).
-apt_packages=(espeak-ng flite sox ffmpeg)
+# ffmpeg decodes shorten-compressed NIST SPHERE audio (WSJ's .wv1 files); wordnet-base holds the
+# WordNet 3.0 the shipped sentence list was built from (a test rebuilds it identically).
+apt_packages=(espeak-ng flite sox ffmpeg wordnet-base)
 missing=()
 for package in "${apt_packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

@@ -31,13 +31,13 @@ class ConfigError(ValueError):
 @dataclass
 class ModelConfig:
     """The encoder (asr/model/encoder.py) and its CTC heads. Defaults: the paper's WSJ model."""
-    layers: int = 9
-    heads: int = 6
+    layers: int = 9                    # encoder layers
+    heads: int = 6                     # attention heads per layer
     head_dim: int = 32                 # model width = heads * head_dim (192 in the paper)
-    ff_dim: int = 768
-    dropout: float = 0.1
+    ff_dim: int = 768                  # width of each layer's feed-forward block
+    dropout: float = 0.1               # dropout in attention and feed-forward blocks
     subsampling: int = 1               # 1, 2 or 4 (convolutional, stride 2 per factor of 2)
-    subsampling_channels: int = 32
+    subsampling_channels: int = 32     # channels of the subsampling convolutions
     shared_qk: bool = False            # one query/key projection; needed by shared_full and lsh
     # CTC loss weight per target kind (data.targets); a kind not named weighs 1.0.
     loss_weights: Dict[str, float] = field(default_factory=dict)
@@ -46,35 +46,35 @@ class ModelConfig:
 @dataclass
 class OptimConfig:
     """RAdam + gradient clipping + lr reduced on a validation-loss plateau (paper, sup. C.3.1)."""
-    lr: float = 1e-4
+    lr: float = 1e-4                   # RAdam learning rate
     weight_decay: float = 0.01         # decoupled, as in the RAdam code the paper used
     clip_norm: float = 10.0            # max global gradient norm; 0 disables clipping
     plateau_factor: float = 0.5        # lr *= factor when val/loss has not improved ...
     plateau_patience: int = 1          # ... for this many validations
-    min_lr: float = 1e-6
+    min_lr: float = 1e-6               # the plateau schedule never goes below this
     warmup_steps: int = 0              # linear warm-up, on top of the plateau schedule
 
 
 @dataclass
 class TrainerConfig:
     """Passed to lightning.Trainer (and the callbacks train.py adds)."""
-    max_epochs: int = 100
+    max_epochs: int = 100              # -1: no epoch limit
     max_steps: int = -1                # -1: no step limit
     max_minutes: Optional[float] = None  # wall-clock budget for training; None: none
-    accelerator: str = "auto"
+    accelerator: str = "auto"          # cpu | gpu | auto (a GPU when there is one)
     devices: Any = "auto"              # per node: a count, a list of GPU ids, or "auto" (all)
     num_nodes: int = 1                 # machines; the run has num_nodes x devices processes (DDP)
     strategy: str = "auto"             # "auto" is DDP when there are several devices or nodes
     precision: str = "32-true"         # 32-true | bf16-mixed | 16-mixed (16-mixed needs a GPU)
-    log_every_n_steps: int = 10
+    log_every_n_steps: int = 10        # training metrics to the logs every N steps
     val_check_interval: Optional[int] = None  # validate every N training batches; None: once per epoch
-    check_val_every_n_epoch: int = 1
+    check_val_every_n_epoch: int = 1   # validate after every N-th epoch
     limit_train_batches: Optional[float] = None  # <= 1: fraction of the batches; > 1: a count
-    limit_val_batches: Optional[float] = None
-    limit_test_batches: Optional[float] = None
-    num_sanity_val_steps: int = 0
-    enable_progress_bar: bool = True
-    deterministic: bool = False
+    limit_val_batches: Optional[float] = None  # as limit_train_batches, for validation
+    limit_test_batches: Optional[float] = None  # as limit_train_batches, for the test split
+    num_sanity_val_steps: int = 0      # validation batches run before training (a quick check of the loop)
+    enable_progress_bar: bool = True   # progress bars of training, validation and test
+    deterministic: bool = False        # torch's deterministic algorithms (CPU only: no deterministic CTC on a GPU)
     early_stopping_patience: Optional[int] = None  # validations without a better primary error
     torch_threads: Optional[int] = None  # torch.set_num_threads; None: torch's default
     # Debugging: every process writes the utterance ids of each batch it ran to
@@ -90,12 +90,12 @@ class TrainerConfig:
 @dataclass
 class SynthCorpusConfig:
     """How big a corpus to generate when data.corpus=synth and its manifests are missing."""
-    train_utterances: int = 3000
-    dev_utterances: int = 200
-    test_utterances: int = 200
-    seed: int = 0
-    jobs: Optional[int] = None
-    utterance_scale: int = 1     # K times longer utterances (about K x 8 s); the paper-length experiment uses 2
+    train_utterances: int = 3000       # utterances of the generated training split
+    dev_utterances: int = 200          # utterances of the generated dev split
+    test_utterances: int = 200         # utterances of the generated test split
+    seed: int = 0                      # seed of the generated sentences and voices
+    jobs: Optional[int] = None         # processes that synthesise audio; None: one per core
+    utterance_scale: int = 1           # K times longer utterances (about K x 8 s); the paper-length experiment uses 2
 
 
 @dataclass
@@ -106,7 +106,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     synth_corpus: SynthCorpusConfig = field(default_factory=SynthCorpusConfig)
-    seed: int = 0
+    seed: int = 0                      # initialisation, shuffling, SpecAugment and the attention's draws
     run_root: str = "runs"             # runs go to <run_root>/<preset>/<timestamp> ...
     run_dir: Optional[str] = None      # ... unless this names the folder
     ckpt_path: Optional[str] = None    # "last": resume the newest run of this preset; or a .ckpt path

@@ -336,11 +336,14 @@ def run(args: argparse.Namespace, progress=print) -> dict:
         torch.set_num_threads(args.threads)
     args.out.mkdir(parents=True, exist_ok=True)
     from tqdm.auto import tqdm
-    with tqdm(total=len(columns) * len(specs), desc="cells", unit="cell", disable=not sys.stderr.isatty(),
-              leave=False) as bar:
+    total = len(columns) * len(specs)
+    done = 0   # our own count: a bar disabled (stderr not a terminal) counts nothing
+    with tqdm(total=total, desc="cells", unit="cell", disable=not sys.stderr.isatty(), leave=False) as bar:
         def report(line: str) -> None:
+            nonlocal done
+            done += 1
             bar.update(1)
-            bar.write(f"[cross_matrix {bar.n}/{bar.total}] {line}", file=sys.stdout)
+            bar.write(f"[cross_matrix {done}/{total}] {line}", file=sys.stdout)
         for column in columns:
             compute_column(column, specs, args, report)
     cells = load_cells(args.out, columns, specs)

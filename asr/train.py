@@ -52,6 +52,7 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from asr.config import ConfigError, register_schema, validate_config
+from asr.config_help import schema_help
 from asr.data.corpus_preparers import corpus_preparer, unregistered_note
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError, preparation_hint
@@ -116,6 +117,8 @@ def check_launch_shares_run_folder(run_dir_option: str | None) -> None:
 
 # use_cache: Hydra may resolve hydra.run.dir more than once; the timestamp must not change.
 OmegaConf.register_new_resolver("asr_run_dir", run_folder, use_cache=True, replace=True)
+# --help's key table (conf/config.yaml, hydra.help.template), from the schema's comments
+OmegaConf.register_new_resolver("asr_schema_help", schema_help, replace=True)
 register_schema()
 
 

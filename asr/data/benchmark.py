@@ -11,11 +11,14 @@ Prints two tables, each measured in this one run:
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 import time
 from pathlib import Path
 
 from asr.data.datamodule import DataConfig, SpeechDataModule
+from asr.data.manifests import ManifestError
+from asr.exit_status import run_command
 from asr.data.feature_cache import precompute_features
 from asr.data.features import FilterBank
 
@@ -31,7 +34,9 @@ def _epoch_seconds(module: SpeechDataModule) -> tuple[float, int]:
     return seconds, frames
 
 
-def main(argv: list[str] | None = None) -> None:
+def main(argv: list[str] | None = None) -> int:
+    """The command, with the project's exit statuses (asr.exit_status): 2 for a bad option or a
+    folder without the manifests, 130 after Ctrl-C."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", required=True)
     parser.add_argument("--corpus", default="synth")
@@ -40,14 +45,24 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--num-mel-bins", type=int, default=40)
     parser.add_argument("--max-duration", type=float, default=200.0)
     args = parser.parse_args(argv)
+    return run_command("asr.data.benchmark", lambda: benchmark(args), usage_errors=(BadArguments, ManifestError))
 
+
+class BadArguments(ValueError):
+    """An option the data module refuses (its ValueError, raised before anything is measured)."""
+
+
+def benchmark(args: argparse.Namespace) -> None:
     def config(**overrides) -> DataConfig:
         return DataConfig(corpus=args.corpus, root=args.root, train_split=args.split, dev_split=args.split,
                           targets=["phones", "chars"], num_mel_bins=args.num_mel_bins,
                           max_duration=args.max_duration, max_train_utterances=args.limit, progress=False,
                           **overrides)
 
-    probe = SpeechDataModule(config(precompute_features=False))
+    try:
+        probe = SpeechDataModule(config(precompute_features=False))
+    except ValueError as error:
+        raise BadArguments(str(error)) from None
     cuts = list(probe._load(args.split).cuts)
     hours = sum(c.duration for c in cuts) / 3600
     print(f"{args.corpus}/{args.split}: {len(cuts)} utterances, {hours:.2f} h of audio, "
@@ -81,4 +96,4 @@ def main(argv: list[str] | None = None) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

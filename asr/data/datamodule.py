@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -54,25 +55,26 @@ class DataConfig:
     """The `data:` section of the Hydra config."""
 
     corpus: str = "synth"                 # manifests are {root}/{corpus}_cuts_{split}.jsonl.gz
-    root: str = "data/synth"
-    train_split: str = "train"
-    dev_split: str = "dev"
-    test_split: str = "test"
+    root: str = "data/synth"              # the folder holding the manifests (and, by default, the feature cache)
+    train_split: str = "train"            # training split: {root}/{corpus}_cuts_{train_split}.jsonl.gz
+    dev_split: str = "dev"                # validation split (picks the best checkpoint)
+    test_split: str = "test"              # scored once at the end of asr.train
     # Tokenizer kinds, one CTC head each; the first is the primary one (its error rate picks the best checkpoint).
     targets: List[str] = field(default_factory=lambda: ["phones", "chars"])
     sentencepiece_vocab: int = 256        # sentencepiece pieces incl. <unk>; the head adds the blank
     sentencepiece_type: str = "unigram"   # unigram | bpe
     num_mel_bins: int = 40                # 40 (the paper, WSJ) or 80
-    precompute_features: bool = True      # cache fbank under {root}/features/; false: compute per batch
+    precompute_features: bool = True      # cache fbank (under cache_dir); false: compute per batch
+    cache_dir: Optional[str] = None       # the feature cache; None: {root}/features (root must be writable)
     feature_jobs: int = 1                 # processes that precompute features (2 was slower on a shared 2-core box)
     specaugment: bool = True              # training batches only
-    freq_masks: int = 2
+    freq_masks: int = 2                   # SpecAugment frequency bands masked per utterance
     freq_mask_width: int = 10             # mel bins, each band 0..width wide
-    time_masks: int = 2
+    time_masks: int = 2                   # SpecAugment time bands masked per utterance
     time_mask_width: int = 40             # frames (10 ms), each band 0..width wide ...
     time_mask_max_fraction: float = 0.2   # ... and at most this fraction of the utterance
     max_duration: float = 200.0           # padded seconds per batch: batch size x longest utterance
-    num_buckets: int = 10
+    num_buckets: int = 10                 # duration buckets; a batch takes utterances of one bucket
     num_workers: int = 0                  # DataLoader workers (0 is fastest with precomputed features)
     max_train_utterances: Optional[int] = None  # use only the first N training cuts (quick runs)
     skip_bad_audio: bool = False          # false: missing/corrupt audio is an error listing every cut
@@ -102,6 +104,20 @@ def as_data_config(cfg: Any) -> DataConfig:
     return DataConfig(**cfg)
 
 
+def feature_cache_folder(cfg: DataConfig) -> Path:
+    """Where the features are cached: data.cache_dir, or by default {data.root}/features."""
+    return Path(cfg.cache_dir) if cfg.cache_dir else Path(cfg.root) / "features"
+
+
+def can_write(path: Path) -> bool:
+    """Whether `path` can be written or created: the nearest existing folder on its way is writable
+    (os.access: for root, who may write anywhere, a read-only permission bit does not count)."""
+    for candidate in (path, *path.absolute().parents):
+        if candidate.exists():
+            return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
+    return False
+
+
 def validate_data_config(cfg: DataConfig) -> None:
     """Raise ValueError naming the first bad option and what is allowed."""
     if not cfg.targets:
@@ -128,6 +144,13 @@ def validate_data_config(cfg: DataConfig) -> None:
         raise ValueError(f"data.max_train_utterances={cfg.max_train_utterances} must be >= 1 or null")
     SpecAugment(cfg.freq_masks, cfg.freq_mask_width, cfg.time_masks, cfg.time_mask_width,
                 cfg.time_mask_max_fraction)  # validates its own options
+    if cfg.precompute_features and not can_write(feature_cache_folder(cfg)):
+        if cfg.cache_dir:
+            raise ValueError(f"data.cache_dir={cfg.cache_dir!r} is not writable; give a folder you can write to")
+        raise ValueError(
+            f"the feature cache {feature_cache_folder(cfg)} cannot be written (data.root={cfg.root!r} is read-only): "
+            f"give a writable folder with data.cache_dir=FOLDER (features are computed once and reused from "
+            f"there), or data.precompute_features=false to compute them per batch")
 
 
 @dataclass
@@ -211,7 +234,7 @@ class SpeechDataModule(lightning.LightningDataModule):
 
     @property
     def feature_directory(self) -> Path:
-        return feature_directory(self.cfg.root, self.filterbank)
+        return feature_directory(feature_cache_folder(self.cfg), self.filterbank)
 
     @property
     def feature_stats(self) -> FeatureStats:

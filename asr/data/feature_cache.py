@@ -1,7 +1,8 @@
 """Filter-bank features on disk, and the global mean/variance statistics of the training features.
 
-Layout, under `{root}/features/{FilterBank.cache_key}/` (the key changes with any feature option, so
-40- and 80-dim features, say, live side by side and never mix):
+Layout, under `{cache}/{FilterBank.cache_key}/`, where `{cache}` is `data.cache_dir` or, by default,
+`{data.root}/features` (the key changes with any feature option, so 40- and 80-dim features, say,
+live side by side and never mix):
 
     options.json                     the FilterBank options (for people)
     {split}/shard-<time>-<id>.npy    float32 frames of up to `SHARD_CUTS` cuts, concatenated
@@ -199,8 +200,8 @@ def _run_chunks(chunks: list[list], filterbank: FilterBank, shard_paths: list[st
                 yield future.result()
 
 
-def feature_directory(root: str | os.PathLike, filterbank: FilterBank) -> Path:
-    directory = Path(root) / "features" / filterbank.cache_key
+def feature_directory(cache: str | os.PathLike, filterbank: FilterBank) -> Path:
+    directory = Path(cache) / filterbank.cache_key
     directory.mkdir(parents=True, exist_ok=True)
     options_file = directory / "options.json"
     if not options_file.exists():

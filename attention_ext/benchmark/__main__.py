@@ -199,5 +199,16 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
+def command(argv: list[str] | None = None) -> int:
+    """main with the project's exit statuses (README, "Exit statuses"): 0 done, 2 a bad option
+    (argparse), 1 a failure while measuring (its traceback), 130 after Ctrl-C, without a traceback.
+    attention_ext knows nothing of asr, so this does not use asr.exit_status."""
+    try:
+        return main(argv)
+    except KeyboardInterrupt:
+        print("\nattention_ext.benchmark: interrupted; nothing was written", file=sys.stderr)
+        return 130
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(command())

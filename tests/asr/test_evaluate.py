@@ -187,7 +187,11 @@ def test_cross_matrix_shape_invalid_cells_marks_and_cache(trained, tmp_path, mon
     capsys.readouterr()
     monkeypatch.setattr(cross_matrix, "decode_split", lambda *a, **k: pytest.fail("a cached cell was recomputed"))
     assert cross_matrix.main(argv) == 0
-    assert capsys.readouterr().out.count(": cached") == 6
+    printed = capsys.readouterr().out
+    assert printed.count(": cached") == 6
+    # stderr is no terminal here (no bar): the counter still counts the cells
+    counters = [line.split("]")[0] for line in printed.splitlines() if line.startswith("[cross_matrix ")]
+    assert counters == [f"[cross_matrix {n}/6" for n in range(1, 7)]
     assert json.loads((tmp_path / "matrix.json").read_text())["rows"] == matrix["rows"]
 
 

@@ -181,9 +181,20 @@ def test_max_length_skips_an_attention_and_leaves_its_ratio_empty(test_registry,
     (["--device", "tpu"], "--device 'tpu'"),
 ])
 def test_bad_arguments_name_the_value(test_registry, tmp_path, capsys, argv, message):
-    with pytest.raises(SystemExit):
+    with pytest.raises(SystemExit) as exit:
         main(argv + ["--out", str(tmp_path)])
+    assert exit.value.code == 2   # README's convention: a usage error
     assert message in capsys.readouterr().err
+
+
+def test_ctrl_c_exits_130_without_a_traceback(monkeypatch, capsys):
+    from attention_ext.benchmark import __main__ as command_line
+
+    def interrupted(argv=None):
+        raise KeyboardInterrupt
+    monkeypatch.setattr(command_line, "main", interrupted)
+    assert command_line.command([]) == 130
+    assert capsys.readouterr().err.strip() == "attention_ext.benchmark: interrupted; nothing was written"
 
 
 def fake_case(label, name, **options):

@@ -123,7 +123,8 @@ def test_shipped_sentence_list_is_filtered_and_licensed():
         (Path(__file__).parents[2] / "recipes/synth/LICENSE.wordnet").read_text()
 
 
-@pytest.mark.skipif(not Path("/usr/share/wordnet/data.noun").is_file(), reason="wordnet-base not installed")
+@pytest.mark.skipif(not Path("/usr/share/wordnet/data.noun").is_file(),
+                    reason="Debian package wordnet-base not installed (.ci/install.sh installs it)")
 def test_sentence_list_rebuilds_identically():
     assert build_sentence_list("/usr/share/wordnet") == load_sentences()
 

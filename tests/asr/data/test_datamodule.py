@@ -293,3 +293,46 @@ def test_a_lightning_run_resumed_from_a_checkpoint_sees_the_same_batches(tiny_co
     resumed = fit(2, tmp_path / "interrupted", resume=tmp_path / "interrupted" / "last.ckpt")
     assert resumed == [entry for entry in whole if entry[0] == 1]  # same cuts, same SpecAugment masks
     assert [e[1] for e in whole if e[0] == 0] != [e[1] for e in resumed]
+
+
+def test_a_read_only_corpus_folder_needs_a_writable_cache_dir(tmp_path, monkeypatch):
+    """Tests run as root, for whom chmod does not stop writes; the corpus folder is read-only here
+    in the way the check sees it (os.access says no write for it and everything under it), and the
+    test asserts that nothing is written into it."""
+    import shutil
+
+    from asr.data import datamodule
+    corpus = tmp_path / "corpus"
+    write_corpus(corpus, {"train": make_utterances(8, 1, "tr"), "dev": make_utterances(3, 2, "dv"),
+                          "test": make_utterances(3, 3, "te")})
+    before = sorted(path.relative_to(corpus) for path in corpus.rglob("*"))
+    real_access = os.access
+    monkeypatch.setattr(datamodule.os, "access", lambda path, mode, *a, **k: (
+        False if mode & os.W_OK and str(path).startswith(str(corpus)) else real_access(path, mode, *a, **k)))
+
+    with pytest.raises(ValueError, match=r"cannot be written \(data.root=.* is read-only\): give a writable "
+                                         r"folder with data.cache_dir=FOLDER"):
+        SpeechDataModule(config(corpus, targets=["phones"]))
+    with pytest.raises(ValueError, match=r"data.cache_dir=.* is not writable"):
+        SpeechDataModule(config(corpus, targets=["phones"], cache_dir=str(corpus / "cache")))
+
+    cache = tmp_path / "cache"
+    module = SpeechDataModule(config(corpus, targets=["phones"], cache_dir=str(cache)))
+    module.setup("fit")
+    assert next(iter(module.train_dataloader()))["features"].shape[2] == 40
+    assert sorted(path.relative_to(corpus) for path in corpus.rglob("*")) == before   # nothing written there
+    assert list(cache.glob("*/train/shard-*.npy")) and list(cache.glob("*/dev/shard-*.npy"))
+    assert list(cache.glob("*/train/stats-*.json"))
+    shutil.rmtree(cache)
+    # and per-batch features need no cache at all
+    SpeechDataModule(config(corpus, targets=["phones"], precompute_features=False)).setup("fit")
+
+
+def test_data_benchmark_exits_2_with_one_line_for_a_folder_without_manifests(tmp_path, capsys):
+    from asr.data import benchmark
+    assert benchmark.main(["--root", str(tmp_path / "nothing")]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and error[0].startswith("asr.data.benchmark: error: manifest ")
+    write_corpus(tmp_path / "c", {"train": make_utterances(2, 1, "tr")}, "synth")
+    assert benchmark.main(["--root", str(tmp_path / "c"), "--max-duration", "-1"]) == 2
+    assert "data.max_duration=-1.0 must be a positive" in capsys.readouterr().err
