@@ -196,9 +196,11 @@ def trained_data_config(checkpoint: str | Path) -> dict:
     return dict((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("data") or {})
 
 
-def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True) -> Path:
+def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, skip_bad_audio: bool = False) -> Path:
     """Converts a Kaldi-style data directory into the manifests asr.data reads (split 'eval' of
-    corpus 'kaldi') under out_dir; the audio is converted once and reused by later runs."""
+    corpus 'kaldi') under out_dir; the audio is converted once and reused by later runs.
+    Unreadable, empty, multi-channel audio stops it with the recipe's list of problems, or with
+    data.skip_bad_audio=true is left out and counted (the recipes' --bad-data drop)."""
     from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
     from asr.data.manifest_builder import (PreparationError, Problem, RecordingSpec, UtteranceSpec,
                                           build_manifests, file_identity)
@@ -217,10 +219,15 @@ def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True) 
                           for name in ("wav.scp", "text", "utt2spk", "segments")
                           if (Path(data_dir) / name).is_file()}}
     try:
-        build_manifests(KALDI_CORPUS, out_dir, recordings, utterances, problems, settings=settings,
-                        progress=progress)
+        report = build_manifests(KALDI_CORPUS, out_dir, recordings, utterances, problems, settings=settings,
+                                 progress=progress, bad_data_policy="drop" if skip_bad_audio else "error")
     except PreparationError as error:
-        raise EvaluationError(f"data_dir={str(data_dir)!r}: {error}") from None
+        # the recipe's advice names its own option; here the same choice is data.skip_bad_audio
+        message = str(error).replace("pass --bad-data drop", "give data.skip_bad_audio=true")
+        raise EvaluationError(f"data_dir={str(data_dir)!r}: {message}") from None
+    if report.get("dropped_utterances"):
+        log.warning("data_dir=%s: left out %d utterances (data.skip_bad_audio=true; the list is in %s)", data_dir,
+                    report["dropped_utterances"], out_dir / f"{KALDI_CORPUS}_report.json")
     return out_dir
 
 
@@ -257,7 +264,8 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
     settings["progress"] = overrides.get("progress", progress)
     if data_dir is not None:
         root = kaldi_manifests(data_dir, Path(settings["root"]) if "root" in overrides
-                               else Path(data_dir) / "asr_manifests", progress)
+                               else Path(data_dir) / "asr_manifests", progress,
+                               skip_bad_audio=bool(overrides.get("skip_bad_audio", False)))
         # A Kaldi directory has word transcripts only: the phone heads decode but are not scored.
         scored = [kind for kind in kinds if model.tokenizers[kind].field == "text"]
         settings.update(corpus=KALDI_CORPUS, root=str(root), test_split=KALDI_SPLIT, dev_split=KALDI_SPLIT,

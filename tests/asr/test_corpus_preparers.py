@@ -31,7 +31,7 @@ def test_missing_manifests_call_the_registered_preparer_with_root_and_options(tm
     asr.train.ensure_corpus(compose_config(f"data.root={tmp_path}", "synth_corpus.train_utterances=7",
                                            "synth_corpus.jobs=1"))
     assert calls == [("synth", tmp_path, {"train_utterances": 7, "dev_utterances": 200, "test_utterances": 200,
-                                          "seed": 0, "jobs": 1, "progress": True})]
+                                          "seed": 0, "jobs": 1, "utterance_scale": 1, "progress": True})]
 
 
 def test_without_a_registered_preparer_missing_manifests_name_the_recipe_and_the_reinstall(tmp_path, monkeypatch):

@@ -182,7 +182,7 @@ def test_corpus_generation_killed_midway_and_rerun_equals_an_uninterrupted_one(t
 def test_cross_matrix_killed_mid_cell_resumes_without_recomputing_finished_cells(uninterrupted_run, tmp_path):
     checkpoint = uninterrupted_run / "checkpoints" / "last.ckpt"
     out = tmp_path / "matrix"
-    arguments = [f"tiny={checkpoint}", "--specs", "full", "clustered-2", "i-clustered-2", "--out", str(out),
+    arguments = [f"tiny={checkpoint}", "--specs", "full", "clustered-2", "--out", str(out),
                  "--threads", "1"]
     process, marker = start("asr.cross_matrix", *arguments, cwd=tmp_path, pause_at="cross_matrix_cell:2")
     kill_when(process, marker.exists)
@@ -192,5 +192,38 @@ def test_cross_matrix_killed_mid_cell_resumes_without_recomputing_finished_cells
     assert "tiny x full: cached" in output and "tiny x clustered-2: PER" in output
     assert (out / "cells" / "tiny__full.json").read_bytes() == finished["tiny__full.json"]   # not recomputed
     matrix = json.loads((out / "matrix.json").read_text())
-    assert [row["evaluate_with"] for row in matrix["rows"]] == ["full", "clustered-2", "i-clustered-2"]
+    assert [row["evaluate_with"] for row in matrix["rows"]] == ["full", "clustered-2"]
     assert all(cell["valid"] for row in matrix["rows"] for cell in row["cells"].values())
+
+
+# ---- bad audio in a Kaldi folder, through asr.evaluate -----------------------------------------------
+def test_evaluating_a_kaldi_folder_with_bad_audio_stops_with_one_message_or_drops_and_counts(
+        uninterrupted_run, tmp_path, capsys, caplog):
+    import soundfile
+    from asr.evaluate import main
+    corpus, folder = uninterrupted_run.parent / "corpus", tmp_path / "kaldi"
+    folder.mkdir()
+    with gzip.open(corpus / "synth_cuts_test.jsonl.gz", "rt") as handle:
+        cuts = [json.loads(line) for line in handle]
+    wav = [f"{c['id']} {corpus / c['recording']['sources'][0]['source']}\n" for c in cuts]
+    text = [f"{c['id']} {c['supervisions'][0]['text'].upper()}\n" for c in cuts]
+    rng = np.random.default_rng(0)
+    (folder / "empty.wav").write_bytes(b"")
+    soundfile.write(folder / "stereo.wav", 0.1 * rng.standard_normal((16000, 2)), 16000)
+    soundfile.write(folder / "zero.wav", np.zeros(0), 16000)
+    for name in ("empty", "stereo", "zero"):
+        wav.append(f"bad-{name} {folder / (name + '.wav')}\n")
+        text.append(f"bad-{name} HELLO\n")
+    (folder / "wav.scp").write_text("".join(wav))
+    (folder / "text").write_text("".join(text))
+    arguments = [f"checkpoint={uninterrupted_run / 'checkpoints' / 'best.ckpt'}", f"data_dir={folder}",
+                 f"out={tmp_path / 'evaluation'}", "progress=false"]
+    assert main(arguments) == 2
+    error = capsys.readouterr().err
+    assert error.startswith(f"asr.evaluate: error: data_dir='{folder}': kaldi: preparation stopped on 3 problem(s)")
+    assert "Traceback" not in error and "give data.skip_bad_audio=true" in error
+    for name in ("empty", "stereo", "zero"):
+        assert f"bad-{name}: " in error
+    assert main([*arguments, "data.skip_bad_audio=true"]) == 0
+    assert "left out 3 utterances (data.skip_bad_audio=true" in caplog.text
+    assert json.loads((tmp_path / "evaluation" / "results.json").read_text())["utterances"] == len(cuts)
