@@ -20,9 +20,26 @@ from .registry import register_attention
 EPS = 1e-6
 
 
+class _FeatureMap(torch.autograd.Function):
+    """phi(x) = elu(x) + 1 with the derivative min(phi(x), 1) (1 for x > 0, exp(x) = phi(x)
+    otherwise), computed from the saved output: one fused op instead of torch's elu_backward,
+    which took a third of the attention's time on the CPU."""
+
+    @staticmethod
+    def forward(ctx, x):
+        out = F.elu(x).add_(1.0)
+        ctx.save_for_backward(out)
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        out, = ctx.saved_tensors
+        return grad * out.clamp(max=1.0)
+
+
 def feature_map(x: torch.Tensor) -> torch.Tensor:
     """phi(x) = elu(x) + 1, positive everywhere."""
-    return F.elu(x) + 1.0
+    return _FeatureMap.apply(x)
 
 
 def compute_dtype(dtype: torch.dtype) -> torch.dtype:
@@ -48,9 +65,10 @@ class LinearAttention(torch.nn.Module):
                 # (and gives no NaN gradient through the padded rows).
                 phi_q, phi_k = phi_q.masked_fill(padded, 0.0), phi_k.masked_fill(padded, 0.0)
                 values = values.masked_fill(padded, 0.0)
-            key_values = torch.einsum("bhnd,bhne->bhde", phi_k, values)       # (B, H, E, Ev)
-            normaliser = phi_k.sum(dim=2)                                     # (B, H, E)
-            numerator = torch.einsum("bhnd,bhde->bhne", phi_q, key_values)
-            denominator = torch.einsum("bhnd,bhd->bhn", phi_q, normaliser)[..., None] + EPS
-            out = (numerator / denominator).to(v.dtype)
+            # A column of ones after the values makes the normaliser sum_j phi(k_j) the last
+            # column of the key-value product: numerator and denominator in one matmul each way.
+            values = torch.cat([values, values.new_ones(values.shape[:3] + (1,))], dim=3)
+            key_values = phi_k.transpose(2, 3) @ values                       # (B, H, E, Ev + 1)
+            both = phi_q @ key_values                                         # (B, H, N, Ev + 1)
+            out = (both[..., :-1] / (both[..., -1:] + EPS)).to(v.dtype)
         return zero_padded_queries(out, lengths) if int(lengths.min()) < q.shape[2] else out

@@ -133,7 +133,7 @@ def write_csv(results: list[CopyResult], path: Path) -> None:
             writer.writerow(row)
 
 
-def plot_heatmaps(results: list[CopyResult], path: Path) -> None:
+def plot_heatmaps(results: list[CopyResult], path: Path, steps: int) -> None:
     """Fig. 5: accuracy heatmaps, sequence length across; i-clustered and clustered by cluster
     count, the other attentions by name."""
     import matplotlib
@@ -151,9 +151,9 @@ def plot_heatmaps(results: list[CopyResult], path: Path) -> None:
     others = [r for r in results if parse_attention_spec(r.spec).name not in ("iclustered", "clustered")]
     if others:
         specs = list(dict.fromkeys(r.spec for r in others))
-        panels.append(("others", "attention", specs, {(r.spec, r.length): r.accuracy for r in others}))
+        panels.append(("other attentions", "", specs, {(r.spec, r.length): r.accuracy for r in others}))
     figure, axes = plt.subplots(1, len(panels), figsize=(max(3.5, 1.6 + 1.1 * len(lengths)) * len(panels), 3.8),
-                                squeeze=False)
+                                squeeze=False, layout="constrained")
     image = None
     for axis, (title, ylabel, row_labels, accuracy) in zip(axes[0], panels):
         grid = [[accuracy.get((row, length), float("nan")) for length in lengths] for row in row_labels]
@@ -169,6 +169,7 @@ def plot_heatmaps(results: list[CopyResult], path: Path) -> None:
         axis.set_ylabel(ylabel)
         axis.set_title(title)
     figure.colorbar(image, ax=axes[0].tolist(), label="accuracy on masked tokens")
+    figure.suptitle(f"masked copy task: accuracy on the masked tokens after {steps} steps")
     figure.savefig(path, dpi=120, bbox_inches="tight")
     plt.close(figure)
 
@@ -202,7 +203,7 @@ def main(argv: list[str] | None = None) -> int:
     print(format_table(results))
     args.out.mkdir(parents=True, exist_ok=True)
     write_csv(results, args.out / "results.csv")
-    plot_heatmaps(results, args.out / "copy_task.png")
+    plot_heatmaps(results, args.out / "copy_task.png", args.steps)
     cpu = sum(result.cpu_seconds for result in results)
     print(f"total {time.perf_counter() - started:.0f} s wall; {cpu:.0f} CPU s in all, so about "
           f"{cpu / args.jobs / 60:.1f} min on {args.jobs} quiet cores at {args.threads} thread(s) per job; "

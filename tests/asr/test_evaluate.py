@@ -167,7 +167,8 @@ def test_cli_prints_the_error_rates_and_the_forward_time(trained, tmp_path, caps
 
 def test_cross_matrix_shape_invalid_cells_marks_and_cache(trained, tmp_path, monkeypatch, capsys):
     columns = [f"full={best(trained['synth_full'])}", f"shared={best(trained['synth_shared_full'])}"]
-    specs = ["full", "shared-full", "clustered-2"]
+    # the tiny models have head_dim 8: agglomerative-16 does not fit them
+    specs = ["full", "shared-full", "clustered-2", "linear", "agglomerative-16"]
     argv = [*columns, "--specs", *specs, "--out", str(tmp_path)]
     assert cross_matrix.main(argv) == 0
     matrix = json.loads((tmp_path / "matrix.json").read_text())
@@ -175,11 +176,14 @@ def test_cross_matrix_shape_invalid_cells_marks_and_cache(trained, tmp_path, mon
     assert [column["label"] for column in matrix["columns"]] == ["full", "shared"]
     cells = {(row["evaluate_with"], label): cell for row in matrix["rows"] for label, cell in row["cells"].items()}
     assert not cells["shared-full", "full"]["valid"]                # separate Q/K: shared_full is not defined
-    assert all(cell["valid"] for key, cell in cells.items() if key != ("shared-full", "full"))
+    assert not cells["agglomerative-16", "full"]["valid"] and not cells["agglomerative-16", "shared"]["valid"]
+    assert "classes=16 exceeds the head dim 8" in cells["agglomerative-16", "full"]["reason"]
+    assert all(cell["valid"] for key, cell in cells.items()
+               if key != ("shared-full", "full") and key[0] != "agglomerative-16")
     assert [key for key, cell in cells.items() if cell["same_as_training"]] == [("full", "full"),
                                                                                   ("shared-full", "shared")]
     with open(tmp_path / "matrix.csv") as handle:
-        assert len(list(csv.DictReader(handle))) == 6
+        assert len(list(csv.DictReader(handle))) == 10
     table = (tmp_path / "matrix.md").read_text()
     assert "| shared-full | - |" in table and "***" in table
     assert (tmp_path / "matrix_heatmap.png").stat().st_size > 0 and (tmp_path / "speed_accuracy.png").is_file()
@@ -188,10 +192,10 @@ def test_cross_matrix_shape_invalid_cells_marks_and_cache(trained, tmp_path, mon
     monkeypatch.setattr(cross_matrix, "decode_split", lambda *a, **k: pytest.fail("a cached cell was recomputed"))
     assert cross_matrix.main(argv) == 0
     printed = capsys.readouterr().out
-    assert printed.count(": cached") == 6
+    assert printed.count(": cached") == 10
     # stderr is no terminal here (no bar): the counter still counts the cells
     counters = [line.split("]")[0] for line in printed.splitlines() if line.startswith("[cross_matrix ")]
-    assert counters == [f"[cross_matrix {n}/6" for n in range(1, 7)]
+    assert counters == [f"[cross_matrix {n}/10" for n in range(1, 11)]
     assert json.loads((tmp_path / "matrix.json").read_text())["rows"] == matrix["rows"]
 
 

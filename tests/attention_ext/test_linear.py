@@ -3,7 +3,7 @@ phi(q_i) . phi(k_j) over the valid keys, row-normalised (with the fixed eps), ti
 import pytest
 import torch
 
-from attention_ext import build_attention
+from attention_ext import AttentionConfigError, available_attentions, build_attention, parse_attention_spec
 
 EPS = 1e-6   # attention_ext/README.md: the denominator's eps is fixed at 1e-6
 
@@ -87,3 +87,10 @@ def test_empty_batch_and_empty_sequences_keep_the_graph():
         assert out.shape == shape
         out.sum().backward()
         assert q.grad is not None and v.grad is not None
+
+
+def test_spec_and_registry_facts():
+    assert parse_attention_spec("Linear") == ("linear", {})
+    assert not available_attentions()["linear"].needs_shared_qk
+    with pytest.raises(AttentionConfigError, match="'linear' takes no number"):
+        parse_attention_spec("linear-4")
