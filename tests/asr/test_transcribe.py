@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import subprocess
 from pathlib import Path
 
 import numpy as np
@@ -77,6 +78,13 @@ def test_stereo_is_mixed_down_saying_so_and_other_formats_are_read(tiny_checkpoi
     records = transcribed(tmp_path / "out.jsonl")
     assert records["stereo"]["phones"] == records[source.stem]["phones"]   # two equal channels: the same audio
     assert records["mono"]["duration"] == pytest.approx(records[source.stem]["duration"], abs=1e-3)
+
+    if shutil.which("ffmpeg") and shutil.which("ffprobe"):    # a format soundfile does not read: via ffmpeg
+        subprocess.run(["ffmpeg", "-v", "error", "-i", str(source), "-c:a", "aac", str(tmp_path / "aac.m4a")],
+                       check=True)
+        assert main([f"checkpoint={tiny_checkpoint}", str(tmp_path / "aac.m4a"), f"out={tmp_path / 'm4a.jsonl'}"]) == SUCCESS
+        record = transcribed(tmp_path / "m4a.jsonl")["aac"]
+        assert record["duration"] == pytest.approx(records[source.stem]["duration"], abs=0.05)
 
 
 def test_resampling_keeps_a_tone_at_its_frequency():
