@@ -49,7 +49,7 @@ RELATIVE_TOLERANCE = {torch.float32: 1e-5, torch.float64: 1e-10}
 # (build, forward, backward on tensors of at most 3x2x9x5) takes milliseconds, so 2 s per
 # example only trips on a hang or an accidental blow-up, not on the jitter of a CPU shared with
 # training jobs. max_examples is set per test (by its cost per example) so that the whole file
-# (6 attentions x 5 tests) stays well under 2 minutes on 2 shared cores.
+# (8 attentions x 5 tests) stays well under 2 minutes on 2 shared cores.
 COMMON = dict(derandomize=True, database=None, deadline=timedelta(seconds=2))
 
 
