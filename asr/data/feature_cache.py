@@ -4,11 +4,19 @@ Layout, under `{cache}/{FilterBank.cache_key}/`, where `{cache}` is `data.cache_
 `{data.root}/features` (the key changes with any feature option, so 40- and 80-dim features, say,
 live side by side and never mix):
 
-    options.json                     the FilterBank options (for people)
-    {split}/shard-<time>-<id>.npy    float32 frames of up to `SHARD_CUTS` cuts, concatenated
-    {split}/shard-<time>-<id>.json   {cut_id: [offset, num_frames, fingerprint]} - written last, so a shard
-                                     without its index (an interrupted write) is ignored
-    {split}/stats-<hash>.json        mean/std over the frames of one exact set of training cuts
+    options.json                       the FilterBank options (for people)
+    {split}/shard-<time>-<id>.lilcom   the lilcom-compressed frames of up to `SHARD_CUTS` cuts, one blob
+                                       per cut, concatenated
+    {split}/shard-<time>-<id>.json     {cut_id: [byte_offset, byte_length, num_frames, fingerprint]} -
+                                       written last, so a shard without its index (an interrupted write)
+                                       is ignored
+    {split}/stats-<hash>.json          mean/std over the frames of one exact set of training cuts
+
+Frames are stored with lilcom (lhotse's standard storage for filter banks), in steps of
+2^LILCOM_TICK_POWER = 1/256 of a log-mel unit: the error (at most 1/512) is far below the features'
+own spread (a std of about 8 per dimension before normalisation), and the cache is 2.3-2.5x smaller
+than float32 (the demo's 40-dim features: 408 MB as float32). Shards of the earlier float32 format
+(`.npy`) are not read: their cuts are computed again and the old shards deleted.
 
 A cut's fingerprint is its audio path, the file's size and mtime, and the cut's start/duration/
 channel: regenerated audio is recomputed, everything else is reused. Work is saved shard by shard,
@@ -16,8 +24,8 @@ so an interrupted or failed run keeps what it finished and the next run computes
 Where a cut is in several shards (its audio changed), the newest shard wins; shards left with no
 live cut are deleted.
 
-Shards are memory-mapped for reading: a batch reads just its frames, and DataLoader workers each map
-the files themselves.
+Shards are memory-mapped for reading: a batch reads and decompresses just its cuts' blobs, and
+DataLoader workers each map the files themselves.
 """
 
 from __future__ import annotations
@@ -33,6 +41,7 @@ import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
+import lilcom
 import numpy as np
 import torch
 
@@ -40,6 +49,9 @@ from asr.data.features import FilterBank
 from asr.fault_injection import pause_point
 
 SHARD_CUTS = 256
+SHARD_SUFFIX = ".lilcom"
+LILCOM_TICK_POWER = -8      # lhotse's default for filter banks
+LILCOM_HALF_TICK = 2.0 ** (LILCOM_TICK_POWER - 1)    # the largest error of a stored value
 # Standard deviations below this are raised to it, so normalising a constant dimension cannot divide by 0.
 STD_FLOOR = 1e-5
 
@@ -89,44 +101,52 @@ class FeatureStore:
     def __init__(self, directory: Path, num_mel_bins: int):
         self.directory = Path(directory)
         self.num_mel_bins = num_mel_bins
-        self.index: dict[str, tuple[str, int, int, str]] = {}  # cut_id -> (shard, offset, frames, fingerprint)
-        self._arrays: dict[str, np.ndarray] = {}
+        # cut_id -> (shard, byte offset, byte length, frames, fingerprint)
+        self.index: dict[str, tuple[str, int, int, int, str]] = {}
+        self._shards: dict[str, np.ndarray] = {}
         if self.directory.is_dir():
             # Shard names start with their creation time: a later shard's entry replaces an earlier one.
             for index_file in sorted(self.directory.glob("shard-*.json")):
                 shard = index_file.stem
-                if not (self.directory / f"{shard}.npy").is_file():
-                    continue
+                if not (self.directory / f"{shard}{SHARD_SUFFIX}").is_file():
+                    continue    # an interrupted write, or a shard of the old float32 format
                 entries = json.loads(index_file.read_text())
-                for cut_id, (offset, frames, fingerprint) in entries.items():
-                    self.index[cut_id] = (shard, int(offset), int(frames), fingerprint)
+                for cut_id, (offset, length, frames, fingerprint) in entries.items():
+                    self.index[cut_id] = (shard, int(offset), int(length), int(frames), fingerprint)
 
     def has(self, cut) -> bool:
         entry = self.index.get(cut.id)
-        return entry is not None and entry[3] == audio_fingerprint(cut)
+        return entry is not None and entry[4] == audio_fingerprint(cut)
 
     def num_frames(self, cut_id: str) -> int:
-        return self.index[cut_id][2]
+        return self.index[cut_id][3]
 
     def load(self, cut_id: str) -> np.ndarray:
-        shard, offset, frames, _ = self.index[cut_id]
-        array = self._arrays.get(shard)
-        if array is None:
-            array = self._arrays[shard] = np.load(self.directory / f"{shard}.npy", mmap_mode="r")
-        return np.array(array[offset:offset + frames])
+        shard, offset, length, _, _ = self.index[cut_id]
+        data = self._shards.get(shard)
+        if data is None:
+            data = self._shards[shard] = np.memmap(self.directory / f"{shard}{SHARD_SUFFIX}", np.uint8, mode="r")
+        return lilcom.decompress(data[offset:offset + length].tobytes())
 
     def remove_superseded_shards(self) -> None:
-        """Delete shards none of whose cuts they still provide (all recomputed into later shards)."""
+        """Delete shards none of whose cuts they still provide (all recomputed into later shards, or
+        written in the old float32 format)."""
         live = {shard for shard, *_ in self.index.values()}
         for index_file in self.directory.glob("shard-*.json"):
             if index_file.stem not in live:
                 index_file.unlink(missing_ok=True)
-                (self.directory / f"{index_file.stem}.npy").unlink(missing_ok=True)
+                for suffix in (SHARD_SUFFIX, ".npy"):
+                    (self.directory / f"{index_file.stem}{suffix}").unlink(missing_ok=True)
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_arrays"] = {}  # each process maps the files itself instead of receiving copies
+        state["_shards"] = {}  # each process maps the files itself instead of receiving copies
         return state
+
+
+def compress_frames(frames: np.ndarray) -> bytes:
+    """One cut's (T, F) float32 frames as a lilcom blob (lilcom quantises its input in place: a copy)."""
+    return lilcom.compress(np.array(frames, dtype=np.float32, copy=True), tick_power=LILCOM_TICK_POWER)
 
 
 def _compute_chunk(cuts: list, filterbank_options: dict, shard_path: str | None):
@@ -135,7 +155,7 @@ def _compute_chunk(cuts: list, filterbank_options: dict, shard_path: str | None)
     Returns (index entries, failures {cut_id: message}, frame sum, frame sum of squares, frame count).
     """
     filterbank = FilterBank(**filterbank_options)
-    features, entries, failures = [], {}, {}
+    blobs, entries, failures = [], {}, {}
     total = np.zeros(filterbank.num_mel_bins)
     total_sq = np.zeros(filterbank.num_mel_bins)
     count, offset = 0, 0
@@ -151,12 +171,12 @@ def _compute_chunk(cuts: list, filterbank_options: dict, shard_path: str | None)
             total_sq += np.square(as64).sum(axis=0)
             count += len(feats)
             if shard_path is not None:
-                features.append(feats)
-                entries[cut.id] = [offset, len(feats), audio_fingerprint(cut)]
-                offset += len(feats)
+                blob = compress_frames(feats)
+                blobs.append(blob)
+                entries[cut.id] = [offset, len(blob), len(feats), audio_fingerprint(cut)]
+                offset += len(blob)
     if shard_path is not None and entries:
-        data = np.concatenate(features) if features else np.zeros((0, filterbank.num_mel_bins), np.float32)
-        _write_atomic(Path(shard_path).with_suffix(".npy"), lambda f: np.save(f, data))
+        _write_atomic(Path(shard_path).with_suffix(SHARD_SUFFIX), lambda f: f.write(b"".join(blobs)))
         pause_point("feature_shard_index")   # the fault suite kills here: frames without their index
         _write_atomic(Path(shard_path).with_suffix(".json"), lambda f: f.write(json.dumps(entries).encode()))
     return entries, failures, total, total_sq, count

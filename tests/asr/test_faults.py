@@ -118,7 +118,7 @@ def test_training_killed_three_times_ends_with_the_weights_of_an_uninterrupted_r
     process, marker = start("asr.train", *arguments, cwd=tmp_path, pause_at="feature_shard_index")
     kill_when(process, marker.exists)
     assert not (run / "checkpoints").exists()
-    assert list(corpus.glob("features/*/train/shard-*.npy")) and not list(corpus.glob("features/*/train/shard-*.json"))
+    assert list(corpus.glob("features/*/train/shard-*.lilcom")) and not list(corpus.glob("features/*/train/shard-*.json"))
 
     # (b) mid-epoch: the second batch of the second epoch has started (the first epoch's checkpoint is on disk)
     process, _ = start("asr.train", *arguments, "ckpt_path=last", cwd=tmp_path)

@@ -90,7 +90,7 @@ def test_every_broken_utterance_is_named_in_one_error_at_start_up(broken_corpus)
         if cut_id.startswith("tr"):
             assert f"{cut_id}: " in message and what in message, cut_id
     assert "data.skip_bad_audio=true" in message
-    assert not any(root.glob("features/*/*/*.npy"))       # refused before any feature was computed
+    assert not any(root.glob("features/*/*/*.lilcom"))       # refused before any feature was computed
 
 
 def test_with_skip_bad_audio_they_are_left_out_and_counted(broken_corpus):

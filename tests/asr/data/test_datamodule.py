@@ -9,6 +9,7 @@ from synthetic_corpus import make_utterances, write_corpus
 
 from asr.data import feature_cache
 from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config
+from asr.data.features import FilterBank
 from asr.data.manifests import ManifestError
 from asr.data.phones import ARPABET_39
 
@@ -121,7 +122,7 @@ def test_missing_audio_fails_early_naming_file_and_cut_or_is_skipped(tiny_corpus
     with pytest.raises(ManifestError, match="tr0007") as info:
         SpeechDataModule(config(tiny_corpus, targets=["phones"])).setup("fit")
     assert str(missing) in str(info.value) and "skip_bad_audio" in str(info.value)
-    assert not (tiny_corpus / "features").exists() or not any((tiny_corpus / "features").rglob("*.npy"))
+    assert not (tiny_corpus / "features").exists() or not any((tiny_corpus / "features").rglob("*.lilcom"))
     module = SpeechDataModule(config(tiny_corpus, targets=["phones"], skip_bad_audio=True))
     module.setup("fit")
     assert module.report()["train"]["dropped"] == {"bad_audio": 1}
@@ -173,9 +174,46 @@ def test_on_the_fly_and_precomputed_batches_agree(tiny_corpus):
         module = SpeechDataModule(config(tiny_corpus, targets=["chars"], precompute_features=precompute))
         module.setup("validate")
         batches[precompute] = list(module.val_dataloader())
+    # the cache stores frames to 1/512 of a log-mel unit (lilcom); normalised, that is 1/512 / std
+    tolerance = feature_cache.LILCOM_HALF_TICK / float(module.feature_std.min()) + 1e-5
     for a, b in zip(batches[True], batches[False]):
-        assert a["ids"] == b["ids"]
-        assert torch.equal(a["features"], b["features"]) and torch.equal(a["targets"]["chars"], b["targets"]["chars"])
+        assert a["ids"] == b["ids"] and torch.equal(a["targets"]["chars"], b["targets"]["chars"])
+        torch.testing.assert_close(a["features"], b["features"], atol=tolerance, rtol=0)
+        assert not torch.equal(a["features"], b["features"])     # the cache does quantise
+
+
+def test_cached_frames_are_lilcom_blobs_within_half_a_tick_of_the_filterbank(tiny_corpus):
+    module = SpeechDataModule(config(tiny_corpus, targets=["phones"]))
+    module.setup("validate")
+    store = module._prepare("dev").features.store
+    filterbank = FilterBank(num_mel_bins=40)
+    float32_bytes = 0
+    for cut in module._prepare("dev").cuts:
+        exact = filterbank(feature_cache.load_waveform(cut)).numpy()
+        stored = store.load(cut.id)
+        assert stored.dtype == np.float32 and stored.shape == exact.shape
+        assert np.abs(stored - exact).max() <= feature_cache.LILCOM_HALF_TICK * (1 + 1e-4)
+        float32_bytes += exact.nbytes
+    shards = list(store.directory.glob("shard-*.lilcom"))
+    assert shards and sum(shard.stat().st_size for shard in shards) < 0.6 * float32_bytes
+
+
+def test_a_cache_of_the_old_float32_format_is_recomputed_and_deleted(tiny_corpus, monkeypatch):
+    module = SpeechDataModule(config(tiny_corpus, targets=["phones"]))
+    module.setup("validate")
+    split_folder = module._prepare("dev").features.store.directory
+    for path in split_folder.glob("shard-*"):
+        path.unlink()
+    old = split_folder / "shard-00000000000000000001-0ld0ld00"
+    np.save(old.with_suffix(".npy"), np.zeros((10, 40), np.float32))
+    old.with_suffix(".json").write_text('{"dv0000": [0, 10, "fingerprint"]}')
+    computed = []
+    original = feature_cache._compute_chunk
+    monkeypatch.setattr(feature_cache, "_compute_chunk",
+                        lambda cuts, *a: computed.extend(c.id for c in cuts) or original(cuts, *a))
+    SpeechDataModule(config(tiny_corpus, targets=["phones"])).setup("validate")
+    assert computed == [f"dv{i:04d}" for i in range(6)]
+    assert not list(split_folder.glob("shard-*.npy")) and not old.with_suffix(".json").exists()
 
 
 def test_empty_transcripts_are_skipped_and_counted(tmp_path):
@@ -321,7 +359,7 @@ def test_a_read_only_corpus_folder_needs_a_writable_cache_dir(tmp_path, monkeypa
     module.setup("fit")
     assert next(iter(module.train_dataloader()))["features"].shape[2] == 40
     assert sorted(path.relative_to(corpus) for path in corpus.rglob("*")) == before   # nothing written there
-    assert list(cache.glob("*/train/shard-*.npy")) and list(cache.glob("*/dev/shard-*.npy"))
+    assert list(cache.glob("*/train/shard-*.lilcom")) and list(cache.glob("*/dev/shard-*.lilcom"))
     assert list(cache.glob("*/train/stats-*.json"))
     shutil.rmtree(cache)
     # and per-batch features need no cache at all
