@@ -3,12 +3,15 @@
     python -m asr.transcribe checkpoint=runs/synth_full/<time>/checkpoints/best.ckpt talk.wav
     python -m asr.transcribe checkpoint=best.ckpt recordings/ more.flac out=transcripts.jsonl
     python -m asr.transcribe checkpoint=best.ckpt a.mp3 attention=i-clustered-100 decoder=beam device=cuda
+    python -m asr.transcribe checkpoint=best.ckpt talk.wav decoder=lexicon [lexicon=PATH lm=PATH|none]
 
 Arguments: audio files and folders (walked for audio files, see AUDIO_EXTENSIONS), and key=value
 options (see `TranscribeConfig` below): `attention` (a spec as in asr.evaluate; default the one the
-model was trained with) and `attention.<option>=<value>`, `decoder` (greedy | beam, chosen by name
-in asr.model.ctc like asr.evaluate's), `beam_size`, `out` (JSON lines), `device`, `seed`, `window`,
-`overlap`, `batch_seconds`, `threads`, `progress`.
+model was trained with) and `attention.<option>=<value>`, `decoder` (greedy | beam | lexicon, as in
+asr.evaluate), `beam_size`, `out` (JSON lines), `device`, `seed`, `window`, `overlap`,
+`batch_seconds`, `threads`, `progress`; for decoder=lexicon also `lexicon`, `lm` (default: the
+lexicon.txt and lm/3gram.arpa.gz of the corpus folder the model was trained on; lm=none: lexicon
+only), `lm_weight`, `word_score`, `beam`, `restrict_lexicon`.
 
 Audio: whatever soundfile reads (wav, flac, ogg, mp3 with libsndfile >= 1.1, ...), else whatever
 ffmpeg reads (m4a, ...), at any sample rate: resampled to the model's (polyphase filter,
@@ -16,11 +19,14 @@ scipy.signal.resample_poly); several channels are mixed down to their mean, with
 Features are computed by the front-end stored in the checkpoint, exactly as in training.
 
 Output: one line per file on stdout, in the order the files finish (shortest first):
-    <file>\t<duration>s\t<head>: <hypothesis>\t<head>: <hypothesis> ...
+    <file>\t<duration>s\t<head>: <hypothesis>\t<head>: <hypothesis> ...[\tlexicon: <words>]
 and with out=PATH one JSON object per line:
-    {"file": ..., "duration": seconds, "<head>": {"hypothesis": ..., "confidence": ...}, ...}
+    {"file": ..., "duration": seconds, "<head>": {"hypothesis": ..., "confidence": ...}, ...,
+     "lexicon": {"head": <the head decoded>, "hypothesis": <words>}}     (decoder=lexicon only)
 (a file that failed: {"file": ..., "error": ...}). A head's confidence is the mean posterior of the
 frames where the best path emits a token (the mean blank posterior when it emits none).
+decoder=lexicon decodes the words of the phone head (or the first head, when there is none)
+through the lexicon and LM, as asr.evaluate does; every head also keeps its greedy hypothesis.
 
 Long recordings: a file longer than `window` seconds (default 20, longer than any synth or TIMIT
 training utterance) is cut at low-energy points (the quietest 100 ms in the second half of each
@@ -54,7 +60,7 @@ from omegaconf.errors import OmegaConfBaseException
 from asr.data.features import FilterBank
 from asr.exit_status import FAILURE, SUCCESS, run_command
 from asr.model.checkpoint import CheckpointError
-from asr.model.ctc import BLANK_ID, DECODERS, decode_transcripts
+from asr.model.ctc import BLANK_ID, DECODERS as CTC_DECODERS, decode_transcripts
 from asr.model.recognizer import EVALUATION_SEED, SpeechRecognizer, seed_evaluation_batch
 from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError
@@ -65,6 +71,7 @@ AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".m4a", ".
                     ".au", ".caf", ".w64", ".sph", ".nist", ".webm")
 PROGRESS_BAR_FROM = 4          # files; fewer get no progress bar
 ENERGY_SMOOTHING_FRAMES = 10   # 100 ms: a pause between words, not a stop closure inside one
+DECODERS = (*CTC_DECODERS, "lexicon")
 
 
 class TranscriptionError(ValueError):
@@ -79,8 +86,14 @@ class AudioReadError(RuntimeError):
 class TranscribeConfig:
     checkpoint: Optional[str] = None     # the .ckpt to transcribe with (required)
     attention: Optional[str] = None      # attention spec; None: the one the model was trained with
-    decoder: str = "greedy"              # greedy | beam (see asr.model.ctc.DECODERS)
+    decoder: str = "greedy"              # greedy | beam (CTC prefix beam search, no LM) | lexicon (+ LM)
     beam_size: int = 8
+    lexicon: Optional[str] = None        # decoder=lexicon: word -> phones file; None: the training corpus's
+    lm: Optional[str] = None             # ARPA (.arpa/.arpa.gz); None: the training corpus's; none: no LM
+    lm_weight: float = 1.0
+    word_score: float = 0.0
+    beam: int = 50                       # the lexicon decoder's beam
+    restrict_lexicon: bool = False       # decode only the lexicon words the LM knows
     out: Optional[str] = None            # JSON lines file
     device: str = "cpu"                  # cpu | cuda | cuda:N
     seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention
@@ -317,13 +330,19 @@ def mean_confidence(log_probs: torch.Tensor) -> float:
     return float(chosen.exp().mean()) if len(chosen) else 0.0
 
 
-def finish(model: SpeechRecognizer, recording: Recording, decoder: str, beam_size: int) -> dict:
-    """The record of a transcribed file: duration and, per head, hypothesis and confidence."""
+def finish(model: SpeechRecognizer, recording: Recording, decoder: str, beam_size: int, word_decoder=None) -> dict:
+    """The record of a transcribed file: duration and, per head, hypothesis and confidence; with a
+    word_decoder (head, ParallelLexiconDecoder), also the words of that head through the lexicon."""
     record = {"file": str(recording.path), "duration": round(recording.audio.duration, 3)}
+    head_decoder = "greedy" if decoder == "lexicon" else decoder
     for kind, tokenizer in model.tokenizers.items():
         joined = torch.cat([recording.kept[index][kind] for index in range(len(recording.pieces))])
-        hypothesis = decode_transcripts(joined[None], torch.tensor([len(joined)]), tokenizer, decoder, beam_size)[0]
+        hypothesis = decode_transcripts(joined[None], torch.tensor([len(joined)]), tokenizer, head_decoder,
+                                        beam_size)[0]
         record[kind] = {"hypothesis": hypothesis, "confidence": round(mean_confidence(joined), 4)}
+        if word_decoder is not None and kind == word_decoder[0]:
+            words = word_decoder[1].submit(joined.numpy()).get()
+            record["lexicon"] = {"head": kind, "hypothesis": words}
     return record
 
 
@@ -334,9 +353,10 @@ class Outcome:
 
 
 def transcribe_files(model: SpeechRecognizer, files: list[Path], config: TranscribeConfig,
-                     emit=lambda record: None, warn=lambda message: None) -> Outcome:
+                     emit=lambda record: None, warn=lambda message: None, word_decoder=None) -> Outcome:
     """Transcribes `files` (shortest first, pieces batched up to config.batch_seconds of padded
-    audio); `emit` gets each file's record as soon as it is done, `warn` each note and failure."""
+    audio); `emit` gets each file's record as soon as it is done, `warn` each note and failure;
+    `word_decoder` (head, ParallelLexiconDecoder) adds each file's lexicon words."""
     from tqdm.auto import tqdm
     frontend = model.frontend
     frames_per_second = 1000.0 / frontend.frame_shift_ms
@@ -381,7 +401,7 @@ def transcribe_files(model: SpeechRecognizer, files: list[Path], config: Transcr
             batch_index += 1
             batch = []
         for recording in [r for r in pending if r.done]:
-            record = finish(model, recording, config.decoder, config.beam_size)
+            record = finish(model, recording, config.decoder, config.beam_size, word_decoder)
             outcome.records.append(record)
             emit(record)
             pending.remove(recording)
@@ -401,7 +421,21 @@ def transcribe_files(model: SpeechRecognizer, files: list[Path], config: Transcr
 
 def format_line(record: dict, kinds: list[str]) -> str:
     return "\t".join([record["file"], f"{record['duration']:.2f}s"]
-                     + [f"{kind}: {record[kind]['hypothesis']}" for kind in kinds])
+                     + [f"{kind}: {record[kind]['hypothesis']}" for kind in kinds]
+                     + ([f"lexicon: {record['lexicon']['hypothesis']}"] if "lexicon" in record else []))
+
+
+def start_lexicon_decoder(model: SpeechRecognizer, config: TranscribeConfig):
+    """decoder=lexicon: (head, ParallelLexiconDecoder) with the lexicon and LM given, or else those of
+    the corpus folder the checkpoint was trained on; None for the other decoders."""
+    if config.decoder != "lexicon":
+        return None
+    from asr.decoding.evaluation import resolve_settings, start_word_decoder
+    from asr.evaluate import trained_data_config
+    settings = resolve_settings(config.lexicon, config.lm, trained_data_config(config.checkpoint).get("root"),
+                                lm_weight=config.lm_weight, word_score=config.word_score, beam=config.beam,
+                                restrict_lexicon=config.restrict_lexicon)
+    return start_word_decoder(model.tokenizers, settings, workers=1)
 
 
 # ---- the command ----------------------------------------------------------------------------------
@@ -414,6 +448,7 @@ def transcribe(config: TranscribeConfig, attention_options: dict[str, str] | Non
     model = load_model(config.checkpoint, config.device)
     model.set_attention(evaluation_attention(model, config.attention, attention_options))
     kinds = list(model.tokenizers)
+    word_decoder = start_lexicon_decoder(model, config)
     out = open(config.out, "w") if config.out else None
     try:
         def emit(record: dict) -> None:
@@ -423,10 +458,13 @@ def transcribe(config: TranscribeConfig, attention_options: dict[str, str] | Non
                 out.write(json.dumps(record) + "\n")
                 out.flush()
         return transcribe_files(model, files, config, emit,
-                                warn=lambda message: print(f"{COMMAND}: {message}", file=sys.stderr))
+                                warn=lambda message: print(f"{COMMAND}: {message}", file=sys.stderr),
+                                word_decoder=word_decoder)
     finally:
         if out is not None:
             out.close()
+        if word_decoder is not None:
+            word_decoder[1].close()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -435,8 +473,11 @@ def main(argv: list[str] | None = None) -> int:
         print(__doc__)
         return SUCCESS
     install_warning_filters()
+    from asr.decoding.lexicon import LexiconFileError
+    from asr.decoding.ngram import LanguageModelError
     return run_command(COMMAND, lambda: _transcribe_and_report(argv),
-                       usage_errors=(TranscriptionError, AttentionConfigError, CheckpointError))
+                       usage_errors=(TranscriptionError, AttentionConfigError, CheckpointError, LexiconFileError,
+                                     LanguageModelError))
 
 
 def _transcribe_and_report(argv: list[str]) -> int:

@@ -340,3 +340,26 @@ def test_a_corpus_lm_and_cmudict_are_installed_lowercased_and_restricted_to_the_
     with pytest.raises(LanguageModelError, match="not a usable ARPA LM"):
         install_decoding_files(tmp_path / "other", None, write(tmp_path / "x.arpa", "words\n"))
     assert not (tmp_path / "other" / "lm" / "3gram.arpa.gz").exists()
+
+
+def test_transcribe_with_the_lexicon_decoder_gives_evaluates_words(trained_run, tiny_synth, tmp_path, capsys):
+    from asr.evaluate import EvaluateConfig, evaluate
+    from asr.exit_status import SUCCESS
+    from asr.transcribe import main as transcribe
+    run, _ = trained_run
+    checkpoint = str(run / "checkpoints" / "best.ckpt")
+    evaluate(EvaluateConfig(checkpoint=checkpoint, split="test", decoder="lexicon", out=str(tmp_path / "e"),
+                            progress=False))
+    expected = {r["id"]: r["lexicon"]["hypothesis"]
+                for r in map(json.loads, (tmp_path / "e" / "hypotheses.jsonl").read_text().splitlines())}
+    # the lexicon and LM default to the training corpus's, found through the checkpoint's run folder
+    assert transcribe([f"checkpoint={checkpoint}", str(tiny_synth / "audio" / "test"), "decoder=lexicon",
+                       f"out={tmp_path / 'out.jsonl'}", "progress=false"]) == SUCCESS
+    records = [json.loads(line) for line in (tmp_path / "out.jsonl").read_text().splitlines()]
+    assert {Path(r["file"]).stem: r["lexicon"]["hypothesis"] for r in records} == expected
+    assert all(r["lexicon"]["head"] == "phones" for r in records)
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == len(expected) and all("\tlexicon: " in line for line in lines)
+    assert transcribe([f"checkpoint={checkpoint}", str(tiny_synth / "audio" / "test"), "decoder=lexicon",
+                       f"lexicon={tmp_path / 'missing.txt'}", "progress=false"]) == 2
+    assert "missing.txt" in capsys.readouterr().err

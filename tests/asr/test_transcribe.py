@@ -62,7 +62,7 @@ def test_a_broken_file_is_named_skipped_and_fails_the_exit_status(tiny_checkpoin
     assert main([str(folder)]) == USAGE_ERROR
     err = capsys.readouterr().err.splitlines()
     assert err == [f"asr.transcribe: error: {tmp_path / 'missing.wav'}: no such file or folder",
-                   "asr.transcribe: error: decoder='viterbi'; choose one of greedy, beam",
+                   "asr.transcribe: error: decoder='viterbi'; choose one of greedy, beam, lexicon",
                    "asr.transcribe: error: give the checkpoint to transcribe with: checkpoint=PATH (a .ckpt file, "
                    "e.g. runs/<preset>/<time>/checkpoints/best.ckpt)"]
 
