@@ -683,75 +683,130 @@ std::tuple<at::Tensor, at::Tensor> lsh_attention_backward_cpu(
 // of a valid position is argmax([x, -x]) with x = q R (the unit key's argmax is the same),
 // ties to the first index as torch.argmax. A counting sort then lists the valid positions
 // by (bucket, position), the padded positions after them.
-constexpr int64_t kHashRows = 32;  // positions projected at once
+//
+// The projection x is never stored, not even one row of it: the product is computed in
+// register tiles (kHashTileRows positions x kHashTileVectors SIMD vectors of columns, over
+// the whole depth E) and each tile's values go straight into a running maximum and minimum
+// per position and lane. Memory is that state for kHashBlockRows positions; time is the
+// product's N E P multiply-adds (P = n_buckets / 2 grows with N, so the arithmetic of
+// Reformer hashing is quadratic in N; the tiles keep it near the core's peak rate).
+constexpr int64_t kHashBlockRows = 32;  // positions whose extremes are tracked at once
+constexpr int kHashTileRows = 8;        // 8 x 2 vectors: 16 accumulators, as many as fit
+constexpr int kHashTileVectors = 2;     // in the 32 vector registers with the operands
 
-// Index of the largest of x[0..n) (first on ties) and of the smallest; lane-wise first.
+// The largest and the smallest projection of one position seen so far, per SIMD lane (lane
+// l sees the columns l, l + W, ... in increasing order), with their columns; lane-wise the
+// first occurrence wins, and reduce() picks the lowest column among the lanes' equals, so
+// ties go to the first index overall.
 template <typename T>
-inline void arg_extremes(const T* x, int64_t n, int64_t& largest, int64_t& smallest) {
-  constexpr int W = static_cast<int>(kLanes<T>);
-  if (n < W) {
-    largest = smallest = 0;
-    for (int64_t j = 1; j < n; ++j) {
-      if (x[j] > x[largest]) largest = j;
-      if (x[j] < x[smallest]) smallest = j;
-    }
-    return;
-  }
+struct ProjectionExtremes {
+  static constexpr int W = static_cast<int>(kLanes<T>);
   T up[W], down[W];
   int32_t up_at[W], down_at[W];
-  for (int l = 0; l < W; ++l) {
-    up[l] = down[l] = x[l];
-    up_at[l] = down_at[l] = l;
-  }
-  int64_t j = W;
-  for (; j + W <= n; j += W) {
-#pragma omp simd
+
+  void reset() {
     for (int l = 0; l < W; ++l) {
-      const T value = x[j + l];
-      const bool above = value > up[l], below = value < down[l];
-      up[l] = above ? value : up[l];
-      up_at[l] = above ? static_cast<int32_t>(j + l) : up_at[l];
-      down[l] = below ? value : down[l];
-      down_at[l] = below ? static_cast<int32_t>(j + l) : down_at[l];
+      up[l] = -std::numeric_limits<T>::infinity();
+      down[l] = std::numeric_limits<T>::infinity();
+      up_at[l] = down_at[l] = 0;  // a valid column whatever the values (NaN included)
     }
   }
-  largest = up_at[0];
-  smallest = down_at[0];
-  for (int l = 1; l < W; ++l) {
-    if (up[l] > x[largest] || (up[l] == x[largest] && up_at[l] < largest)) largest = up_at[l];
-    if (down[l] < x[smallest] || (down[l] == x[smallest] && down_at[l] < smallest))
-      smallest = down_at[l];
+
+  // Lane-wise update with the values of columns first..first+W-1 (those >= limit ignored).
+  inline void update(const T* __restrict values, int32_t first, int64_t limit) {
+#pragma omp simd
+    for (int l = 0; l < W; ++l) {
+      const T value = values[l];
+      const int32_t column = first + l;
+      const bool inside = column < limit;
+      const bool above = inside & (value > up[l]), below = inside & (value < down[l]);
+      up[l] = above ? value : up[l];
+      up_at[l] = above ? column : up_at[l];
+      down[l] = below ? value : down[l];
+      down_at[l] = below ? column : down_at[l];
+    }
   }
-  for (; j < n; ++j) {  // tail past the last full vector: later indices, strict comparison
-    if (x[j] > x[largest]) largest = j;
-    if (x[j] < x[smallest]) smallest = j;
+
+  // argmax([x, -x]) over the 2 half columns: the largest x if it is >= -(smallest x).
+  int64_t bucket(int64_t half) const {
+    int l_up = 0, l_down = 0;
+    for (int l = 1; l < W; ++l) {
+      if (up[l] > up[l_up] || (up[l] == up[l_up] && up_at[l] < up_at[l_up])) l_up = l;
+      if (down[l] < down[l_down] || (down[l] == down[l_down] && down_at[l] < down_at[l_down]))
+        l_down = l;
+    }
+    return up[l_up] >= -down[l_down] ? up_at[l_up] : half + down_at[l_down];
   }
+};
+
+// Projects ROWS positions (rows of a, row stride dim) onto the NV * W columns of b starting
+// at column `first` (row stride ldb) and folds the values into the positions' extremes.
+// The sum over the depth runs in the same order as small_gemm's, so the values are those a
+// stored projection would hold.
+template <typename T, int ROWS, int NV>
+inline void project_tile_extremes(const T* __restrict a, int64_t dim, const T* __restrict b,
+                                  int64_t ldb, int32_t first, int64_t limit,
+                                  ProjectionExtremes<T>* __restrict extremes) {
+  constexpr int W = static_cast<int>(kLanes<T>);
+  constexpr int COLS = NV * W;
+  T acc[ROWS][COLS];
+  for (int r = 0; r < ROWS; ++r)
+#pragma omp simd
+    for (int j = 0; j < COLS; ++j) acc[r][j] = 0;
+  for (int64_t k = 0; k < dim; ++k) {
+    const T* b_row = b + k * ldb;
+    for (int r = 0; r < ROWS; ++r) {
+      const T a_rk = a[r * dim + k];
+#pragma omp simd
+      for (int j = 0; j < COLS; ++j) acc[r][j] += a_rk * b_row[j];
+    }
+  }
+  for (int r = 0; r < ROWS; ++r)
+    for (int v = 0; v < NV; ++v) extremes[r].update(&acc[r][v * W], first + v * W, limit);
+}
+
+template <typename T, int NV>
+inline void project_rows_extremes(const T* a, int64_t dim, const T* b, int64_t ldb, int32_t first,
+                                  int64_t limit, ProjectionExtremes<T>* extremes, int64_t rows) {
+  int64_t r = 0;
+  for (; r + kHashTileRows <= rows; r += kHashTileRows)
+    project_tile_extremes<T, kHashTileRows, NV>(a + r * dim, dim, b, ldb, first, limit,
+                                                extremes + r);
+  for (; r < rows; ++r)
+    project_tile_extremes<T, 1, NV>(a + r * dim, dim, b, ldb, first, limit, extremes + r);
 }
 
 template <typename T>
 void hash_kernel(const T* q, const T* rotations, const int64_t* lengths,
                  const int64_t* half_buckets, int64_t batch, int64_t heads, int64_t length,
                  int64_t dim, int64_t rounds, int64_t columns, int64_t* buckets, int64_t* order) {
+  constexpr int64_t W = kLanes<T>, tile_columns = kHashTileVectors * W;
   // One task per (batch, head, round): project, take buckets, counting-sort.
   run_tasks(batch * heads * rounds, grain_for(length * dim * columns), [&](TaskQueue& queue) {
-    std::vector<T> projected(kHashRows * columns);
+    std::vector<ProjectionExtremes<T>> extremes(kHashBlockRows);
     std::vector<int64_t> starts;
     for (int64_t t; queue.pop(t);) {
       const int64_t bh = t / rounds, r = t % rounds, b = bh / heads;
       const int64_t valid = lengths[b], half = half_buckets[b];
+      const int64_t used_columns = round_up(half, W);  // <= columns, which is a multiple of W
       const T* rotation = rotations + bh * dim * rounds * columns + r * columns;
+      const int64_t ldb = rounds * columns;
       int64_t* bucket = buckets + t * length;
       int64_t* sorted = order + t * length;
-      for (int64_t first = 0; first < valid; first += kHashRows) {
-        const int64_t rows = std::min(kHashRows, valid - first);
-        small_gemm<T>(q + (bh * length + first) * dim, {dim, 1}, rotation, rounds * columns,
-                      projected.data(), columns, rows, dim, columns);
-        for (int64_t i = 0; i < rows; ++i) {
-          const T* x = &projected[i * columns];
-          int64_t up, down;
-          arg_extremes(x, half, up, down);
-          bucket[first + i] = x[up] >= -x[down] ? up : half + down;
-        }
+      for (int64_t first = 0; first < valid; first += kHashBlockRows) {
+        const int64_t rows = std::min(kHashBlockRows, valid - first);
+        const T* a = q + (bh * length + first) * dim;
+        for (int64_t i = 0; i < rows; ++i) extremes[i].reset();
+        // Column tiles in increasing order, as the lane-wise first occurrence needs.
+        int64_t j = 0;
+        for (; j + tile_columns <= used_columns; j += tile_columns)
+          project_rows_extremes<T, kHashTileVectors>(a, dim, rotation + j, ldb,
+                                                     static_cast<int32_t>(j), half,
+                                                     extremes.data(), rows);
+        for (; j < used_columns; j += W)
+          project_rows_extremes<T, 1>(a, dim, rotation + j, ldb, static_cast<int32_t>(j), half,
+                                      extremes.data(), rows);
+        for (int64_t i = 0; i < rows; ++i) bucket[first + i] = extremes[i].bucket(half);
       }
       starts.assign(2 * half + 1, 0);
       for (int64_t n = 0; n < valid; ++n) ++starts[bucket[n] + 1];
@@ -780,6 +835,9 @@ std::tuple<at::Tensor, at::Tensor> lsh_hash_cpu(const at::Tensor& q_in,
   TORCH_CHECK(rotations_in.scalar_type() == q_in.scalar_type(),
               "lsh_hash: rotations must have the dtype of q");
   const int64_t rounds = rotations_in.size(3), columns = rotations_in.size(4);
+  TORCH_CHECK(columns <= std::numeric_limits<int32_t>::max(),
+              "lsh_hash: rotations have ", columns, " columns, more than the kernel's int32 "
+              "column indices hold");
   TORCH_CHECK(lengths_in.dim() == 1 && lengths_in.size(0) == batch &&
                   half_buckets_in.dim() == 1 && half_buckets_in.size(0) == batch,
               "lsh_hash: lengths and half_buckets must be (B,) = (", batch, ",)");

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from attention_ext import AttentionConfigError, build_attention
+from attention_ext._ops import ops
 from attention_ext.contract import draw_seed
 from attention_ext.lsh import lsh_bucket_count, lsh_chunked_attention, lsh_rotations
 
@@ -279,6 +280,36 @@ def test_buckets_and_order_of_long_sequences(device):
     # float32 hashing agrees except, at most, on rare near-ties
     single = attention.hash(q.float().to(device), lengths.to(device), seed=123)
     assert (single.buckets.cpu() == hashing.buckets).float().mean() > 0.99
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_hash_kernel_breaks_ties_as_torch_argmax(dtype, device):
+    """Small integers in q and the rotations: the projections are exact, with many ties,
+    which must go to the first index of [xR, -xR] as in torch.argmax. The columns past
+    half_buckets hold large values that the kernel must ignore."""
+    generator = torch.Generator().manual_seed(21)
+    batch, heads, rounds, length, dim, width = 3, 2, 2, 300, 5, 32
+    halves, lengths = [1, 21, 32], torch.tensor([300, 257, 45])  # one column; a vector and a tail
+    q = torch.randint(-2, 3, (batch, heads, length, dim), generator=generator).to(dtype)
+    q[0, 0, 3] = 0  # every projection 0: bucket 0
+    rotations = torch.full((batch, heads, dim, rounds, width), 9, dtype=dtype)
+    for b, half in enumerate(halves):
+        rotations[b, ..., :half] = torch.randint(-1, 2, (heads, dim, rounds, half), generator=generator)
+    buckets, order = ops.lsh_hash(q.to(device), rotations.to(device), lengths.to(device),
+                                  torch.tensor(halves, device=device))
+    buckets, order = buckets.cpu(), order.cpu()
+    ties = 0
+    for b, (valid, half) in enumerate(zip(lengths.tolist(), halves)):
+        for h in range(heads):
+            for r in range(rounds):
+                projected = q[b, h, :valid] @ rotations[b, h, :, r, :half]
+                candidates = torch.cat([projected, -projected], dim=-1)
+                ties += int(((candidates == candidates.max(-1, keepdim=True).values).sum(-1) > 1).sum())
+                expected = candidates.argmax(dim=-1)
+                assert torch.equal(buckets[b, h, r, :valid], expected)
+                assert order[b, h, r, :valid].tolist() == sorted(
+                    range(valid), key=lambda position: (int(expected[position]), position))
+    assert ties > 500  # the test does exercise ties
 
 
 def test_kernel_rejects_an_order_that_is_not_a_permutation(device):
