@@ -76,6 +76,10 @@ class QueryClusters(NamedTuple):
 def group_queries(assignment: torch.Tensor, clusters: int) -> QueryClusters:
     """Builds the `QueryClusters` of a given (B, H, N) assignment to `clusters` clusters."""
     offsets, members = ops.group_by_cluster(assignment, clusters)
+    return _query_clusters(assignment, offsets, members)
+
+
+def _query_clusters(assignment: torch.Tensor, offsets: torch.Tensor, members: torch.Tensor) -> QueryClusters:
     return QueryClusters(assignment, offsets[..., 1:] - offsets[..., :-1], offsets, members)
 
 
@@ -95,14 +99,43 @@ def cluster_queries(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bits:
     The tensors have min(clusters, N) cluster slots; a sequence with L <= clusters valid
     queries puts query i alone in cluster i.
     """
-    slots = max(1, min(clusters, q.shape[2]))
+    assignment, offsets, members = _cluster_queries_op(q.detach(), lengths, clusters, bits, iterations)
+    return _query_clusters(assignment, offsets, members)
+
+
+def cluster_slots(clusters: int, length):
+    """Cluster slots of a clustering of `length` queries: min(clusters, length), at least 1."""
+    return torch.sym_max(1, torch.sym_min(clusters, length))
+
+
+# One operator for the whole clustering, random draws included: torch.compile and torch.export
+# then keep it as one opaque call that draws from torch's default generator exactly as an eager
+# call does (a traced torch.randn would draw from the compiler's own generator instead, and
+# draw_seed's .item() would break the graph). Tagged nondeterministic_seeded so that the
+# compiler never merges two calls with equal inputs into one, nor recomputes one in backward.
+@torch.library.custom_op("attention_ext::cluster_queries", mutates_args=(),
+                         tags=torch.Tag.nondeterministic_seeded)
+def _cluster_queries_op(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bits: int,
+                        iterations: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(assignment, offsets, members) of `cluster_queries`, for q without gradient."""
+    slots = cluster_slots(clusters, q.shape[2])
     planes = torch.randn(bits, q.shape[-1], dtype=hashing_dtype(q.dtype)).to(q.device)
     plane_offsets = torch.randn(bits, dtype=hashing_dtype(q.dtype)).to(q.device)
     seed = draw_seed()
     codes = hash_queries(q, lengths, planes, plane_offsets)
     initial = ops.hamming_kmeans_init(codes, lengths, slots, seed)
     assignment, _ = ops.hamming_kmeans(codes, lengths, initial, iterations, bits)
-    return group_queries(assignment, slots)
+    offsets, members = ops.group_by_cluster(assignment, slots)
+    return assignment, offsets, members
+
+
+@_cluster_queries_op.register_fake
+def _(q, lengths, clusters, bits, iterations):
+    batch, heads, length, _ = q.shape
+    long = dict(dtype=torch.long)
+    return (q.new_empty((batch, heads, length), **long),
+            q.new_empty((batch, heads, cluster_slots(clusters, length) + 1), **long),
+            q.new_empty((batch, heads, length), **long))
 
 
 class ClusterMean(torch.autograd.Function):
@@ -152,10 +185,9 @@ def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
     # the largest tensor here (forward and backward).
     centroids = ClusterMean.apply(q, clusters) * (1.0 / math.sqrt(q.shape[-1]))
     scores = torch.matmul(centroids, k.transpose(-1, -2))
-    if bool((lengths < k.shape[2]).any()):
-        key_valid = valid_positions(lengths.clamp(min=1), k.shape[2])[:, None, None, :]
-        scores = scores.masked_fill(~key_valid, float("-inf"))
-    return torch.softmax(scores, dim=-1)
+    # Masked whether or not any key is padded: asking would cost a host synchronisation.
+    key_valid = valid_positions(lengths.clamp(min=1), k.shape[2])[:, None, None, :]
+    return torch.softmax(scores.masked_fill(~key_valid, float("-inf")), dim=-1)
 
 
 @register_attention("clustered", options=CLUSTERING_OPTIONS, number_option="clusters",
