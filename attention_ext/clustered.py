@@ -119,8 +119,10 @@ def _cluster_queries_op(q: torch.Tensor, lengths: torch.Tensor, clusters: int, b
                         iterations: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(assignment, offsets, members) of `cluster_queries`, for q without gradient."""
     slots = cluster_slots(clusters, q.shape[2])
-    planes = torch.randn(bits, q.shape[-1], dtype=hashing_dtype(q.dtype)).to(q.device)
-    plane_offsets = torch.randn(bits, dtype=hashing_dtype(q.dtype)).to(q.device)
+    # Drawn on the CPU (the same planes on every device); non_blocking: a blocking copy to a GPU
+    # would wait for the GPU to finish its queue first.
+    planes = torch.randn(bits, q.shape[-1], dtype=hashing_dtype(q.dtype)).to(q.device, non_blocking=True)
+    plane_offsets = torch.randn(bits, dtype=hashing_dtype(q.dtype)).to(q.device, non_blocking=True)
     seed = draw_seed()
     codes = hash_queries(q, lengths, planes, plane_offsets)
     initial = ops.hamming_kmeans_init(codes, lengths, slots, seed)
