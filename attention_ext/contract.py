@@ -105,8 +105,11 @@ def zeros_without_valid_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
 
 def is_shared_qk(q: torch.Tensor, k: torch.Tensor) -> bool:
     """True when the caller passed the very same tensor as queries and keys."""
-    return k is q or (k.data_ptr() == q.data_ptr() and k.shape == q.shape
-                      and k.stride() == q.stride())
+    if k is q:
+        return True
+    if torch.compiler.is_compiling():   # traced tensors have no storage to compare
+        return False
+    return k.data_ptr() == q.data_ptr() and k.shape == q.shape and k.stride() == q.stride()
 
 
 def kernel_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:

@@ -223,3 +223,15 @@ def test_input_validation_can_be_turned_off_and_is_on_by_default():
     finally:
         attention_ext.set_input_validation(True)
     assert math.isfinite(float(out.sum()))
+
+
+def test_a_compiled_shared_qk_attention_refuses_separate_keys_with_its_message():
+    """Not a failure to read a traced tensor's storage: the attention's own message, which
+    fullgraph tracing reports inside torch's error (without fullgraph: the error itself)."""
+    attention = build_attention("lsh")
+    q, k = torch.randn(1, 1, 4, 2), torch.randn(1, 1, 4, 2)
+    with pytest.raises(Exception, match="needs a model with shared query/key projections"):
+        torch.compile(attention, fullgraph=True, backend="aot_eager")(q, k, q)
+    with pytest.raises(attention_ext.SharedQKRequiredError):
+        torch.compile(attention, backend="aot_eager")(q, k, q)
+    torch._dynamo.reset()
