@@ -177,19 +177,21 @@ def empty_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 
 
 def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
-                       clusters: QueryClusters) -> torch.Tensor:
+                       clusters: QueryClusters, padded: bool = True) -> torch.Tensor:
     """A^c = softmax(Q^c K^T / sqrt(E)) over the valid keys (eq. 3-4), (B, H, C, N).
 
     A sequence of length 0 keeps key 0 so that no row of the softmax is empty; it has
-    no queries, so nothing reads those rows.
+    no queries, so nothing reads those rows. `padded=False` says that every sequence is
+    full (a call without lengths), which skips the key mask.
     """
     # Scaling the (C, E) centroids rather than the (C, N) scores saves two passes over
     # the largest tensor here (forward and backward).
     centroids = ClusterMean.apply(q, clusters) * (1.0 / math.sqrt(q.shape[-1]))
     scores = torch.matmul(centroids, k.transpose(-1, -2))
-    # Masked whether or not any key is padded: asking would cost a host synchronisation.
-    key_valid = valid_positions(lengths.clamp(min=1), k.shape[2])[:, None, None, :]
-    return torch.softmax(scores.masked_fill(~key_valid, float("-inf")), dim=-1)
+    if padded:   # whether any key really is would be a host synchronisation to ask
+        key_valid = valid_positions(lengths.clamp(min=1), k.shape[2])[:, None, None, :]
+        scores = scores.masked_fill(~key_valid, float("-inf"))
+    return torch.softmax(scores, dim=-1)
 
 
 @register_attention("clustered", options=CLUSTERING_OPTIONS, number_option="clusters",
@@ -205,6 +207,7 @@ class ClusteredAttention(torch.nn.Module):
         return f"clusters={self.clusters}, bits={self.bits}, iterations={self.iterations}"
 
     def forward(self, q, k, v, lengths=None):
+        padded = lengths is not None
         lengths = check_inputs(q, k, v, lengths, attention=self)
         if q.numel() == 0 or v.numel() == 0:
             return empty_attention(q, k, v)
@@ -212,6 +215,6 @@ class ClusteredAttention(torch.nn.Module):
         with autocast_disabled(q.device):
             q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
             clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
-            attention = centroid_attention(q, k, lengths, clusters)
+            attention = centroid_attention(q, k, lengths, clusters, padded)
             centroid_values = torch.matmul(attention, v)                      # eq. 5
             return ClusterBroadcast.apply(centroid_values, clusters).to(input_dtype)  # eq. 6

@@ -29,6 +29,7 @@ class SharedFullAttention(torch.nn.Module):
     """
 
     def forward(self, q, k, v, lengths=None):
+        padded = lengths is not None
         lengths = check_inputs(q, k, v, lengths, attention=self)
         if q.dtype == torch.float16:
             # eps 1e-12 rounds to 0 in float16, so a zero query would give a NaN key (and NaN
@@ -39,11 +40,14 @@ class SharedFullAttention(torch.nn.Module):
         if q.shape[0] == 0 or q.shape[2] == 0:
             return zeros_without_valid_queries(q, keys, v)
         length = q.shape[2]
-        # A sequence of length 0 keeps key 0 (and a sequence of length 1 its own key), so that
-        # no row of the softmax is empty; padded query rows are zeroed below.
-        valid = lengths.clamp(min=1)[:, None, None]                       # (B, 1, 1)
         position = torch.arange(length, device=q.device)
-        not_self = position[:, None] != position[None, :]                 # (N, N)
-        allowed = (position[None, None, :] < valid) & (not_self | (valid == 1))  # (B, N, N)
+        not_self = position[:, None] != position[None, :]                         # (N, N)
+        if not padded:   # a sequence of length 1 attends to itself
+            return F.scaled_dot_product_attention(q, keys, v, attn_mask=not_self | (length == 1))
+        # Given lengths, every row is masked, padded or not (asking would be a host
+        # synchronisation). A sequence of length 0 keeps key 0 (and one of length 1 its own
+        # key), so that no row of the softmax is empty; padded query rows are zeroed below.
+        valid = lengths.clamp(min=1)[:, None, None]                               # (B, 1, 1)
+        allowed = (position[None, None, :] < valid) & (not_self | (valid == 1))   # (B, N, N)
         out = F.scaled_dot_product_attention(q, keys, v, attn_mask=allowed[:, None])
         return zero_padded_queries(out, lengths)
