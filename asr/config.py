@@ -85,6 +85,9 @@ class TrainerConfig:
     diagnostics_every_n_steps: Optional[int] = None
     # Keep every epoch's checkpoint too (checkpoints/epoch-NNN.ckpt), for asr.average.
     keep_epoch_checkpoints: bool = False
+    # torch.compile the encoder (fullgraph: any attention traces as one graph; the first batches of
+    # each new shape compile, for a minute or more). Checkpoints are the same as without it.
+    compile: bool = False
 
 
 @dataclass

@@ -375,6 +375,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         tokenizers={kind: tokenizer.state_dict() for kind, tokenizer in datamodule.tokenizers.items()},
         frontend=datamodule.filterbank.options)
     model.set_feature_stats(datamodule.feature_mean, datamodule.feature_std)
+    if cfg.trainer.compile:
+        # in place: the state dict keeps its keys, so checkpoints load without compile too
+        model.encoder.compile(fullgraph=True)
     if checkpoint is not None:
         check_state_dict_fits(model, checkpoint["state_dict"], f"checkpoint {resume_from}")
         log.info("resuming from %s (epoch %s, step %s)", resume_from, checkpoint.get("epoch"),

@@ -13,6 +13,7 @@ import pkgutil
 from .registry import (AttentionConfigError, Option, SharedQKRequiredError, ValidatedAttention,
                        available_attentions, build_attention, describe_attentions,
                        parse_attention_spec, register_attention, validate_attention)
+from .contract import input_validation_enabled, set_input_validation
 
 # Importing the modules registers their attention types.
 from .full import FullAttention  # noqa: E402
@@ -31,7 +32,7 @@ for _module in pkgutil.iter_modules(__path__):
 __all__ = [
     "AttentionConfigError", "Option", "SharedQKRequiredError", "ValidatedAttention",
     "available_attentions", "build_attention", "describe_attentions", "parse_attention_spec",
-    "register_attention", "validate_attention",
+    "register_attention", "validate_attention", "input_validation_enabled", "set_input_validation",
     "FullAttention", "SharedFullAttention", "LSHAttention", "OracleTopAttention",
     "ClusteredAttention", "ImprovedClusteredAttention",
 ]

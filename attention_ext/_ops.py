@@ -9,4 +9,6 @@ except ImportError as error:  # pragma: no cover - only on an unbuilt checkout
         "the installed torch. From the project root run: "
         "`pip install --no-build-isolation -e .` (see README.md)") from error
 
+from attention_ext import _fake_kernels  # noqa: E402,F401  (fake implementations for torch.compile)
+
 ops = torch.ops.attention_ext

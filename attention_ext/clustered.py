@@ -76,6 +76,10 @@ class QueryClusters(NamedTuple):
 def group_queries(assignment: torch.Tensor, clusters: int) -> QueryClusters:
     """Builds the `QueryClusters` of a given (B, H, N) assignment to `clusters` clusters."""
     offsets, members = ops.group_by_cluster(assignment, clusters)
+    return _query_clusters(assignment, offsets, members)
+
+
+def _query_clusters(assignment: torch.Tensor, offsets: torch.Tensor, members: torch.Tensor) -> QueryClusters:
     return QueryClusters(assignment, offsets[..., 1:] - offsets[..., :-1], offsets, members)
 
 
@@ -95,14 +99,45 @@ def cluster_queries(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bits:
     The tensors have min(clusters, N) cluster slots; a sequence with L <= clusters valid
     queries puts query i alone in cluster i.
     """
-    slots = max(1, min(clusters, q.shape[2]))
-    planes = torch.randn(bits, q.shape[-1], dtype=hashing_dtype(q.dtype)).to(q.device)
-    plane_offsets = torch.randn(bits, dtype=hashing_dtype(q.dtype)).to(q.device)
+    assignment, offsets, members = _cluster_queries_op(q.detach(), lengths, clusters, bits, iterations)
+    return _query_clusters(assignment, offsets, members)
+
+
+def cluster_slots(clusters: int, length):
+    """Cluster slots of a clustering of `length` queries: min(clusters, length), at least 1."""
+    return torch.sym_max(1, torch.sym_min(clusters, length))
+
+
+# One operator for the whole clustering, random draws included: torch.compile and torch.export
+# then keep it as one opaque call that draws from torch's default generator exactly as an eager
+# call does (a traced torch.randn would draw from the compiler's own generator instead, and
+# draw_seed's .item() would break the graph). Tagged nondeterministic_seeded so that the
+# compiler never merges two calls with equal inputs into one, nor recomputes one in backward.
+@torch.library.custom_op("attention_ext::cluster_queries", mutates_args=(),
+                         tags=torch.Tag.nondeterministic_seeded)
+def _cluster_queries_op(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bits: int,
+                        iterations: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(assignment, offsets, members) of `cluster_queries`, for q without gradient."""
+    slots = cluster_slots(clusters, q.shape[2])
+    # Drawn on the CPU (the same planes on every device); non_blocking: a blocking copy to a GPU
+    # would wait for the GPU to finish its queue first.
+    planes = torch.randn(bits, q.shape[-1], dtype=hashing_dtype(q.dtype)).to(q.device, non_blocking=True)
+    plane_offsets = torch.randn(bits, dtype=hashing_dtype(q.dtype)).to(q.device, non_blocking=True)
     seed = draw_seed()
     codes = hash_queries(q, lengths, planes, plane_offsets)
     initial = ops.hamming_kmeans_init(codes, lengths, slots, seed)
     assignment, _ = ops.hamming_kmeans(codes, lengths, initial, iterations, bits)
-    return group_queries(assignment, slots)
+    offsets, members = ops.group_by_cluster(assignment, slots)
+    return assignment, offsets, members
+
+
+@_cluster_queries_op.register_fake
+def _(q, lengths, clusters, bits, iterations):
+    batch, heads, length, _ = q.shape
+    long = dict(dtype=torch.long)
+    return (q.new_empty((batch, heads, length), **long),
+            q.new_empty((batch, heads, cluster_slots(clusters, length) + 1), **long),
+            q.new_empty((batch, heads, length), **long))
 
 
 class ClusterMean(torch.autograd.Function):
@@ -142,17 +177,18 @@ def empty_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
 
 
 def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
-                       clusters: QueryClusters) -> torch.Tensor:
+                       clusters: QueryClusters, padded: bool = True) -> torch.Tensor:
     """A^c = softmax(Q^c K^T / sqrt(E)) over the valid keys (eq. 3-4), (B, H, C, N).
 
     A sequence of length 0 keeps key 0 so that no row of the softmax is empty; it has
-    no queries, so nothing reads those rows.
+    no queries, so nothing reads those rows. `padded=False` says that every sequence is
+    full (a call without lengths), which skips the key mask.
     """
     # Scaling the (C, E) centroids rather than the (C, N) scores saves two passes over
     # the largest tensor here (forward and backward).
     centroids = ClusterMean.apply(q, clusters) * (1.0 / math.sqrt(q.shape[-1]))
     scores = torch.matmul(centroids, k.transpose(-1, -2))
-    if bool((lengths < k.shape[2]).any()):
+    if padded:   # whether any key really is would be a host synchronisation to ask
         key_valid = valid_positions(lengths.clamp(min=1), k.shape[2])[:, None, None, :]
         scores = scores.masked_fill(~key_valid, float("-inf"))
     return torch.softmax(scores, dim=-1)
@@ -171,6 +207,7 @@ class ClusteredAttention(torch.nn.Module):
         return f"clusters={self.clusters}, bits={self.bits}, iterations={self.iterations}"
 
     def forward(self, q, k, v, lengths=None):
+        padded = lengths is not None
         lengths = check_inputs(q, k, v, lengths, attention=self)
         if q.numel() == 0 or v.numel() == 0:
             return empty_attention(q, k, v)
@@ -178,6 +215,6 @@ class ClusteredAttention(torch.nn.Module):
         with autocast_disabled(q.device):
             q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
             clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
-            attention = centroid_attention(q, k, lengths, clusters)
+            attention = centroid_attention(q, k, lengths, clusters, padded)
             centroid_values = torch.matmul(attention, v)                      # eq. 5
             return ClusterBroadcast.apply(centroid_values, clusters).to(input_dtype)  # eq. 6

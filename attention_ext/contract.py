@@ -15,6 +15,30 @@ import torch
 from .registry import SharedQKRequiredError
 
 
+_input_validation = True
+
+
+def set_input_validation(enabled: bool) -> bool:
+    """Turns the value checks of `check_inputs` on (the default) or off; returns the old setting.
+
+    The shapes, dtypes and devices of q, k, v and lengths are always checked (that costs
+    nothing). That every length lies in [0, N] needs the lengths' values on the host: a device
+    synchronisation on every call when they live on a GPU. A training loop whose lengths are
+    known to be right can turn it off; code traced by torch.compile or torch.export never runs
+    it (a traced graph cannot branch on a tensor's values). Unchecked, a length outside [0, N]
+    is clipped to it by the attentions (LSH's kernels refuse it with their own error): wrong
+    numbers, never a crash.
+    """
+    global _input_validation
+    previous, _input_validation = _input_validation, bool(enabled)
+    return previous
+
+
+def input_validation_enabled() -> bool:
+    """Whether `check_inputs` checks the lengths' values now (on, and not being traced)."""
+    return _input_validation and not torch.compiler.is_compiling()
+
+
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None,
                  attention: torch.nn.Module | None = None) -> torch.Tensor:
     """Validates shapes and returns `lengths` as an int64 tensor on q's device.
@@ -44,7 +68,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: tor
         if lengths.is_floating_point():
             raise ValueError(f"lengths must be integers, got dtype {lengths.dtype}")
         lengths = lengths.to(device=q.device, dtype=torch.long)
-        if lengths.numel() and (int(lengths.min()) < 0 or int(lengths.max()) > length):
+        if lengths.numel() and input_validation_enabled() and (
+                int(lengths.min()) < 0 or int(lengths.max()) > length):
             raise ValueError(
                 f"lengths must lie in [0, {length}] (the padded length), got {lengths.tolist()}")
     if getattr(attention, "needs_shared_qk", False) and not is_shared_qk(q, k):
@@ -78,36 +103,13 @@ def zeros_without_valid_queries(q: torch.Tensor, k: torch.Tensor, v: torch.Tenso
     return out
 
 
-def attend_by_valid_length(attend, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                           lengths: torch.Tensor) -> torch.Tensor:
-    """Runs `attend(q, k, v)` once per group of sequences that share a valid length, on their
-    unpadded rows only, and places the results in a zero output: padded query rows stay 0.
-
-    For attentions whose dense computation is simplest without masks (shared_full, oracle_top).
-    When every sequence is full, `attend` gets the inputs as they are (no gather, no scatter).
-    `attend` never sees an empty sequence; a batch without any valid query gives
-    `zeros_without_valid_queries`.
-    """
-    batch, heads, length, _ = q.shape
-    groups: dict[int, list[int]] = {}
-    for index, valid in enumerate(lengths.tolist()):
-        if valid > 0:
-            groups.setdefault(valid, []).append(index)
-    if not groups:
-        return zeros_without_valid_queries(q, k, v)
-    if len(groups) == 1 and length in groups and len(groups[length]) == batch:
-        return attend(q, k, v)
-    out = v.new_zeros(batch, heads, length, v.shape[3])
-    for valid, indices in groups.items():
-        rows = torch.tensor(indices, device=q.device)
-        out[rows, :, :valid] = attend(q[rows, :, :valid], k[rows, :, :valid], v[rows, :, :valid])
-    return out
-
-
 def is_shared_qk(q: torch.Tensor, k: torch.Tensor) -> bool:
     """True when the caller passed the very same tensor as queries and keys."""
-    return k is q or (k.data_ptr() == q.data_ptr() and k.shape == q.shape
-                      and k.stride() == q.stride())
+    if k is q:
+        return True
+    if torch.compiler.is_compiling():   # traced tensors have no storage to compare
+        return False
+    return k.data_ptr() == q.data_ptr() and k.shape == q.shape and k.stride() == q.stride()
 
 
 def kernel_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:

@@ -127,17 +127,18 @@ class ImprovedClusteredAttention(torch.nn.Module):
                 f"topk={self.topk}")
 
     def forward(self, q, k, v, lengths=None):
+        padded = lengths is not None
         lengths = check_inputs(q, k, v, lengths, attention=self)
         if q.numel() == 0 or v.numel() == 0:
             return empty_attention(q, k, v)
         with autocast_disabled(q.device):
-            return self._attend(q, k, v, lengths)
+            return self._attend(q, k, v, lengths, padded)
 
-    def _attend(self, q, k, v, lengths):
+    def _attend(self, q, k, v, lengths, padded):
         dtype = kernel_dtype(q.dtype, q.device)
         q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
         clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
-        attention = centroid_attention(q, k, lengths, clusters)                  # A^c, eq. 4
+        attention = centroid_attention(q, k, lengths, clusters, padded)          # A^c, eq. 4
         topk = top_keys(attention, lengths, self.topk)                           # T
         mass, attention_rest = SplitTopMass.apply(attention, topk)               # m_j, eq. 9
         bottom_values = torch.matmul(attention_rest, v)                          # V^b_j, eq. 17

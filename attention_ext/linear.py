@@ -53,22 +53,25 @@ class LinearAttention(torch.nn.Module):
     """phi(Q) (phi(K)^T V) / (phi(Q) phi(K)^T 1 + eps) over the valid keys; no options."""
 
     def forward(self, q, k, v, lengths=None):
+        padded = lengths is not None
         lengths = check_inputs(q, k, v, lengths, attention=self)
-        if q.shape[0] == 0 or q.shape[2] == 0 or int(lengths.max()) == 0:
+        if q.shape[0] == 0 or q.shape[2] == 0:
             return zeros_without_valid_queries(q, k, v)
+        # Given lengths, padding is masked even in a batch without any (asking would cost a host
+        # synchronisation); a batch whose every length is 0 comes out as zeros that way too.
         dtype = compute_dtype(q.dtype)
         with torch.autocast(device_type=q.device.type, enabled=False):
             phi_q, phi_k, values = feature_map(q.to(dtype)), feature_map(k.to(dtype)), v.to(dtype)
-            if int(lengths.min()) < q.shape[2]:
-                padded = ~valid_positions(lengths, q.shape[2])[:, None, :, None]
+            if padded:
+                mask = ~valid_positions(lengths, q.shape[2])[:, None, :, None]
                 # masked_fill, not a product with the mask: a non-finite padded value is dropped
                 # (and gives no NaN gradient through the padded rows).
-                phi_q, phi_k = phi_q.masked_fill(padded, 0.0), phi_k.masked_fill(padded, 0.0)
-                values = values.masked_fill(padded, 0.0)
+                phi_q, phi_k = phi_q.masked_fill(mask, 0.0), phi_k.masked_fill(mask, 0.0)
+                values = values.masked_fill(mask, 0.0)
             # A column of ones after the values makes the normaliser sum_j phi(k_j) the last
             # column of the key-value product: numerator and denominator in one matmul each way.
             values = torch.cat([values, values.new_ones(values.shape[:3] + (1,))], dim=3)
             key_values = phi_k.transpose(2, 3) @ values                       # (B, H, E, Ev + 1)
             both = phi_q @ key_values                                         # (B, H, N, Ev + 1)
             out = (both[..., :-1] / (both[..., -1:] + EPS)).to(v.dtype)
-        return zero_padded_queries(out, lengths) if int(lengths.min()) < q.shape[2] else out
+        return zero_padded_queries(out, lengths) if padded else out

@@ -98,6 +98,25 @@ def lsh_hash(queries: torch.Tensor, lengths: torch.Tensor, rounds: int, chunk_si
     return LSHHashing(rotations, n_buckets, buckets, order)
 
 
+# The hashing of a forward call as one operator, its random draws included: torch.compile and
+# torch.export keep it as one opaque call, so a compiled model draws the same rotations as an
+# eager one with the same seed. The rotations' shapes depend on each sequence's valid length,
+# so inside it the lengths are read on the host (on a GPU, the one synchronisation left in LSH's
+# forward). Tagged nondeterministic_seeded: never merged with another call, nor recomputed.
+@torch.library.custom_op("attention_ext::lsh_sorted_order", mutates_args=(),
+                         tags=torch.Tag.nondeterministic_seeded)
+def _lsh_sorted_order_op(queries: torch.Tensor, lengths: torch.Tensor, rounds: int,
+                         chunk_size: int) -> torch.Tensor:
+    """`lsh_hash(queries, lengths, rounds, chunk_size, draw_seed()).order`, (B, H, R, N) int64."""
+    return lsh_hash(queries, lengths, rounds, chunk_size, draw_seed()).order
+
+
+@_lsh_sorted_order_op.register_fake
+def _(queries, lengths, rounds, chunk_size):
+    batch, heads, length, _ = queries.shape
+    return lengths.new_empty((batch, heads, rounds, length), dtype=torch.long)
+
+
 class _LSHChunkedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q, v, order, lengths, chunk_size):
@@ -155,6 +174,6 @@ class LSHAttention(torch.nn.Module):
         dtype = kernel_dtype(q.dtype, q.device)
         with autocast_disabled(q.device):
             q_kernel, v_kernel = q.to(dtype), v.to(dtype)
-            hashing = lsh_hash(q_kernel.detach(), lengths, self.rounds, self.chunk_size, draw_seed())
-            out = lsh_chunked_attention(q_kernel, v_kernel, hashing.order, lengths, self.chunk_size)
+            order = _lsh_sorted_order_op(q_kernel.detach(), lengths, self.rounds, self.chunk_size)
+            out = lsh_chunked_attention(q_kernel, v_kernel, order, lengths, self.chunk_size)
             return out.to(v.dtype)

@@ -8,7 +8,7 @@ import math
 
 import torch
 
-from .contract import attend_by_valid_length, check_inputs
+from .contract import check_inputs, valid_positions, zero_padded_queries, zeros_without_valid_queries
 from .registry import Option, register_attention
 
 # Scores computed at once per block of queries (elements), bounding peak memory for long sequences.
@@ -35,21 +35,28 @@ class OracleTopAttention(torch.nn.Module):
         return f"topk={self.topk}"
 
     def forward(self, q, k, v, lengths=None):
+        padded = lengths is not None
         lengths = check_inputs(q, k, v, lengths, attention=self)
-        return attend_by_valid_length(self._attend, q, k, v, lengths)
-
-    def _attend(self, q, k, v):
-        """Top-k attention for sequences that are all valid up to their end."""
         batch, heads, length, dim = q.shape
+        if batch == 0 or length == 0:
+            return zeros_without_valid_queries(q, k, v)
         keep = min(self.topk, length)
+        # Given lengths, padded keys score -inf (whether any key is padded would be a host
+        # synchronisation to ask), so they are kept only where a sequence has fewer than `keep`
+        # valid keys, and then get no weight. A sequence of length 0 keeps key 0 (no empty
+        # softmax row); padded query rows are zeroed at the end.
+        padded_keys = ~valid_positions(lengths.clamp(min=1), length)[:, None, None, :] if padded else None
         block = max(1, _SCORE_BLOCK_ELEMENTS // (batch * heads * length))
         key_t = k.transpose(-1, -2) / math.sqrt(dim)
         outputs = []
         for start in range(0, length, block):
             scores = q[:, :, start:start + block] @ key_t
+            if padded:
+                scores = scores.masked_fill(padded_keys, float("-inf"))
             if keep < length:
                 top = scores.topk(keep, dim=-1).indices
                 kept = torch.zeros_like(scores, dtype=torch.bool).scatter_(-1, top, True)
                 scores = scores.masked_fill(~kept, float("-inf"))
             outputs.append(torch.softmax(scores, dim=-1) @ v)
-        return outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+        out = outputs[0] if len(outputs) == 1 else torch.cat(outputs, dim=2)
+        return zero_padded_queries(out, lengths) if padded else out

@@ -15,7 +15,7 @@ conventions (Kitaev et al. 2020, sec. 2):
 import torch
 import torch.nn.functional as F
 
-from .contract import attend_by_valid_length, check_inputs
+from .contract import check_inputs, zero_padded_queries, zeros_without_valid_queries
 from .registry import register_attention
 
 
@@ -24,11 +24,12 @@ from .registry import register_attention
 class SharedFullAttention(torch.nn.Module):
     """softmax(Q K^T / sqrt(E)) V with K = Q / ||Q|| and the diagonal masked (see module doc).
 
-    Requires k to be q. Sequences of equal valid length are computed together with
-    torch's scaled_dot_product_attention on their valid rows only.
+    Requires k to be q. One call of torch's scaled_dot_product_attention on the padded batch,
+    with a mask of the valid keys other than the query itself.
     """
 
     def forward(self, q, k, v, lengths=None):
+        padded = lengths is not None
         lengths = check_inputs(q, k, v, lengths, attention=self)
         if q.dtype == torch.float16:
             # eps 1e-12 rounds to 0 in float16, so a zero query would give a NaN key (and NaN
@@ -36,13 +37,17 @@ class SharedFullAttention(torch.nn.Module):
             keys = F.normalize(q.float(), dim=-1).to(q.dtype)
         else:
             keys = F.normalize(q, dim=-1)  # x / max(||x||, 1e-12)
-        return attend_by_valid_length(self._attend, q, keys, v, lengths)
-
-    @staticmethod
-    def _attend(q, keys, v):
-        """Attention over one group of sequences that are all valid up to their end."""
+        if q.shape[0] == 0 or q.shape[2] == 0:
+            return zeros_without_valid_queries(q, keys, v)
         length = q.shape[2]
-        if length == 1:  # nothing but itself to attend to
-            return v.clone()
-        not_self = ~torch.eye(length, dtype=torch.bool, device=q.device)
-        return F.scaled_dot_product_attention(q, keys, v, attn_mask=not_self)
+        position = torch.arange(length, device=q.device)
+        not_self = position[:, None] != position[None, :]                         # (N, N)
+        if not padded:   # a sequence of length 1 attends to itself
+            return F.scaled_dot_product_attention(q, keys, v, attn_mask=not_self | (length == 1))
+        # Given lengths, every row is masked, padded or not (asking would be a host
+        # synchronisation). A sequence of length 0 keeps key 0 (and one of length 1 its own
+        # key), so that no row of the softmax is empty; padded query rows are zeroed below.
+        valid = lengths.clamp(min=1)[:, None, None]                               # (B, 1, 1)
+        allowed = (position[None, None, :] < valid) & (not_self | (valid == 1))   # (B, N, N)
+        out = F.scaled_dot_product_attention(q, keys, v, attn_mask=allowed[:, None])
+        return zero_padded_queries(out, lengths)

@@ -16,7 +16,7 @@ import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from asr.config import ConfigError, validate_config
-from asr.evaluate import EvaluateConfig, evaluate
+from asr.evaluate import EvaluateConfig, evaluate, load_model
 from asr.exit_status import INTERRUPTED, USAGE_ERROR
 from asr.model.checkpoint import CheckpointError
 from asr.model.recognizer import CheckpointMismatchError
@@ -296,3 +296,37 @@ def test_stop_reason_names_the_budget_that_ended_training():
     assert stop_reason(trainer([early])).startswith("early stopping: no better val/primary_error for 4 validations")
     assert stop_reason(trainer(max_steps=120)) == "the step budget trainer.max_steps=120 was reached after 3 epoch(s), 120 steps"
     assert stop_reason(trainer(max_epochs=3)) == "trainer.max_epochs=3 epochs done (120 steps)"
+
+
+# ---- trainer.compile ---------------------------------------------------------------------------
+def test_compiled_training_takes_the_steps_of_an_eager_one(tiny_synth, tmp_path):
+    """trainer.compile=true: two steps with the default attention (iclustered, random clustering
+    inside the compiled graph) give the losses of the same run without compile (dropout off: the
+    compiler draws dropout masks from its own generator), and the checkpoint loads into an
+    uncompiled model, which exports."""
+    common = ("conf=synth_iclustered", "model.dropout=0.0", "trainer.max_steps=2", "test=false")
+    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    train(tiny_config(tiny_synth, *common), eager)
+    torch._dynamo.utils.counters.clear()
+    results = train(tiny_config(tiny_synth, *common, "trainer.compile=true"), compiled)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] >= 1     # it did compile
+    torch._dynamo.reset()
+    assert results["steps"] == 2
+    expected, got = train_losses(eager), train_losses(compiled)
+    assert set(got) == set(expected) and len(got) == 2
+    for step in expected:
+        assert got[step] == pytest.approx(expected[step], rel=1e-4), step
+    checkpoint = torch.load(compiled / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert not any("_orig_mod" in key for key in checkpoint["state_dict"])
+    # exported as asr/README.md shows, it gives what the eager model gives
+    model = load_model(compiled / "checkpoints" / "last.ckpt")
+    features, lengths = torch.randn(2, 120, model.hparams.feature_dim), torch.tensor([120, 90])
+    with torch.no_grad():
+        program = torch.export.export(model, (features, lengths))
+        torch.manual_seed(1)
+        expected, expected_lengths = model(features, lengths)
+        torch.manual_seed(1)
+        got, got_lengths = program.module()(features, lengths)
+    assert torch.equal(got_lengths, expected_lengths) and got.keys() == expected.keys()
+    for kind in expected:
+        torch.testing.assert_close(got[kind], expected[kind])
