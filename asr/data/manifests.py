@@ -155,19 +155,6 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
     return CutSet.from_cuts(_absolute_sources(c, root) for c in cuts)
 
 
-def phone_set_of(cuts: CutSet, split: str) -> str:
-    """The phone set the manifest names in `custom["phone_set"]` ("arpabet39" where none is named)."""
-    from asr.data.tokenizers import DEFAULT_PHONE_SET, PHONE_SETS
-
-    names = {(c.supervisions[0].custom or {}).get("phone_set", DEFAULT_PHONE_SET) for c in cuts}
-    unknown = sorted(names - set(PHONE_SETS))
-    if unknown:
-        raise ManifestError(f"{split}: unknown phone_set {unknown} in the manifest; known: {', '.join(PHONE_SETS)}")
-    if len(names) > 1:
-        raise ManifestError(f"{split}: the manifest mixes phone sets {sorted(names)}; one split, one phone set")
-    return names.pop()
-
-
 def transcript(cut, field: str) -> str:
     """The supervision field a tokenizer reads: 'text' (words) or 'phones'."""
     supervision = cut.supervisions[0]

@@ -68,7 +68,7 @@ def test_batches_respect_max_duration_and_cover_every_utterance_once_per_epoch(t
                                          "dev": make_utterances(3, 5, "dv")})
     module = SpeechDataModule(config(root, targets=["phones"], max_duration=7.0, num_buckets=4), seed=3)
     module.setup("fit")
-    durations = {cut.id: cut.duration for cut in module._prepare("train").cuts}
+    durations = {cut.id: cut.duration for cut in module.split("train").cuts}
     loader = module.train_dataloader()
     orders = []
     for epoch in range(2):
@@ -108,7 +108,7 @@ def test_utterances_with_more_ctc_targets_than_encoder_frames(tmp_path):
     root = write_corpus(tmp_path / "c", {"train": train, "dev": dev})
     module = SpeechDataModule(config(root, targets=["phones"]), frame_subsampling=4)
     module.setup("fit")
-    kept = {cut.id for cut in module._prepare("train").cuts}
+    kept = {cut.id for cut in module.split("train").cuts}
     assert kept == set(cases) - expected_dropped
     report = module.report()
     assert report["train"]["dropped"] == {"too_many_targets": 2}
@@ -125,7 +125,7 @@ def test_missing_audio_fails_early_naming_file_and_cut_or_is_skipped(tiny_corpus
     module = SpeechDataModule(config(tiny_corpus, targets=["phones"], skip_bad_audio=True))
     module.setup("fit")
     assert module.report()["train"]["dropped"] == {"bad_audio": 1}
-    assert "tr0007" not in {cut.id for cut in module._prepare("train").cuts}
+    assert "tr0007" not in {cut.id for cut in module.split("train").cuts}
 
 
 def test_audio_corrupt_past_its_header_is_reported_and_finished_work_is_kept(tiny_corpus, monkeypatch):
@@ -163,7 +163,7 @@ def test_features_are_cached_and_recomputed_when_options_or_audio_change(tiny_co
     module = SpeechDataModule(config(tiny_corpus, targets=["phones"]))
     module.setup("fit")
     assert computed == ["dv0002"]
-    np.testing.assert_allclose(module._prepare("dev").features.store.load("dv0002"),
+    np.testing.assert_allclose(module.split("dev").features.store.load("dv0002"),
                                kaldi_frames(tiny_corpus / "audio" / "dv0002.flac"), atol=2e-3)
 
 
@@ -186,7 +186,7 @@ def test_empty_transcripts_are_skipped_and_counted(tmp_path):
     module = SpeechDataModule(config(root))
     module.setup("fit")
     assert module.report()["train"]["dropped"] == {"empty_transcript": 2}
-    assert {c.id for c in module._prepare("train").cuts} == {"tr0000", "tr0001", "tr0003", "tr0005"}
+    assert {c.id for c in module.split("train").cuts} == {"tr0000", "tr0001", "tr0003", "tr0005"}
 
 
 def test_phone_outside_the_inventory_names_phone_and_cut(tmp_path):
