@@ -9,7 +9,7 @@ Found here, recorded under the reason "bad_audio" (so `data.skip_bad_audio` deci
 error at start-up listing every such utterance; true, they are left out and counted):
 - the audio file is missing or unreadable (an empty file, not audio), has another sampling rate or
   fewer samples than the manifest says, or more channels than the recording (a stereo file where the
-  manifest expects mono): `manifests.find_bad_audio`, which reads file headers only;
+  manifest expects mono): `find_bad_audio`, which reads file headers only;
 - the recording is not at the features' sampling rate (16 kHz): resample it in the recipe;
 - the utterance is too short for one feature frame (a 0-second cut);
 - the utterance is longer than data.max_duration: no batch can hold it.
@@ -29,6 +29,7 @@ and the scores are keyed by id, so two utterances with one id would silently bec
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
@@ -37,10 +38,31 @@ from lhotse import CutSet
 
 from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures
 from asr.data.features import SAMPLING_RATE, FilterBank
-from asr.data.manifests import (ManifestError, UtteranceProblems, find_bad_audio, find_empty_transcripts,
-                                listing)
+from asr.data.manifests import ManifestError, listing, transcript
 
 log = logging.getLogger(__name__)
+
+
+class UtteranceProblems:
+    """Cuts with a per-utterance problem, by reason: {reason: {cut_id: detail}}."""
+
+    def __init__(self):
+        self.by_reason: dict[str, dict[str, str]] = defaultdict(dict)
+
+    def add(self, reason: str, cut_id: str, detail: str = "") -> None:
+        self.by_reason[reason][cut_id] = detail
+
+    def cut_ids(self, reason: str | None = None) -> set[str]:
+        if reason is not None:
+            return set(self.by_reason.get(reason, {}))
+        return {cut_id for cuts in self.by_reason.values() for cut_id in cuts}
+
+    def counts(self) -> dict[str, int]:
+        return {reason: len(cuts) for reason, cuts in self.by_reason.items() if cuts}
+
+    def describe(self, reason: str) -> str:
+        entries = self.by_reason.get(reason, {})
+        return listing(f"{cut_id} ({detail})" if detail else cut_id for cut_id, detail in entries.items())
 
 
 @dataclass
@@ -103,6 +125,52 @@ def drop_bad_audio(data: SplitData, failures: dict[str, str], skip_bad_audio: bo
     log.warning("%s: skipping %d utterances with missing, unreadable or unusable audio (data.skip_bad_audio=true): %s",
                 data.name, len(failures), described)
     data.drop(set(failures), "bad_audio")
+
+
+def find_empty_transcripts(cuts: CutSet, fields: set[str], problems: UtteranceProblems) -> None:
+    """Record cuts whose text or phones (those in `fields`) are empty or whitespace."""
+    for cut in cuts:
+        empty = [field for field in sorted(fields) if not transcript(cut, field).strip()]
+        if empty:
+            problems.add("empty_transcript", cut.id, "empty " + " and ".join(empty))
+
+
+def find_bad_audio(cuts: CutSet, problems: UtteranceProblems) -> None:
+    """Record cuts whose audio file is missing, unreadable, or shorter than the cut says.
+
+    Reads only file headers (fast); a file that is corrupt past its header is caught when its
+    features are computed and is reported under the same reason.
+    """
+    import soundfile
+
+    checked: dict[str, str] = {}  # path -> "" if fine, else the problem
+    for cut in cuts:
+        recording = cut.recording
+        for source in recording.sources:
+            if source.type != "file":
+                continue  # URLs, commands: checked when loaded
+            path = source.source
+            if path not in checked:
+                checked[path] = _audio_file_problem(path, recording, soundfile)
+            if checked[path]:
+                problems.add("bad_audio", cut.id, f"{path}: {checked[path]}")
+
+
+def _audio_file_problem(path: str, recording, soundfile) -> str:
+    if not os.path.isfile(path):
+        return "file not found"
+    try:
+        info = soundfile.info(path)
+    except Exception as error:  # soundfile.LibsndfileError, RuntimeError, ...
+        return f"unreadable audio ({error})"
+    if info.samplerate != recording.sampling_rate:
+        return f"file is {info.samplerate} Hz, manifest says {recording.sampling_rate} Hz"
+    if info.channels > len(recording.channel_ids):
+        return (f"file has {info.channels} channels, manifest says {len(recording.channel_ids)} "
+                "(a stereo file where mono is expected?)")
+    if info.frames < recording.num_samples:
+        return f"file has {info.frames} samples, manifest says {recording.num_samples} (truncated?)"
+    return ""
 
 
 def find_unusable_cuts(cuts: CutSet, split: str, problems: UtteranceProblems, max_duration: float,
