@@ -63,7 +63,7 @@ def benchmark(args: argparse.Namespace) -> None:
         probe = SpeechDataModule(config(precompute_features=False))
     except ValueError as error:
         raise BadArguments(str(error)) from None
-    cuts = list(probe._load(args.split).cuts)
+    cuts = list(probe.split(args.split, features=False).cuts)
     hours = sum(c.duration for c in cuts) / 3600
     print(f"{args.corpus}/{args.split}: {len(cuts)} utterances, {hours:.2f} h of audio, "
           f"{args.num_mel_bins} mel bins\n")

@@ -1,22 +1,26 @@
 """The data section of the config (`DataConfig`) and the Lightning DataModule that serves batches.
 
-`SpeechDataModule.setup(stage)` runs, per split, in this order:
+A split's way through the data layer reads top to bottom in `SpeechDataModule.split` (steps 1-4)
+and `SpeechDataModule.dataloader` (steps 5-6); each step is one call into the module that owns it:
 
-1. load the cuts manifest and check its structure (`manifests.load_cuts`);
-2. find per-utterance problems: empty transcripts (text, or phones when phone targets are used) are
-   skipped and counted; missing/unreadable audio fails at once with the full list of cuts and files,
-   or - with `data.skip_bad_audio=true` - is skipped and counted;
-3. build the tokenizers from the training text (unless `set_tokenizers` gave them, e.g. from a
-   checkpoint) and encode every transcript; a symbol outside a tokenizer's table fails with every
-   offending symbol and example cuts;
-4. compute (or reuse) the features (`feature_cache`), or plan to compute them per batch;
-5. CTC feasibility: a training utterance whose targets need more frames than the encoder gives
-   (T // frame_subsampling, with a blank between repeated tokens) is dropped and counted; in dev/test
-   such utterances are kept (error rates must cover the whole set) and counted - their CTC loss is
-   infinite, so the loss should use `zero_infinity=True`.
+1. load the cuts: read the manifest and check its structure (`manifests.load_cuts`);
+2. check and drop bad ones: missing/unreadable/unusable audio fails at once with the full list of
+   cuts and files, or - with `data.skip_bad_audio=true` - is left out and counted; empty transcripts
+   are left out and counted (`cut_checks.drop_unusable_cuts`);
+3. encode targets: the tokenizers (built from the training text unless `set_tokenizers` gave them,
+   e.g. from a checkpoint) turn every transcript into ids; a symbol outside a tokenizer's table fails
+   with every offending symbol and example cuts (`tokenizers.encode_targets`);
+4. attach features: compute (or reuse) the cached features, or plan to compute them per batch
+   (`feature_cache.attach_features`); then audio found corrupt there (`cut_checks.drop_bad_audio`) and
+   utterances CTC cannot align (`cut_checks.drop_ctc_infeasible`: more targets than encoder frames)
+   are dealt with;
+5. build the dataset: cuts -> padded tensors, SpecAugment for training (`dataset.SpeechBatchDataset`);
+6. build the sampler: duration-bucketed batches, this process's share (`batching.duration_bucketing_sampler`).
 
-Steps 1-3 run for every split of the stage before any feature is computed, so bad input is reported
-before minutes are spent; features already computed are kept on disk whatever fails later.
+Steps 1-4 run once per split and what they give is kept (`cut_checks.SplitData`); 5-6 are made for
+each loader (they depend on `train`, this process's rank and the epoch). `setup(stage)` takes every
+split of its stage through steps 1-3 before any split's features are computed, so bad input is
+reported before minutes are spent; features already computed are kept on disk whatever fails later.
 
 The global mean/std (`feature_mean`, `feature_std`) are over all frames of the kept training
 utterances; they are computed on first use and cached next to the features.
@@ -27,25 +31,23 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections import defaultdict
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, List, Optional
 
 import lightning
 import torch
-from lhotse import CutSet
 
 from asr.data.augmentation import SpecAugment
-from asr.data.cut_checks import find_unusable_cuts
 from asr.data.batching import duration_bucketing_sampler
-from asr.data.dataset import OnTheFlyFeatures, SpeechBatchDataset, StoredFeatures, ctc_min_frames
-from asr.data.feature_cache import FeatureStats, feature_directory, global_feature_stats, precompute_features
+from asr.data.cut_checks import SplitData, drop_bad_audio, drop_ctc_infeasible, drop_unusable_cuts
+from asr.data.dataset import SpeechBatchDataset
+from asr.data.feature_cache import (FeatureStats, StoredFeatures, attach_features, feature_directory,
+                                    global_feature_stats)
 from asr.data.features import FilterBank
-from asr.data.manifests import (ManifestError, UtteranceProblems, find_empty_transcripts,
-                                listing, load_cuts, phone_set_of, transcript)
-from asr.data.tokenizers import (DEFAULT_PHONE_SET, SENTENCEPIECE_TYPES, TOKENIZER_KINDS, Tokenizer,
-                                 UnknownTokenError, build_tokenizer, tokenizer_from_state_dict)
+from asr.data.manifests import load_cuts
+from asr.data.tokenizers import (SENTENCEPIECE_TYPES, TOKENIZER_KINDS, Tokenizer, build_tokenizers,
+                                 encode_targets, tokenizer_from_state_dict)
 
 log = logging.getLogger(__name__)
 
@@ -153,22 +155,6 @@ def validate_data_config(cfg: DataConfig) -> None:
             f"there), or data.precompute_features=false to compute them per batch")
 
 
-@dataclass
-class SplitData:
-    """One split, ready to batch: kept cuts, their token ids, where their features come from."""
-
-    name: str
-    cuts: CutSet
-    targets: dict[str, dict[str, list[int]]]   # cut_id -> kind -> ids
-    features: StoredFeatures | OnTheFlyFeatures | None = None
-    dropped: dict[str, int] = field(default_factory=dict)   # reason -> count
-    ctc_infeasible_kept: int = 0
-
-    @property
-    def hours(self) -> float:
-        return sum(cut.duration for cut in self.cuts) / 3600.0
-
-
 class SpeechDataModule(lightning.LightningDataModule):
     """Serves padded batches of fbank features and CTC targets from lhotse manifests.
 
@@ -192,11 +178,93 @@ class SpeechDataModule(lightning.LightningDataModule):
             raise ValueError(f"data.num_mel_bins={self.cfg.num_mel_bins}, but the front-end given computes "
                              f"{self.filterbank.num_mel_bins} bins")
         self._tokenizers: dict[str, Tokenizer] | None = None
-        self._loaded: dict[str, SplitData] = {}      # after steps 1-3
-        self._ready: dict[str, SplitData] = {}       # after steps 4-5
+        self._splits: dict[str, SplitData] = {}      # what steps 1-4 give, per split (the module doc)
         self._stats: FeatureStats | None = None
         self._start_epoch = 0            # the first training epoch of this fit (restored from a checkpoint)
         self._train_sampler = None
+
+    # ----- a split's way: manifest -> checked cuts -> targets -> features -> dataset -> sampler -----
+    def setup(self, stage: str | None = None) -> None:
+        names = self._stage_splits(stage)
+        for name in names:     # steps 1-3 for every split first: bad input is reported before features take minutes
+            self.split(name, features=False)
+        for name in names:
+            self.split(name)
+        if stage in (None, "fit"):
+            self.feature_stats  # noqa: B018 - SpecAugment and the model need it: compute it now
+
+    def split(self, name: str, features: bool = True) -> SplitData:
+        """The split `name` ready to batch: steps 1-4 of the module doc, each one call into the module
+        that owns it. What they give is kept, so each runs once per split; `features=False` stops
+        before step 4 (setup() checks every split of its stage that way first)."""
+        cfg = self.cfg
+        data = self._splits.get(name)
+        if data is None:
+            if self._tokenizers is None and name != cfg.train_split:
+                self.split(cfg.train_split, features=False)   # step 3 needs the training text's tokenizers
+            # 1. load the cuts
+            cuts = load_cuts(cfg.root, cfg.corpus, name, need_phones="phones" in cfg.targets,
+                             limit=cfg.max_train_utterances if name == cfg.train_split else None)
+            # 2. check and drop bad ones
+            data = drop_unusable_cuts(name, cuts, "phones" in cfg.targets, cfg.max_duration, self.filterbank,
+                                      cfg.skip_bad_audio)
+            # 3. encode targets (the training split builds the tokenizers, unless a checkpoint gave them)
+            if self._tokenizers is None:
+                self._tokenizers = build_tokenizers(cfg.targets, data.cuts, name, cfg.sentencepiece_vocab,
+                                                    cfg.sentencepiece_type)
+            data.targets = encode_targets(data.cuts, self._tokenizers, name)
+            self._splits[name] = data
+        if features and data.features is None:
+            # 4. attach features; leave out audio found corrupt there, and what CTC cannot align
+            data.features, failures = attach_features(data.cuts, self.filterbank, cfg.precompute_features,
+                                                      feature_cache_folder(cfg), name, cfg.feature_jobs, cfg.progress)
+            drop_bad_audio(data, failures, cfg.skip_bad_audio)
+            drop_ctc_infeasible(data, self.frame_subsampling, is_train=name == cfg.train_split)
+            log.info("%s: %d utterances, %.2f h%s", name, len(data.cuts), data.hours,
+                     f"; dropped {data.dropped}" if data.dropped else "")
+        return data
+
+    def dataloader(self, split_name: str, train: bool = False) -> torch.utils.data.DataLoader:
+        """Batches of any split (steps 5-6 of the module doc on `split()`); `train=True` shuffles and
+        applies SpecAugment (if configured).
+
+        The sampler is deterministic from the seed and the epoch (Lightning calls `set_epoch`). Under
+        DDP each rank gets its own share (`process_rank`), every utterance of a split exactly once over
+        all ranks (the Trainer must use `use_distributed_sampler=False`, as asr.train does).
+        """
+        cfg = self.cfg
+        data = self.split(split_name)
+        # 5. build the dataset
+        specaugment = SpecAugment(cfg.freq_masks, cfg.freq_mask_width, cfg.time_masks, cfg.time_mask_width,
+                                  cfg.time_mask_max_fraction) if train and cfg.specaugment else None
+        dataset = SpeechBatchDataset(data.targets, data.features, specaugment,
+                                     self.feature_mean if specaugment is not None else None, self.seed)
+        # 6. build the sampler
+        rank, world_size = self.process_rank()
+        sampler = duration_bucketing_sampler(data.cuts, cfg.max_duration, cfg.num_buckets, shuffle=train,
+                                             seed=self.seed, rank=rank, world_size=world_size)
+        return torch.utils.data.DataLoader(
+            dataset, sampler=sampler, batch_size=None, num_workers=cfg.num_workers,
+            persistent_workers=cfg.num_workers > 0,
+            # its own generator: making an iterator draws a seed, and from torch's global generator that
+            # draw would shift dropout after a resume that makes one iterator more (asr.model.recognizer)
+            generator=torch.Generator().manual_seed(self.seed))
+
+    def _stage_splits(self, stage: str | None) -> list[str]:
+        cfg = self.cfg
+        if stage in (None, "fit"):
+            return [cfg.train_split, cfg.dev_split]
+        if stage == "validate":
+            return [cfg.dev_split]
+        if stage in ("test", "predict"):
+            return [cfg.test_split]
+        raise ValueError(f"unknown stage {stage!r}; expected fit, validate, test or predict")
+
+    def report(self) -> dict[str, dict]:
+        """Per prepared split: utterances kept, hours, dropped by reason, CTC-infeasible kept."""
+        return {name: {"utterances": len(d.cuts), "hours": d.hours, "dropped": dict(d.dropped),
+                       "ctc_infeasible_kept": d.ctc_infeasible_kept}
+                for name, d in self._splits.items() if d.features is not None}
 
     # ----- tokenizers -------------------------------------------------------------------------
     @property
@@ -207,7 +275,7 @@ class SpeechDataModule(lightning.LightningDataModule):
 
     def set_tokenizers(self, states: dict[str, dict]) -> None:
         """Use these tokenizers (state dicts, e.g. from a checkpoint) instead of building them."""
-        if self._loaded:
+        if self._splits:
             raise RuntimeError("set_tokenizers() must be called before setup()")
         missing = [kind for kind in self.cfg.targets if kind not in states]
         if missing:
@@ -218,14 +286,6 @@ class SpeechDataModule(lightning.LightningDataModule):
         if wrong:
             raise ValueError(f"set_tokenizers: state dicts of the wrong kind for {wrong}")
         self._tokenizers = tokenizers
-
-    def _build_tokenizers(self, train_cuts: CutSet, phone_set: str) -> None:
-        texts = [transcript(cut, "text") for cut in train_cuts]
-        self._tokenizers = {kind: build_tokenizer(kind, texts, self.cfg.sentencepiece_vocab,
-                                                  self.cfg.sentencepiece_type, phone_set)
-                            for kind in self.cfg.targets}
-        log.info("tokenizers built from %d training transcripts: %s", len(texts),
-                 ", ".join(f"{k} ({t.vocab_size} classes)" for k, t in self._tokenizers.items()))
 
     # ----- features and statistics ------------------------------------------------------------
     @property
@@ -240,13 +300,13 @@ class SpeechDataModule(lightning.LightningDataModule):
     def feature_stats(self) -> FeatureStats:
         """Mean/std over all frames of the kept training utterances (computed once, cached on disk)."""
         if self._stats is None:
-            train = self._prepare(self.cfg.train_split)
+            train = self.split(self.cfg.train_split)
             store = train.features.store if isinstance(train.features, StoredFeatures) else None
             stats, failures = global_feature_stats(
                 list(train.cuts), self.filterbank, self.feature_directory / train.name, store,
                 self.cfg.feature_jobs, self.cfg.progress)
-            if failures:  # only in on-the-fly mode: audio corrupt past its header; stats exclude these
-                self._apply_bad_audio_policy(train, failures)
+            # only in on-the-fly mode: audio corrupt past its header; stats exclude these
+            drop_bad_audio(train, failures, self.cfg.skip_bad_audio)
             self._stats = stats
             log.info("feature statistics over %d training frames", stats.num_frames)
         return self._stats
@@ -259,169 +319,7 @@ class SpeechDataModule(lightning.LightningDataModule):
     def feature_std(self) -> torch.Tensor:
         return torch.tensor(self.feature_stats.std, dtype=torch.float32)
 
-    # ----- setup --------------------------------------------------------------------------------
-    def _stage_splits(self, stage: str | None) -> list[str]:
-        cfg = self.cfg
-        if stage in (None, "fit"):
-            return [cfg.train_split, cfg.dev_split]
-        if stage == "validate":
-            return [cfg.dev_split]
-        if stage in ("test", "predict"):
-            return [cfg.test_split]
-        raise ValueError(f"unknown stage {stage!r}; expected fit, validate, test or predict")
-
-    def setup(self, stage: str | None = None) -> None:
-        splits = self._stage_splits(stage)
-        for split in splits:           # steps 1-3 for all splits first: report bad input early
-            self._load(split)
-        for split in splits:           # then features and the CTC filter
-            self._prepare(split)
-        if stage in (None, "fit"):
-            self.feature_stats  # noqa: B018 - SpecAugment and the model need it: compute it now
-
-    def _is_train(self, split: str) -> bool:
-        return split == self.cfg.train_split
-
-    def _load(self, split: str) -> SplitData:
-        """Steps 1-3: manifest, per-utterance problems, tokenizers and token ids."""
-        if split in self._loaded:
-            return self._loaded[split]
-        cfg = self.cfg
-        if self._tokenizers is None and not self._is_train(split):
-            self._load(cfg.train_split)  # builds the tokenizers from the training text
-        limit = cfg.max_train_utterances if self._is_train(split) else None
-        cuts = load_cuts(cfg.root, cfg.corpus, split, need_phones="phones" in cfg.targets, limit=limit)
-        fields = {"text"} | ({"phones"} if "phones" in cfg.targets else set())
-        problems = UtteranceProblems()
-        find_empty_transcripts(cuts, fields, problems)
-        find_unusable_cuts(cuts, split, problems, cfg.max_duration, self.filterbank)   # asr.data.cut_checks
-        data = SplitData(split, cuts, targets={})
-        if problems.cut_ids("bad_audio"):
-            self._apply_bad_audio_policy(data, problems.by_reason["bad_audio"])
-        if problems.cut_ids("empty_transcript"):
-            log.warning("%s: skipping %d utterances with an empty transcript: %s", split,
-                        len(problems.cut_ids("empty_transcript")), problems.describe("empty_transcript"))
-            self._drop(data, problems.cut_ids("empty_transcript"), "empty_transcript")
-        phone_set = phone_set_of(data.cuts, split) if "phones" in cfg.targets else DEFAULT_PHONE_SET
-        if self._tokenizers is None:
-            self._build_tokenizers(data.cuts, phone_set)
-        if "phones" in cfg.targets and self.tokenizers["phones"].phone_set != phone_set:
-            raise ManifestError(f"{split}: the manifest's phones are {phone_set!r} but the phones tokenizer "
-                                f"(from the training manifest or the checkpoint) is "
-                                f"{self.tokenizers['phones'].phone_set!r}")
-        data.targets = self._encode(split, data.cuts)
-        self._loaded[split] = data
-        return data
-
-    def _drop(self, data: SplitData, cut_ids: set[str], reason: str) -> None:
-        if not cut_ids:
-            return
-        data.cuts = data.cuts.filter(lambda cut: cut.id not in cut_ids).to_eager()
-        for cut_id in cut_ids:
-            data.targets.pop(cut_id, None)
-        data.dropped[reason] = data.dropped.get(reason, 0) + len(cut_ids)
-        if len(data.cuts) == 0:
-            raise ManifestError(f"split {data.name!r} has no utterances left after dropping {len(cut_ids)} "
-                                f"for {reason.replace('_', ' ')} (see the messages above)")
-
-    def _apply_bad_audio_policy(self, data: SplitData, failures: dict[str, str]) -> None:
-        described = listing(f"{cut_id}: {message}" for cut_id, message in failures.items())
-        if not self.cfg.skip_bad_audio:
-            raise ManifestError(
-                f"{data.name}: {len(failures)} utterances have missing, unreadable or unusable audio: {described}. "
-                "Regenerate or fix these files (for synth: rerun recipes.synth.prepare, which redoes what is "
-                "missing), or set data.skip_bad_audio=true to leave them out. Features computed so far are kept.")
-        log.warning("%s: skipping %d utterances with missing, unreadable or unusable audio (data.skip_bad_audio=true): %s",
-                    data.name, len(failures), described)
-        self._drop(data, set(failures), "bad_audio")
-
-    def _encode(self, split: str, cuts: CutSet) -> dict[str, dict[str, list[int]]]:
-        targets: dict[str, dict[str, list[int]]] = {}
-        unknown: dict[tuple[str, str], list[str]] = defaultdict(list)   # (kind, symbol) -> cut ids
-        advice: dict[str, str] = {}
-        for cut in cuts:
-            ids = {}
-            for kind, tokenizer in self.tokenizers.items():
-                try:
-                    ids[kind] = tokenizer.encode(transcript(cut, tokenizer.field))
-                except UnknownTokenError as error:
-                    for symbol in error.tokens:
-                        unknown[(kind, symbol)].append(cut.id)
-                    advice.setdefault(kind, error.advice)
-            targets[cut.id] = ids
-        if unknown:
-            lines = [f"  {kind} {symbol!r} in {len(ids)} utterances, e.g. {listing(ids, 3)}"
-                     for (kind, symbol), ids in sorted(unknown.items())]
-            raise ManifestError(f"{split}: transcripts hold symbols outside the tokenizers' tables:\n"
-                                + "\n".join(lines) + "\n" + "\n".join(f"  {kind}: {text}" for kind, text in advice.items()))
-        return targets
-
-    def _prepare(self, split: str) -> SplitData:
-        """Steps 4-5: features and the CTC feasibility filter."""
-        if split in self._ready:
-            return self._ready[split]
-        data = self._load(split)
-        cfg = self.cfg
-        if cfg.precompute_features:
-            store, failures = precompute_features(list(data.cuts), self.filterbank, self.feature_directory / split,
-                                                  cfg.feature_jobs, cfg.progress, f"fbank {split}")
-            if failures:
-                self._apply_bad_audio_policy(data, failures)
-            data.features = StoredFeatures(store)
-        else:
-            data.features = OnTheFlyFeatures(self.filterbank)
-
-        infeasible, by_kind = set(), defaultdict(int)
-        for cut in data.cuts:
-            frames = data.features.num_frames(cut) // self.frame_subsampling
-            for kind, ids in data.targets[cut.id].items():
-                if ctc_min_frames(ids) > frames:
-                    infeasible.add(cut.id)
-                    by_kind[kind] += 1
-        if infeasible:
-            detail = (f"(frame_subsampling={self.frame_subsampling}; by target: "
-                      f"{', '.join(f'{kind} {n}' for kind, n in by_kind.items())})")
-            if len(infeasible) > 0.1 * len(data.cuts):
-                detail += ("; that is many: the encoder's subsampling leaves too few frames for these targets, "
-                           "consider a smaller model subsampling or other data.targets")
-        if infeasible and self._is_train(split):
-            log.warning("%s: dropping %d of %d utterances with more CTC targets than encoder frames %s: %s", split,
-                        len(infeasible), len(data.cuts), detail, listing(sorted(infeasible)))
-            self._drop(data, infeasible, "too_many_targets")
-        elif infeasible:
-            data.ctc_infeasible_kept = len(infeasible)
-            log.warning("%s: %d of %d utterances have more CTC targets than encoder frames %s; kept for the "
-                        "error rates, their CTC loss is infinite (use zero_infinity): %s", split, len(infeasible),
-                        len(data.cuts), detail, listing(sorted(infeasible)))
-
-        longest = max(data.cuts, key=lambda cut: cut.duration)
-        if longest.duration > cfg.max_duration:
-            raise ValueError(f"data.max_duration={cfg.max_duration} s is shorter than the longest {split} "
-                             f"utterance ({longest.id}, {longest.duration:.2f} s); set data.max_duration to at "
-                             f"least {longest.duration:.1f}")
-        log.info("%s: %d utterances, %.2f h%s", split, len(data.cuts), data.hours,
-                 f"; dropped {data.dropped}" if data.dropped else "")
-        self._ready[split] = data
-        return data
-
-    def report(self) -> dict[str, dict]:
-        """Per prepared split: utterances kept, hours, dropped by reason, CTC-infeasible kept."""
-        return {name: {"utterances": len(d.cuts), "hours": d.hours, "dropped": dict(d.dropped),
-                       "ctc_infeasible_kept": d.ctc_infeasible_kept} for name, d in self._ready.items()}
-
     # ----- loaders ------------------------------------------------------------------------------
-    def sampler(self, split: str, train: bool):
-        """Duration-bucketed batches of at most data.max_duration padded seconds (asr.data.batching).
-
-        Deterministic from the seed and the epoch (Lightning calls `set_epoch`). Under DDP each rank
-        gets its own share (`process_rank`), every utterance of a split exactly once over all ranks
-        (the Trainer must use `use_distributed_sampler=False`, as asr.train does).
-        """
-        cuts = self._prepare(split).cuts
-        rank, world_size = self.process_rank()
-        return duration_bucketing_sampler(cuts, self.cfg.max_duration, self.cfg.num_buckets, shuffle=train,
-                                          seed=self.seed, rank=rank, world_size=world_size)
-
     def process_rank(self) -> tuple[int, int]:
         """(rank, world size) of this process: the Trainer's when one is attached, else
         torch.distributed's when it is initialised, else (0, 1). Never the RANK / WORLD_SIZE
@@ -432,26 +330,6 @@ class SpeechDataModule(lightning.LightningDataModule):
         if torch.distributed.is_available() and torch.distributed.is_initialized():
             return torch.distributed.get_rank(), torch.distributed.get_world_size()
         return 0, 1
-
-    def dataset(self, split: str, train: bool) -> SpeechBatchDataset:
-        data = self._prepare(split)
-        specaugment = None
-        if train and self.cfg.specaugment:
-            cfg = self.cfg
-            specaugment = SpecAugment(cfg.freq_masks, cfg.freq_mask_width, cfg.time_masks, cfg.time_mask_width,
-                                      cfg.time_mask_max_fraction)
-        fill = self.feature_mean if specaugment is not None else None
-        return SpeechBatchDataset(data.targets, data.features, specaugment, fill, self.seed)
-
-    def dataloader(self, split_name: str, train: bool = False) -> torch.utils.data.DataLoader:
-        """Batches of any split; `train=True` shuffles and applies SpecAugment (if configured)."""
-        workers = self.cfg.num_workers
-        return torch.utils.data.DataLoader(
-            self.dataset(split_name, train), sampler=self.sampler(split_name, train), batch_size=None,
-            num_workers=workers, persistent_workers=workers > 0,
-            # its own generator: making an iterator draws a seed, and from torch's global generator that
-            # draw would shift dropout after a resume that makes one iterator more (asr.model.recognizer)
-            generator=torch.Generator().manual_seed(self.seed))
 
     def train_dataloader(self):
         loader = self.dataloader(self.cfg.train_split, train=True)

@@ -5,15 +5,13 @@ from __future__ import annotations
 import hashlib
 from typing import TypedDict
 
-import numpy as np
 import torch
 
 from lhotse import CutSet
 
 from asr.data.augmentation import SpecAugment
 from asr.data.batching import EpochBatch
-from asr.data.feature_cache import FeatureStore, load_waveform, single_torch_thread
-from asr.data.features import FilterBank
+from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures, single_torch_thread
 from asr.data.manifests import transcript
 
 
@@ -38,33 +36,6 @@ REFERENCE_FIELD = {"phones": "phones", "text": "texts"}
 def batch_references(batch: Batch, fields: dict[str, str]) -> dict[str, list[str]]:
     """{kind: the batch's reference strings} for `fields` {kind: its tokenizer's field}."""
     return {kind: batch[REFERENCE_FIELD[field]] for kind, field in fields.items()}
-
-
-class StoredFeatures:
-    """Features read from the cache on disk."""
-
-    def __init__(self, store: FeatureStore):
-        self.store = store
-
-    def num_frames(self, cut) -> int:
-        return self.store.num_frames(cut.id)
-
-    def load(self, cut) -> torch.Tensor:
-        return torch.from_numpy(self.store.load(cut.id))
-
-
-class OnTheFlyFeatures:
-    """Features computed from the audio each time a batch is built."""
-
-    def __init__(self, filterbank: FilterBank):
-        self.filterbank = filterbank
-
-    def num_frames(self, cut) -> int:
-        return self.filterbank.num_frames(cut.num_samples)
-
-    def load(self, cut) -> torch.Tensor:
-        with single_torch_thread():
-            return self.filterbank(load_waveform(cut))
 
 
 def pad_sequences(sequences: list[torch.Tensor], padding_value: float = 0.0) -> torch.Tensor:
@@ -125,9 +96,3 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
             "texts": [transcript(cut, "text") for cut in cuts],
             "phones": [transcript(cut, "phones") for cut in cuts],
         }
-
-
-def ctc_min_frames(ids: list[int]) -> int:
-    """The fewest output frames CTC needs for the target `ids`: one per token, plus one blank
-    between each pair of equal neighbours (a CTC path cannot emit 'a a' without a blank between)."""
-    return len(ids) + int(np.count_nonzero(np.diff(np.asarray(ids)) == 0)) if ids else 0

@@ -26,6 +26,10 @@ live cut are deleted.
 
 Shards are memory-mapped for reading: a batch reads and decompresses just its cuts' blobs, and
 DataLoader workers each map the files themselves.
+
+A split's features are attached with `attach_features`: `StoredFeatures` (this cache) or, with
+`data.precompute_features=false`, `OnTheFlyFeatures` (computed from the audio per batch); the
+dataset reads either the same way.
 """
 
 from __future__ import annotations
@@ -248,6 +252,47 @@ def precompute_features(cuts, filterbank: FilterBank, directory: Path, jobs: int
         store = FeatureStore(directory, filterbank.num_mel_bins)
         store.remove_superseded_shards()
     return store, failures
+
+
+class StoredFeatures:
+    """Features read from the cache on disk."""
+
+    def __init__(self, store: FeatureStore):
+        self.store = store
+
+    def num_frames(self, cut) -> int:
+        return self.store.num_frames(cut.id)
+
+    def load(self, cut) -> torch.Tensor:
+        return torch.from_numpy(self.store.load(cut.id))
+
+
+class OnTheFlyFeatures:
+    """Features computed from the audio each time a batch is built."""
+
+    def __init__(self, filterbank: FilterBank):
+        self.filterbank = filterbank
+
+    def num_frames(self, cut) -> int:
+        return self.filterbank.num_frames(cut.num_samples)
+
+    def load(self, cut) -> torch.Tensor:
+        with single_torch_thread():
+            return self.filterbank(load_waveform(cut))
+
+
+def attach_features(cuts, filterbank: FilterBank, precompute: bool, cache: str | os.PathLike, split: str,
+                    jobs: int = 1, progress: bool = True):
+    """Where each cut's features come from: with `precompute`, the cache under `cache` (computed now
+    for the cuts it lacks or holds stale); otherwise the audio, each time a batch is built.
+
+    Returns (StoredFeatures or OnTheFlyFeatures, failures {cut_id: message}): cuts whose audio could
+    not be read past its header are not stored (only in the precompute mode)."""
+    if not precompute:
+        return OnTheFlyFeatures(filterbank), {}
+    store, failures = precompute_features(list(cuts), filterbank, feature_directory(cache, filterbank) / split,
+                                          jobs, progress, f"fbank {split}")
+    return StoredFeatures(store), failures
 
 
 @dataclass

@@ -10,8 +10,7 @@ What is wrong with an utterance falls in two groups:
 - problems of the manifest as a whole (file missing, a cut without exactly one supervision, no phones
   field while phone targets are asked for): `ManifestError` at once;
 - problems of single utterances (empty transcript, missing/corrupt audio, a sampling rate other than
-  16 kHz, too short or too long: `asr.data.cut_checks`): listed per cut in `UtteranceProblems`; the
-  data module decides per kind whether they are skipped and counted or fatal.
+  16 kHz, too short or too long): found and dealt with in `asr.data.cut_checks`.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-from collections import defaultdict
 from pathlib import Path
 
 from lhotse import CutSet
@@ -64,28 +62,6 @@ def listing(items, limit: int = MAX_LISTED) -> str:
     items = list(items)
     shown = ", ".join(str(item) for item in items[:limit])
     return shown + (f", ... and {len(items) - limit} more" if len(items) > limit else "")
-
-
-class UtteranceProblems:
-    """Cuts with a per-utterance problem, by reason: {reason: {cut_id: detail}}."""
-
-    def __init__(self):
-        self.by_reason: dict[str, dict[str, str]] = defaultdict(dict)
-
-    def add(self, reason: str, cut_id: str, detail: str = "") -> None:
-        self.by_reason[reason][cut_id] = detail
-
-    def cut_ids(self, reason: str | None = None) -> set[str]:
-        if reason is not None:
-            return set(self.by_reason.get(reason, {}))
-        return {cut_id for cuts in self.by_reason.values() for cut_id in cuts}
-
-    def counts(self) -> dict[str, int]:
-        return {reason: len(cuts) for reason, cuts in self.by_reason.items() if cuts}
-
-    def describe(self, reason: str) -> str:
-        entries = self.by_reason.get(reason, {})
-        return listing(f"{cut_id} ({detail})" if detail else cut_id for cut_id, detail in entries.items())
 
 
 def _absolute_sources(cut, root: Path):
@@ -155,68 +131,9 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
     return CutSet.from_cuts(_absolute_sources(c, root) for c in cuts)
 
 
-def phone_set_of(cuts: CutSet, split: str) -> str:
-    """The phone set the manifest names in `custom["phone_set"]` ("arpabet39" where none is named)."""
-    from asr.data.tokenizers import DEFAULT_PHONE_SET, PHONE_SETS
-
-    names = {(c.supervisions[0].custom or {}).get("phone_set", DEFAULT_PHONE_SET) for c in cuts}
-    unknown = sorted(names - set(PHONE_SETS))
-    if unknown:
-        raise ManifestError(f"{split}: unknown phone_set {unknown} in the manifest; known: {', '.join(PHONE_SETS)}")
-    if len(names) > 1:
-        raise ManifestError(f"{split}: the manifest mixes phone sets {sorted(names)}; one split, one phone set")
-    return names.pop()
-
-
 def transcript(cut, field: str) -> str:
     """The supervision field a tokenizer reads: 'text' (words) or 'phones'."""
     supervision = cut.supervisions[0]
     if field == "text":
         return supervision.text or ""
     return (supervision.custom or {}).get("phones") or ""
-
-
-def find_empty_transcripts(cuts: CutSet, fields: set[str], problems: UtteranceProblems) -> None:
-    """Record cuts whose text or phones (those in `fields`) are empty or whitespace."""
-    for cut in cuts:
-        empty = [field for field in sorted(fields) if not transcript(cut, field).strip()]
-        if empty:
-            problems.add("empty_transcript", cut.id, "empty " + " and ".join(empty))
-
-
-def find_bad_audio(cuts: CutSet, problems: UtteranceProblems) -> None:
-    """Record cuts whose audio file is missing, unreadable, or shorter than the cut says.
-
-    Reads only file headers (fast); a file that is corrupt past its header is caught when its
-    features are computed and is reported under the same reason.
-    """
-    import soundfile
-
-    checked: dict[str, str] = {}  # path -> "" if fine, else the problem
-    for cut in cuts:
-        recording = cut.recording
-        for source in recording.sources:
-            if source.type != "file":
-                continue  # URLs, commands: checked when loaded
-            path = source.source
-            if path not in checked:
-                checked[path] = _audio_file_problem(path, recording, soundfile)
-            if checked[path]:
-                problems.add("bad_audio", cut.id, f"{path}: {checked[path]}")
-
-
-def _audio_file_problem(path: str, recording, soundfile) -> str:
-    if not os.path.isfile(path):
-        return "file not found"
-    try:
-        info = soundfile.info(path)
-    except Exception as error:  # soundfile.LibsndfileError, RuntimeError, ...
-        return f"unreadable audio ({error})"
-    if info.samplerate != recording.sampling_rate:
-        return f"file is {info.samplerate} Hz, manifest says {recording.sampling_rate} Hz"
-    if info.channels > len(recording.channel_ids):
-        return (f"file has {info.channels} channels, manifest says {len(recording.channel_ids)} "
-                "(a stereo file where mono is expected?)")
-    if info.frames < recording.num_samples:
-        return f"file has {info.frames} samples, manifest says {recording.num_samples} (truncated?)"
-    return ""

@@ -4,7 +4,8 @@ Every tokenizer reserves id 0 for the CTC blank; real tokens are 1 .. vocab_size
 reads one supervision field: phones read `supervision.custom["phones"]`, characters and
 sentencepiece read `supervision.text`. `state_dict()` is plain JSON (the sentencepiece model as
 base64), so the token table travels inside a checkpoint and `tokenizer_from_state_dict` rebuilds
-exactly the same tokenizer without the training text.
+exactly the same tokenizer without the training text. For a split of a corpus, `build_tokenizers`
+makes them from the training cuts and `encode_targets` turns every cut's transcripts into ids.
 
 Decisions:
 - phones: a fixed inventory in a fixed order, named by the manifests' `custom["phone_set"]`:
@@ -22,11 +23,18 @@ from __future__ import annotations
 
 import base64
 import io
+import logging
 import re
 import string
+from collections import defaultdict
 from typing import Iterable, Sequence
 
+from lhotse import CutSet
+
+from asr.data.manifests import ManifestError, listing, transcript
 from asr.data.phones import ARPABET_39, TIMIT_61, strip_stress
+
+log = logging.getLogger(__name__)
 
 BLANK_ID = 0
 BLANK_SYMBOL = "<blank>"
@@ -222,6 +230,59 @@ def build_tokenizer(kind: str, train_texts: Iterable[str] | None = None, vocab_s
                              "transcripts) or restore one with tokenizer_from_state_dict")
         return SentencePieceTokenizer(train_sentencepiece(train_texts, vocab_size, model_type), model_type)
     raise ValueError(f"unknown tokenizer kind {kind!r}; choose from {', '.join(TOKENIZER_KINDS)}")
+
+
+def phone_set_of(cuts: CutSet, split: str) -> str:
+    """The phone set the manifest names in `custom["phone_set"]` ("arpabet39" where none is named)."""
+    names = {(c.supervisions[0].custom or {}).get("phone_set", DEFAULT_PHONE_SET) for c in cuts}
+    unknown = sorted(names - set(PHONE_SETS))
+    if unknown:
+        raise ManifestError(f"{split}: unknown phone_set {unknown} in the manifest; known: {', '.join(PHONE_SETS)}")
+    if len(names) > 1:
+        raise ManifestError(f"{split}: the manifest mixes phone sets {sorted(names)}; one split, one phone set")
+    return names.pop()
+
+
+def build_tokenizers(kinds: Sequence[str], train_cuts: CutSet, split: str, sentencepiece_vocab: int,
+                     sentencepiece_type: str) -> dict[str, Tokenizer]:
+    """{kind: tokenizer} for the target `kinds`, from the training split's cuts: their text (chars,
+    sentencepiece) and the phone set their manifest names (phones)."""
+    phone_set = phone_set_of(train_cuts, split) if "phones" in kinds else DEFAULT_PHONE_SET
+    texts = [transcript(cut, "text") for cut in train_cuts]
+    tokenizers = {kind: build_tokenizer(kind, texts, sentencepiece_vocab, sentencepiece_type, phone_set)
+                  for kind in kinds}
+    log.info("tokenizers built from %d training transcripts: %s", len(texts),
+             ", ".join(f"{k} ({t.vocab_size} classes)" for k, t in tokenizers.items()))
+    return tokenizers
+
+
+def encode_targets(cuts: CutSet, tokenizers: dict[str, Tokenizer], split: str) -> dict[str, dict[str, list[int]]]:
+    """{cut_id: {kind: token ids}} of every cut. ManifestError when the split's phone set is not the
+    phones tokenizer's, or when transcripts hold symbols outside a tokenizer's table (every such
+    symbol named, with example cuts)."""
+    phone_set = phone_set_of(cuts, split) if "phones" in tokenizers else None
+    if phone_set is not None and tokenizers["phones"].phone_set != phone_set:
+        raise ManifestError(f"{split}: the manifest's phones are {phone_set!r} but the phones tokenizer "
+                            f"(from the training manifest or the checkpoint) is {tokenizers['phones'].phone_set!r}")
+    targets: dict[str, dict[str, list[int]]] = {}
+    unknown: dict[tuple[str, str], list[str]] = defaultdict(list)   # (kind, symbol) -> cut ids
+    advice: dict[str, str] = {}
+    for cut in cuts:
+        ids = {}
+        for kind, tokenizer in tokenizers.items():
+            try:
+                ids[kind] = tokenizer.encode(transcript(cut, tokenizer.field))
+            except UnknownTokenError as error:
+                for symbol in error.tokens:
+                    unknown[(kind, symbol)].append(cut.id)
+                advice.setdefault(kind, error.advice)
+        targets[cut.id] = ids
+    if unknown:
+        lines = [f"  {kind} {symbol!r} in {len(ids)} utterances, e.g. {listing(ids, 3)}"
+                 for (kind, symbol), ids in sorted(unknown.items())]
+        raise ManifestError(f"{split}: transcripts hold symbols outside the tokenizers' tables:\n"
+                            + "\n".join(lines) + "\n" + "\n".join(f"  {kind}: {text}" for kind, text in advice.items()))
+    return targets
 
 
 def tokenizer_from_state_dict(state: dict) -> Tokenizer:

@@ -101,7 +101,7 @@ def test_with_skip_bad_audio_they_are_left_out_and_counted(broken_corpus):
     # the truncated FLAC's header is whole: it is found when its features are computed
     assert report["train"]["dropped"] == {"bad_audio": 6} and report["train"]["utterances"] == 6
     assert report["dev"]["dropped"] == {"bad_audio": 1} and report["dev"]["utterances"] == 3
-    kept = {cut.id for cut in module._prepare("train").cuts}
+    kept = {cut.id for cut in module.split("train").cuts}
     assert kept == {"tr0000", "tr0007", "tr0008", "tr0009", "tr0010", "tr0011"}
     for batch in module.train_dataloader():        # what is left trains: every batch builds
         assert batch["features"].shape[0] == len(batch["ids"]) and set(batch["ids"]) <= kept

@@ -69,7 +69,7 @@ def test_batches_respect_max_duration_and_cover_every_utterance_once_per_epoch(t
                                          "dev": make_utterances(3, 5, "dv")})
     module = SpeechDataModule(config(root, targets=["phones"], max_duration=7.0, num_buckets=4), seed=3)
     module.setup("fit")
-    durations = {cut.id: cut.duration for cut in module._prepare("train").cuts}
+    durations = {cut.id: cut.duration for cut in module.split("train").cuts}
     loader = module.train_dataloader()
     orders = []
     for epoch in range(2):
@@ -109,7 +109,7 @@ def test_utterances_with_more_ctc_targets_than_encoder_frames(tmp_path):
     root = write_corpus(tmp_path / "c", {"train": train, "dev": dev})
     module = SpeechDataModule(config(root, targets=["phones"]), frame_subsampling=4)
     module.setup("fit")
-    kept = {cut.id for cut in module._prepare("train").cuts}
+    kept = {cut.id for cut in module.split("train").cuts}
     assert kept == set(cases) - expected_dropped
     report = module.report()
     assert report["train"]["dropped"] == {"too_many_targets": 2}
@@ -126,7 +126,7 @@ def test_missing_audio_fails_early_naming_file_and_cut_or_is_skipped(tiny_corpus
     module = SpeechDataModule(config(tiny_corpus, targets=["phones"], skip_bad_audio=True))
     module.setup("fit")
     assert module.report()["train"]["dropped"] == {"bad_audio": 1}
-    assert "tr0007" not in {cut.id for cut in module._prepare("train").cuts}
+    assert "tr0007" not in {cut.id for cut in module.split("train").cuts}
 
 
 def test_audio_corrupt_past_its_header_is_reported_and_finished_work_is_kept(tiny_corpus, monkeypatch):
@@ -164,7 +164,7 @@ def test_features_are_cached_and_recomputed_when_options_or_audio_change(tiny_co
     module = SpeechDataModule(config(tiny_corpus, targets=["phones"]))
     module.setup("fit")
     assert computed == ["dv0002"]
-    np.testing.assert_allclose(module._prepare("dev").features.store.load("dv0002"),
+    np.testing.assert_allclose(module.split("dev").features.store.load("dv0002"),
                                kaldi_frames(tiny_corpus / "audio" / "dv0002.flac"), atol=2e-3)
 
 
@@ -185,10 +185,10 @@ def test_on_the_fly_and_precomputed_batches_agree(tiny_corpus):
 def test_cached_frames_are_lilcom_blobs_within_half_a_tick_of_the_filterbank(tiny_corpus):
     module = SpeechDataModule(config(tiny_corpus, targets=["phones"]))
     module.setup("validate")
-    store = module._prepare("dev").features.store
+    store = module.split("dev").features.store
     filterbank = FilterBank(num_mel_bins=40)
     float32_bytes = 0
-    for cut in module._prepare("dev").cuts:
+    for cut in module.split("dev").cuts:
         exact = filterbank(feature_cache.load_waveform(cut)).numpy()
         stored = store.load(cut.id)
         assert stored.dtype == np.float32 and stored.shape == exact.shape
@@ -201,7 +201,7 @@ def test_cached_frames_are_lilcom_blobs_within_half_a_tick_of_the_filterbank(tin
 def test_a_cache_of_the_old_float32_format_is_recomputed_and_deleted(tiny_corpus, monkeypatch):
     module = SpeechDataModule(config(tiny_corpus, targets=["phones"]))
     module.setup("validate")
-    split_folder = module._prepare("dev").features.store.directory
+    split_folder = module.split("dev").features.store.directory
     for path in split_folder.glob("shard-*"):
         path.unlink()
     old = split_folder / "shard-00000000000000000001-0ld0ld00"
@@ -224,7 +224,7 @@ def test_empty_transcripts_are_skipped_and_counted(tmp_path):
     module = SpeechDataModule(config(root))
     module.setup("fit")
     assert module.report()["train"]["dropped"] == {"empty_transcript": 2}
-    assert {c.id for c in module._prepare("train").cuts} == {"tr0000", "tr0001", "tr0003", "tr0005"}
+    assert {c.id for c in module.split("train").cuts} == {"tr0000", "tr0001", "tr0003", "tr0005"}
 
 
 def test_phone_outside_the_inventory_names_phone_and_cut(tmp_path):

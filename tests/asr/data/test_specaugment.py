@@ -87,8 +87,8 @@ def test_datamodule_masks_training_batches_only(tiny_corpus):
                      freq_masks=2, freq_mask_width=8, time_masks=2, time_mask_width=20)
     module = SpeechDataModule(cfg)
     module.setup("fit")
-    train = module._prepare("train").features
-    dev = module._prepare("dev").features
+    train = module.split("train").features
+    dev = module.split("dev").features
     mean = module.feature_mean.numpy()
     masked_frames = 0
     for b in module.train_dataloader():
