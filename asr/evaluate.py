@@ -202,8 +202,8 @@ def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, 
     Unreadable, empty, multi-channel audio stops it with the recipe's list of problems, or with
     data.skip_bad_audio=true is left out and counted (the recipes' --bad-data drop)."""
     from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
-    from asr.data.manifest_builder import (PreparationError, Problem, RecordingSpec, UtteranceSpec,
-                                          build_manifests, file_identity)
+    from asr.data.manifest_builder import (NoUtterancesError, PreparationError, Problem, RecordingSpec,
+                                          UtteranceSpec, build_manifests, file_identity)
     from asr.data.text_normalisation import normalise_transcript
     try:
         kaldi = read_kaldi_data_dir(data_dir, require_utt2spk=False)
@@ -225,6 +225,8 @@ def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, 
         # the recipe's advice names its own option; here the same choice is data.skip_bad_audio
         message = str(error).replace("pass --bad-data drop", "give data.skip_bad_audio=true")
         raise EvaluationError(f"data_dir={str(data_dir)!r}: {message}") from None
+    except NoUtterancesError:
+        raise EvaluationError(f"data_dir={str(data_dir)!r}: its wav.scp and text hold no utterances") from None
     if report.get("dropped_utterances"):
         log.warning("data_dir=%s: left out %d utterances (data.skip_bad_audio=true; the list is in %s)", data_dir,
                     report["dropped_utterances"], out_dir / f"{KALDI_CORPUS}_report.json")

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Callable
 
-from asr.data.manifest_builder import POLICIES, PreparationError, format_report
+from asr.data.manifest_builder import POLICIES, NoUtterancesError, PreparationError, format_report
 from asr.exit_status import run_command
 from recipes.lexicon import LexiconError
 
@@ -33,9 +33,10 @@ def run_preparation(command: str, prepare: Callable[[], dict], layout_errors: tu
                     ) -> int:
     """Runs a recipe's preparation for its command line (`command`, e.g. recipes.wsj.prepare) and
     returns its exit status (asr.exit_status): 0 after printing the report table; USAGE_ERROR for a
-    corpus folder or lexicon that is not what the recipe reads (layout_errors, LexiconError) and
+    corpus folder or lexicon that is not what the recipe reads (layout_errors, LexiconError, a folder
+    with no utterances) and
     FAILURE for a preparation that stopped on problems in the corpus, each with its message and
     no traceback; INTERRUPTED after Ctrl-C (a re-run continues from the audio converted so far)."""
     return run_command(command, lambda: print(format_report(prepare())),
-                       usage_errors=(LexiconError, *layout_errors), failures=(PreparationError,),
+                       usage_errors=(LexiconError, NoUtterancesError, *layout_errors), failures=(PreparationError,),
                        resume_hint="run the same command again: it continues from the audio converted so far")

@@ -62,6 +62,10 @@ class PreparationError(RuntimeError):
     """Preparation stopped on problems whose policy is 'error'; the message says where the report is."""
 
 
+class NoUtterancesError(ValueError):
+    """The corpus folder holds none of the utterances the recipe reads (a usage error: a wrong folder)."""
+
+
 @dataclass(frozen=True)
 class RecordingSpec:
     id: str
@@ -150,11 +154,16 @@ def build_manifests(
         if policy not in POLICIES:
             raise ValueError(f"{name}={policy!r}: must be one of {POLICIES}")
     out_dir = Path(out_dir).resolve()
-    audio_dir = out_dir / "audio"
-    audio_dir.mkdir(parents=True, exist_ok=True)
     recordings = {spec.id: spec for spec in recordings}
     utterances = list(utterances)
     problems = list(problems)
+    if not utterances and not problems:     # before anything is written: a wrong folder leaves nothing behind
+        folder = (settings.get("corpus_dir") or settings.get("data_dir")
+                  or ", ".join(settings.get("corpus_dirs", [])) or "the corpus folder")
+        raise NoUtterancesError(f"{folder}: no {corpus} utterances found in it; point the recipe at the corpus "
+                                "folder its README describes")
+    audio_dir = out_dir / "audio"
+    audio_dir.mkdir(parents=True, exist_ok=True)
     for utterance in utterances:
         if not _SPLIT_NAME.match(utterance.split):
             raise ValueError(f"utterance {utterance.id}: split {utterance.split!r} must be lowercase a-z, 0-9, _")

@@ -159,3 +159,14 @@ def test_not_a_timit_folder(tmp_path, capsys):
     error = capsys.readouterr().err
     assert error.startswith("recipes.timit.prepare: error: ") and "no TIMIT TRAIN and TEST folders found" in error
     assert len(error.strip().splitlines()) == 1 and "Traceback" not in error
+
+
+def test_a_timit_layout_without_utterances_is_a_usage_error_that_writes_nothing(tmp_path, capsys):
+    for half in ("TRAIN", "TEST"):
+        (tmp_path / "corpus" / half / "DR1").mkdir(parents=True)
+    out = tmp_path / "out"
+    assert main(["--corpus-dir", str(tmp_path / "corpus"), "--out", str(out)]) == 2
+    error = capsys.readouterr().err
+    assert error.startswith("recipes.timit.prepare: error: ") and "no timit utterances found" in error
+    assert str(tmp_path / "corpus") in error and "Traceback" not in error
+    assert not out.exists() or not any(out.iterdir())
