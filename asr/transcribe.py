@@ -60,7 +60,7 @@ from omegaconf.errors import OmegaConfBaseException
 from asr.data.features import FilterBank
 from asr.exit_status import FAILURE, SUCCESS, run_command
 from asr.model.checkpoint import CheckpointError
-from asr.model.ctc import BLANK_ID, DECODERS as CTC_DECODERS, decode_transcripts
+from asr.model.ctc import BLANK_ID, decode_transcripts
 from asr.model.recognizer import EVALUATION_SEED, SpeechRecognizer, seed_evaluation_batch
 from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError
@@ -71,7 +71,6 @@ AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".m4a", ".
                     ".au", ".caf", ".w64", ".sph", ".nist", ".webm")
 PROGRESS_BAR_FROM = 4          # files; fewer get no progress bar
 ENERGY_SMOOTHING_FRAMES = 10   # 100 ms: a pause between words, not a stop closure inside one
-DECODERS = (*CTC_DECODERS, "lexicon")
 
 
 class TranscriptionError(ValueError):
@@ -133,6 +132,7 @@ def parse_arguments(argv: list[str]) -> tuple[TranscribeConfig, dict[str, str]]:
     if not paths:
         raise TranscriptionError("give audio files or folders to transcribe, e.g. "
                                  "python -m asr.transcribe checkpoint=best.ckpt talk.wav recordings/")
+    from asr.evaluate import DECODERS, EvaluationError, check_device
     if config.decoder not in DECODERS:
         raise TranscriptionError(f"decoder={config.decoder!r}; choose one of {', '.join(DECODERS)}")
     if config.beam_size < 1:
@@ -144,7 +144,6 @@ def parse_arguments(argv: list[str]) -> tuple[TranscribeConfig, dict[str, str]]:
                                  f"context at a join) and window / 2 = {config.window / 2}")
     if not config.batch_seconds >= config.window:
         raise TranscriptionError(f"batch_seconds={config.batch_seconds} must be at least window={config.window}")
-    from asr.evaluate import EvaluationError, check_device
     try:
         check_device(config.device)
     except EvaluationError as error:
