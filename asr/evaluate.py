@@ -466,10 +466,8 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
     out = out or default_out_dir(config, data.split, label)
     word_decoder, phone_lexicon, lexicon_settings = None, None, None
     if config.decoder == "lexicon":
-        from asr.decoding.evaluation import resolve_settings, start_word_decoder
-        lexicon_settings = resolve_settings(config.lexicon, config.lm, data.datamodule.cfg.root,
-                                            lm_weight=config.lm_weight, word_score=config.word_score,
-                                            beam=config.beam, restrict_lexicon=config.restrict_lexicon)
+        from asr.decoding.evaluation import settings_from_command, start_word_decoder
+        lexicon_settings = settings_from_command(config, data.datamodule.cfg.root)
         word_decoder = start_word_decoder(model.tokenizers, lexicon_settings, config.decode_workers)
     if config.lexicon and config.data_dir:
         from asr.decoding.lexicon import read_lexicon
@@ -496,6 +494,25 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
     write_outputs(out, result, report)
     report["out"] = str(out)
     return report
+
+
+def lexicon_test_rates(checkpoint: str | Path, data_root: str | Path, progress: bool = True) -> dict | None:
+    """asr.train's closing lexicon evaluation: the test split of `checkpoint` decoded with the
+    corpus folder's lexicon and LM (default settings), or None when the folder has neither."""
+    from asr.decoding.evaluation import corpus_lexicon_and_lm
+    from asr.decoding.lexicon import LexiconFileError
+    from asr.decoding.ngram import LanguageModelError
+    lexicon, lm = corpus_lexicon_and_lm(data_root)
+    if lexicon is None or lm is None:
+        return None
+    try:
+        report = evaluate(EvaluateConfig(checkpoint=str(checkpoint), decoder="lexicon", lexicon=str(lexicon),
+                                         lm=str(lm), progress=progress))
+    except (LexiconFileError, LanguageModelError) as error:   # the training itself went well: say, go on
+        logging.getLogger("asr.decoding").warning("no lexicon decoding of the test split: %s", error)
+        return None
+    return {"wer_lexicon": report["error_rates"]["wer_lexicon"], "cer_lexicon": report["error_rates"]["cer_lexicon"],
+            "lexicon_evaluation": report["out"]}
 
 
 def main(argv: list[str] | None = None) -> int:

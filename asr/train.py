@@ -411,7 +411,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
             file_log.info("%-24s %s", name, value)
         results["test"] = model.last_error_rates.get("test", {})
         if trainer.is_global_zero:   # words through the corpus's lexicon and LM, when it ships them
-            from asr.decoding.evaluation import lexicon_test_rates
+            from asr.evaluate import lexicon_test_rates
             results["test"].update(lexicon_test_rates(best_path, cfg.data.root, bool(cfg.data.progress)) or {})
     results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
     if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them

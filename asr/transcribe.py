@@ -429,11 +429,9 @@ def start_lexicon_decoder(model: SpeechRecognizer, config: TranscribeConfig):
     the corpus folder the checkpoint was trained on; None for the other decoders."""
     if config.decoder != "lexicon":
         return None
-    from asr.decoding.evaluation import resolve_settings, start_word_decoder
+    from asr.decoding.evaluation import settings_from_command, start_word_decoder
     from asr.evaluate import trained_data_config
-    settings = resolve_settings(config.lexicon, config.lm, trained_data_config(config.checkpoint).get("root"),
-                                lm_weight=config.lm_weight, word_score=config.word_score, beam=config.beam,
-                                restrict_lexicon=config.restrict_lexicon)
+    settings = settings_from_command(config, trained_data_config(config.checkpoint).get("root"))
     return start_word_decoder(model.tokenizers, settings, workers=1)
 
 

@@ -134,7 +134,9 @@ class FilterBank:
         return 1 + (num_samples - self.frame_length) // self.frame_shift
 
     def __call__(self, waveform) -> torch.Tensor:
-        samples = torch.as_tensor(np.asarray(waveform) if not torch.is_tensor(waveform) else waveform)
+        # np.array copies (to float64, which the computation below uses anyway): lhotse hands out
+        # read-only arrays, which torch.as_tensor would share and warn about.
+        samples = waveform if torch.is_tensor(waveform) else torch.from_numpy(np.array(waveform, dtype=np.float64))
         if samples.dim() != 1:
             raise ValueError(f"FilterBank expects a 1-D mono waveform, got shape {tuple(samples.shape)}")
         num_frames = self.num_frames(samples.numel())

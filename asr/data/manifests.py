@@ -16,14 +16,11 @@ What is wrong with an utterance falls in two groups:
 from __future__ import annotations
 
 import dataclasses
-import logging
 import os
 from pathlib import Path
 
 from lhotse import CutSet
 
-
-log = logging.getLogger(__name__)
 
 # How many offending items an error message lists before it says "and N more".
 MAX_LISTED = 20

@@ -1,4 +1,4 @@
-"""What asr.evaluate, asr.tune_lm, asr.train and asr.cross_matrix share for lexicon decoding:
+"""What asr.evaluate, asr.transcribe, asr.tune_lm and asr.cross_matrix share for lexicon decoding:
 finding the corpus's lexicon and LM, picking the head to decode, and scoring the words."""
 from __future__ import annotations
 
@@ -44,6 +44,14 @@ def resolve_settings(lexicon: str | None, lm: str | None, data_root: str | Path 
     return LexiconDecoderSettings(lexicon=str(lexicon), lm=lm, **options)
 
 
+def settings_from_command(config, data_root: str | Path | None) -> LexiconDecoderSettings:
+    """resolve_settings from a command's config (asr.evaluate's or asr.transcribe's), which both carry
+    the options lexicon, lm, lm_weight, word_score, beam and restrict_lexicon."""
+    return resolve_settings(config.lexicon, config.lm, data_root, lm_weight=config.lm_weight,
+                            word_score=config.word_score, beam=config.beam,
+                            restrict_lexicon=config.restrict_lexicon)
+
+
 def start_word_decoder(tokenizers: dict, settings: LexiconDecoderSettings,
                        workers: int | None = None) -> tuple[str, ParallelLexiconDecoder]:
     """(the decoded head, a parallel decoder over it): every input is checked here, before decoding."""
@@ -55,22 +63,3 @@ def word_rates(references: list[str], hypotheses: list[str]) -> dict[str, float]
     from asr.metrics import char_error_rate, word_error_rate
     return {"wer_lexicon": word_error_rate(references, hypotheses),
             "cer_lexicon": char_error_rate(references, hypotheses)}
-
-
-def lexicon_test_rates(checkpoint: str | Path, data_root: str | Path, progress: bool = True) -> dict | None:
-    """asr.train's closing lexicon evaluation: the test split of `checkpoint` decoded with the
-    corpus folder's lexicon and LM (default settings), or None when the folder has neither."""
-    lexicon, lm = corpus_lexicon_and_lm(data_root)
-    if lexicon is None or lm is None:
-        return None
-    import logging
-    from asr.decoding.ngram import LanguageModelError
-    from asr.evaluate import EvaluateConfig, evaluate
-    try:
-        report = evaluate(EvaluateConfig(checkpoint=str(checkpoint), decoder="lexicon", lexicon=str(lexicon),
-                                         lm=str(lm), progress=progress))
-    except (LexiconFileError, LanguageModelError) as error:   # the training itself went well: say, go on
-        logging.getLogger("asr.decoding").warning("no lexicon decoding of the test split: %s", error)
-        return None
-    return {"wer_lexicon": report["error_rates"]["wer_lexicon"], "cer_lexicon": report["error_rates"]["cer_lexicon"],
-            "lexicon_evaluation": report["out"]}
