@@ -5,11 +5,12 @@
 //                        inputs); per-(batch, head, bit) mean and standard deviation in
 //                        double (one block each, a fixed reduction order); one thread per
 //                        query packs its bits.
-//   hamming_kmeans_init  one block per (batch, head); its first thread runs the same
+//   hamming_kmeans_init  one block per (batch, head); its first warp runs the same
 //                        seeded Fisher-Yates walk as the CPU (splitmix64 stream of
-//                        (seed, b, h)), so the initial centroids are identical to the CPU's.
-//                        The walk is sequential but short (it stops after `clusters`
-//                        distinct codes).
+//                        (seed, b, h)) in lockstep, so the initial centroids are identical
+//                        to the CPU's; the duplicate check of each step is spread over the
+//                        lanes, against centroids in shared memory. The walk is sequential
+//                        but short (it stops after `clusters` distinct codes).
 //   hamming_kmeans       the Lloyd loop runs on the host, three launches per step: assign
 //                        (one thread per query, centroids in shared memory) with the
 //                        members' bit counts added per warp (__match_any / __ballot) into
@@ -132,23 +133,36 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-// One block per (batch, head); `order` is (groups, length) scratch.
+constexpr int64_t kSharedCentroids = 4096;     // up to this many centroids are staged in shared memory
+
+// One block per (batch, head) (the walk is sequential); `order` is (groups, length) scratch.
+// The block's first warp runs the CPU's walk in lockstep: every lane draws the same stream,
+// lane 0 swaps, and the check whether a candidate's code is already a centroid is spread over
+// the 32 lanes (each a strided share of the centroids found so far, then a vote). The
+// centroids sit in shared memory when `shared` (clusters <= kSharedCentroids): the check reads
+// each one once per step, which from global memory made the walk about clusters^2 / 2
+// dependent cache round trips.
 __global__ void kmeans_init_kernel(const int64_t* __restrict__ codes, const int64_t* __restrict__ lengths,
                                    int64_t* __restrict__ centroids, int64_t* __restrict__ order,
-                                   int64_t heads, int64_t length, int64_t clusters, uint64_t seed) {
+                                   int64_t heads, int64_t length, int64_t clusters, uint64_t seed,
+                                   bool shared) {
+  extern __shared__ unsigned char init_shared_raw[];
   const int64_t g = blockIdx.x, b = g / heads, h = g % heads;
   const int64_t valid = clipped_length(lengths, b, length);
   const int64_t* head_codes = codes + g * length;
-  int64_t* cent = centroids + g * clusters;
+  int64_t* cent_g = centroids + g * clusters;
   if (valid <= clusters) {  // one cluster per query; centroids are the codes themselves
-    for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) cent[i] = head_codes[i];
+    for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) cent_g[i] = head_codes[i];
     return;
   }
   int64_t* head_order = order + g * length;
   for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) head_order[i] = i;
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  // The CPU's walk, step for step: the stream depends on (seed, b, h) only.
+  if (threadIdx.x >= kWarp) return;
+  const int lane = threadIdx.x;
+  int64_t* cent = shared ? reinterpret_cast<int64_t*>(init_shared_raw) : cent_g;
+  // The CPU's walk, step for step: the stream depends on (seed, b, h) only. Every value that
+  // decides the loop (state, i, filled) is the same in all lanes.
   uint64_t state = seed;
   state = splitmix64(state) ^ static_cast<uint64_t>(b);
   state = splitmix64(state) ^ static_cast<uint64_t>(h);
@@ -156,14 +170,25 @@ __global__ void kmeans_init_kernel(const int64_t* __restrict__ codes, const int6
   for (int64_t i = 0; i < valid && filled < clusters; ++i) {
     const int64_t pick = i + static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(valid - i));
     const int64_t swapped = head_order[pick];
-    head_order[pick] = head_order[i];
-    head_order[i] = swapped;
     const int64_t candidate = head_codes[swapped];
+    __syncwarp();  // every lane has read head_order[pick] before lane 0 overwrites it
+    if (lane == 0) {
+      head_order[pick] = head_order[i];
+      head_order[i] = swapped;
+    }
     bool taken = false;
-    for (int64_t c = 0; c < filled && !taken; ++c) taken = cent[c] == candidate;
-    if (!taken) cent[filled++] = candidate;
+    for (int64_t c = lane; c < filled; c += kWarp) taken |= cent[c] == candidate;
+    if (!__any_sync(kFullMask, taken)) {
+      if (lane == 0) cent[filled] = candidate;
+      ++filled;
+    }
+    __syncwarp();  // lane 0's writes (order, centroid) are seen by every lane in the next step
   }
-  for (int64_t c = filled; c < clusters; ++c) cent[c] = cent[0];
+  // filled >= 1: the first candidate is never taken.
+  for (int64_t c = filled + lane; c < clusters; c += kWarp) cent[c] = cent[0];
+  if (!shared) return;
+  __syncwarp();
+  for (int64_t c = lane; c < clusters; c += kWarp) cent_g[c] = cent[c];
 }
 
 at::Tensor hamming_kmeans_init_cuda(const at::Tensor& codes, const at::Tensor& lengths, int64_t clusters,
@@ -178,16 +203,17 @@ at::Tensor hamming_kmeans_init_cuda(const at::Tensor& codes, const at::Tensor& l
   TORCH_CHECK(groups < (int64_t{1} << 31), "hamming_kmeans_init: too many (batch, head)s");
   const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.to(codes.device()).contiguous();
   at::Tensor order = at::empty({groups, std::max<int64_t>(length, 1)}, codes.options());
-  kmeans_init_kernel<<<static_cast<unsigned>(groups), kThreads, 0, stream()>>>(
+  const bool shared = clusters <= kSharedCentroids;
+  kmeans_init_kernel<<<static_cast<unsigned>(groups), kThreads, shared ? clusters * sizeof(int64_t) : 0,
+                       stream()>>>(
       codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
-      order.data_ptr<int64_t>(), heads, length, clusters, static_cast<uint64_t>(seed));
+      order.data_ptr<int64_t>(), heads, length, clusters, static_cast<uint64_t>(seed), shared);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return centroids;
 }
 
 // --- hamming_kmeans ----------------------------------------------------------------------------
 constexpr int64_t kPositionsPerBlock = 1024;   // queries assigned by one block
-constexpr int64_t kSharedCentroids = 4096;     // up to this many centroids are staged in shared memory
 constexpr int64_t kSharedCounts = 128;         // up to this many clusters count bits in shared memory
 
 // Assigns queries [blockIdx.x * kPositionsPerBlock, ...) of (batch, head) blockIdx.y to their
