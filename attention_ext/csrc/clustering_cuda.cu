@@ -11,8 +11,9 @@
 //                        to the CPU's; the duplicate check of each step is spread over the
 //                        lanes, against centroids in shared memory. The walk is sequential
 //                        but short (it stops after `clusters` distinct codes).
-//   hamming_kmeans       the Lloyd loop runs on the host, three launches per step: assign
-//                        (one thread per query, centroids in shared memory) with the
+//   hamming_kmeans       the Lloyd loop runs on the host, two launches per step: assign
+//                        (one thread per query, 256 to 1024 queries per block, centroids in
+//                        shared memory) with the
 //                        members' bit counts added per warp (__match_any / __ballot) into
 //                        shared (or, for many clusters, global) integer counters; update
 //                        (majority vote, one block per (batch, head)); a (batch, head)
@@ -213,10 +214,20 @@ at::Tensor hamming_kmeans_init_cuda(const at::Tensor& codes, const at::Tensor& l
 }
 
 // --- hamming_kmeans ----------------------------------------------------------------------------
-constexpr int64_t kPositionsPerBlock = 1024;   // queries assigned by one block
+// Queries assigned by one block: 256 (one per thread) while that makes at most
+// kAssignBlocks blocks, so that a batch of one long sequence (6 (batch, head)s) fills a large
+// GPU (132 SMs on an H100) instead of 6 x N / 1024 blocks; up to 1024 for larger problems,
+// where every block adding its bit counts to global memory would cost more than it gains.
+constexpr int64_t kAssignBlocks = 1024;
+
+int64_t assign_positions_per_block(int64_t length, int64_t groups) {
+  for (const int64_t per_block : {int64_t{256}, int64_t{512}})
+    if (groups * ((length + per_block - 1) / per_block) <= kAssignBlocks) return per_block;
+  return 1024;
+}
 constexpr int64_t kSharedCounts = 128;         // up to this many clusters count bits in shared memory
 
-// Assigns queries [blockIdx.x * kPositionsPerBlock, ...) of (batch, head) blockIdx.y to their
+// Assigns queries [blockIdx.x * per_block, ...) of (batch, head) blockIdx.y to their
 // nearest centroid (fewest differing bits, ties to the lowest index); padded queries get -1.
 // With kCount, also adds every member's bits to ones[g, c, bit] and 1 to members[g, c].
 template <bool kCount>
@@ -224,7 +235,7 @@ __global__ void kmeans_assign_kernel(const int64_t* __restrict__ codes, const in
                                      const int64_t* __restrict__ centroids, const int32_t* __restrict__ settled,
                                      int64_t* __restrict__ assignment, int32_t* __restrict__ ones,
                                      int32_t* __restrict__ members, int64_t heads, int64_t length,
-                                     int64_t clusters, int64_t bits) {
+                                     int64_t clusters, int64_t bits, int64_t per_block) {
   extern __shared__ unsigned char shared_raw[];
   const int64_t g = blockIdx.y;
   if (settled[g]) return;  // its assignment is already final
@@ -244,8 +255,8 @@ __global__ void kmeans_assign_kernel(const int64_t* __restrict__ codes, const in
   const int64_t* cent = shared_centroids ? cent_s : cent_g;
   int32_t* count_ones = shared_counts ? counts_s : ones + g * clusters * 64;
   int32_t* count_members = shared_counts ? members_s : members + g * clusters;
-  const int64_t first = blockIdx.x * kPositionsPerBlock;
-  const int64_t last = min(first + kPositionsPerBlock, length);
+  const int64_t first = blockIdx.x * per_block;
+  const int64_t last = min(first + per_block, length);
   const int lane = threadIdx.x % kWarp;
   // The loop bounds are the same for every thread, so whole warps take part in the
   // warp-wide votes below.
@@ -351,7 +362,8 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans_cuda(const at::Tensor& codes, 
   at::Tensor ones = at::zeros({groups, clusters, 64}, int_options);
   at::Tensor members = at::zeros({groups, clusters}, int_options);
 
-  const dim3 assign_grid(blocks_for(length, kPositionsPerBlock), grid_y(groups));
+  const int64_t per_block = assign_positions_per_block(length, groups);  // a multiple of kThreads
+  const dim3 assign_grid(blocks_for(length, per_block), grid_y(groups));
   const size_t centroid_bytes = clusters <= kSharedCentroids ? clusters * sizeof(int64_t) : 0;
   const size_t count_bytes = clusters <= kSharedCounts ? clusters * 65 * sizeof(int32_t) : 0;
   auto assign = [&](bool count) {
@@ -359,12 +371,12 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans_cuda(const at::Tensor& codes, 
       kmeans_assign_kernel<true><<<assign_grid, kThreads, centroid_bytes + count_bytes, stream()>>>(
           codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
           settled.data_ptr<int32_t>(), assignment.data_ptr<int64_t>(), ones.data_ptr<int32_t>(),
-          members.data_ptr<int32_t>(), heads, length, clusters, bits);
+          members.data_ptr<int32_t>(), heads, length, clusters, bits, per_block);
     } else {
       kmeans_assign_kernel<false><<<assign_grid, kThreads, centroid_bytes, stream()>>>(
           codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
           settled.data_ptr<int32_t>(), assignment.data_ptr<int64_t>(), ones.data_ptr<int32_t>(),
-          members.data_ptr<int32_t>(), heads, length, clusters, bits);
+          members.data_ptr<int32_t>(), heads, length, clusters, bits, per_block);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
