@@ -11,12 +11,13 @@
 //                        to the CPU's; the duplicate check of each step is spread over the
 //                        lanes, against centroids in shared memory. The walk is sequential
 //                        but short (it stops after `clusters` distinct codes).
-//   hamming_kmeans       the Lloyd loop runs on the host, two launches per step: assign
+//   hamming_kmeans       the Lloyd loop runs on the host, one launch per step: assign
 //                        (one thread per query, 256 to 1024 queries per block, centroids in
-//                        shared memory) with the
-//                        members' bit counts added per warp (__match_any / __ballot) into
-//                        shared (or, for many clusters, global) integer counters; update
-//                        (majority vote, one block per (batch, head)); a (batch, head)
+//                        shared memory) with the members' bit counts added per warp
+//                        (__match_any / __ballot) into shared (or, for many clusters,
+//                        global) integer counters, then added to global memory; the last
+//                        block of each (batch, head) to finish (a counter of arrivals, the
+//                        threadfence pattern) does its majority vote. A (batch, head)
 //                        whose centroids did not change is marked settled and skipped,
 //                        as on the CPU. Integer counts make the result exact and identical
 //                        to the CPU's for the same codes and initial centroids.
@@ -227,18 +228,55 @@ int64_t assign_positions_per_block(int64_t length, int64_t groups) {
 }
 constexpr int64_t kSharedCounts = 128;         // up to this many clusters count bits in shared memory
 
+// The majority vote of (batch, head) g, run by the one block that finished g's counting last:
+// each centroid bit becomes its members' majority (an exact tie keeps the old bit; a cluster
+// without members keeps its code); g is settled when no centroid changes (at once when it has
+// no more valid queries than clusters). Clears the counters and g's arrivals for the next step.
+// The counts were added by other blocks (atomics, in L2), so they are read past L1 (__ldcg).
+__device__ void update_centroids(int64_t g, bool kmeans, int64_t* centroids, int32_t* settled,
+                                 int32_t* ones, int32_t* members, int32_t* arrivals, int64_t clusters,
+                                 int64_t bits) {
+  int changed = 0;
+  for (int64_t c = threadIdx.x; kmeans && c < clusters; c += blockDim.x) {
+    int32_t* count = ones + (g * clusters + c) * 64;
+    const int64_t size = __ldcg(members + g * clusters + c);
+    if (size == 0) continue;  // empty: keep the code
+    int64_t* cent = centroids + g * clusters + c;
+    const int64_t old = *cent;
+    int64_t fresh = 0;
+    for (int64_t b = 0; b < bits; ++b) {
+      const int64_t twice = 2 * static_cast<int64_t>(__ldcg(count + b));
+      const int64_t bit = twice > size ? 1 : (twice < size ? 0 : (old >> b) & 1);
+      fresh |= bit << b;
+      count[b] = 0;
+    }
+    members[g * clusters + c] = 0;
+    changed |= fresh != old;
+    *cent = fresh;
+  }
+  changed = __syncthreads_or(changed);
+  if (threadIdx.x == 0) {
+    settled[g] = !changed;
+    arrivals[g] = 0;
+  }
+}
+
 // Assigns queries [blockIdx.x * per_block, ...) of (batch, head) blockIdx.y to their
 // nearest centroid (fewest differing bits, ties to the lowest index); padded queries get -1.
-// With kCount, also adds every member's bits to ones[g, c, bit] and 1 to members[g, c].
+// With kCount (a Lloyd step), also adds every member's bits to ones[g, c, bit] and 1 to
+// members[g, c], and the last of g's blocks to finish then updates g's centroids
+// (update_centroids), so a step is one launch. A settled g is skipped by all its blocks.
 template <bool kCount>
 __global__ void kmeans_assign_kernel(const int64_t* __restrict__ codes, const int64_t* __restrict__ lengths,
-                                     const int64_t* __restrict__ centroids, const int32_t* __restrict__ settled,
+                                     int64_t* __restrict__ centroids, int32_t* __restrict__ settled,
                                      int64_t* __restrict__ assignment, int32_t* __restrict__ ones,
-                                     int32_t* __restrict__ members, int64_t heads, int64_t length,
-                                     int64_t clusters, int64_t bits, int64_t per_block) {
+                                     int32_t* __restrict__ members, int32_t* __restrict__ arrivals,
+                                     int64_t heads, int64_t length, int64_t clusters, int64_t bits,
+                                     int64_t per_block) {
   extern __shared__ unsigned char shared_raw[];
+  __shared__ int last_block;
   const int64_t g = blockIdx.y;
-  if (settled[g]) return;  // its assignment is already final
+  if (settled[g]) return;  // its assignment is already final (the same for all blocks of g)
   const int64_t valid = clipped_length(lengths, g / heads, length);
   const bool kmeans = valid > clusters;
   const bool shared_centroids = clusters <= kSharedCentroids;
@@ -296,50 +334,27 @@ __global__ void kmeans_assign_kernel(const int64_t* __restrict__ codes, const in
     }
     if (leader) atomicAdd(&count_members[cluster], __popc(peers));
   }
-  if (!shared_counts || !kmeans) return;
-  __syncthreads();
-  int32_t* ones_g = ones + g * clusters * 64;
-  int32_t* members_g = members + g * clusters;
-  for (int64_t index = threadIdx.x; index < clusters * 64; index += blockDim.x)
-    if (counts_s[index]) atomicAdd(&ones_g[index], counts_s[index]);
-  for (int64_t c = threadIdx.x; c < clusters; c += blockDim.x)
-    if (members_s[c]) atomicAdd(&members_g[c], members_s[c]);
-}
-
-// One block per (batch, head): each centroid bit becomes its members' majority (an exact
-// tie keeps the old bit; a cluster without members keeps its code); a (batch, head) whose
-// centroids all stay the same is settled. Clears the counters for the next step.
-__global__ void kmeans_update_kernel(const int64_t* __restrict__ lengths, int64_t* __restrict__ centroids,
-                                     int32_t* __restrict__ settled, int32_t* __restrict__ ones,
-                                     int32_t* __restrict__ members, int64_t heads, int64_t length,
-                                     int64_t clusters, int64_t bits) {
-  const int64_t g = blockIdx.x;
-  if (settled[g]) return;
-  const int64_t valid = clipped_length(lengths, g / heads, length);
-  if (valid <= clusters) {  // one query per cluster, assigned by the assign before
-    if (threadIdx.x == 0) settled[g] = 1;
-    return;
-  }
-  int changed = 0;
-  for (int64_t c = threadIdx.x; c < clusters; c += blockDim.x) {
-    int32_t* count = ones + (g * clusters + c) * 64;
-    const int64_t size = members[g * clusters + c];
-    if (size == 0) continue;  // empty: keep the code
-    int64_t* cent = centroids + g * clusters + c;
-    const int64_t old = *cent;
-    int64_t fresh = 0;
-    for (int64_t b = 0; b < bits; ++b) {
-      const int64_t twice = 2 * static_cast<int64_t>(count[b]);
-      const int64_t bit = twice > size ? 1 : (twice < size ? 0 : (old >> b) & 1);
-      fresh |= bit << b;
-      count[b] = 0;
+  if constexpr (kCount) {
+    if (shared_counts && kmeans) {  // block-uniform
+      __syncthreads();
+      int32_t* ones_g = ones + g * clusters * 64;
+      int32_t* members_g = members + g * clusters;
+      for (int64_t index = threadIdx.x; index < clusters * 64; index += blockDim.x)
+        if (counts_s[index]) atomicAdd(&ones_g[index], counts_s[index]);
+      for (int64_t c = threadIdx.x; c < clusters; c += blockDim.x)
+        if (members_s[c]) atomicAdd(&members_g[c], members_s[c]);
     }
-    members[g * clusters + c] = 0;
-    changed |= fresh != old;
-    *cent = fresh;
+    // The threadfence pattern (CUDA Programming Guide, "Memory Fence Functions"): every
+    // thread's counts are visible device-wide before its block's arrival is counted, so the
+    // block that arrives last sees the counts of all the others.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_block = atomicAdd(arrivals + g, 1) == static_cast<int>(gridDim.x) - 1;
+    __syncthreads();
+    if (!last_block) return;  // block-uniform
+    __threadfence();
+    update_centroids(g, kmeans, centroids, settled, ones, members, arrivals, clusters, bits);
   }
-  changed = __syncthreads_or(changed);
-  if (threadIdx.x == 0) settled[g] = !changed;
 }
 
 std::tuple<at::Tensor, at::Tensor> hamming_kmeans_cuda(const at::Tensor& codes, const at::Tensor& lengths,
@@ -361,6 +376,7 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans_cuda(const at::Tensor& codes, 
   at::Tensor settled = at::zeros({groups}, int_options);
   at::Tensor ones = at::zeros({groups, clusters, 64}, int_options);
   at::Tensor members = at::zeros({groups, clusters}, int_options);
+  at::Tensor arrivals = at::zeros({groups}, int_options);  // blocks of g done with a step's counts
 
   const int64_t per_block = assign_positions_per_block(length, groups);  // a multiple of kThreads
   const dim3 assign_grid(blocks_for(length, per_block), grid_y(groups));
@@ -371,22 +387,18 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans_cuda(const at::Tensor& codes, 
       kmeans_assign_kernel<true><<<assign_grid, kThreads, centroid_bytes + count_bytes, stream()>>>(
           codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
           settled.data_ptr<int32_t>(), assignment.data_ptr<int64_t>(), ones.data_ptr<int32_t>(),
-          members.data_ptr<int32_t>(), heads, length, clusters, bits, per_block);
+          members.data_ptr<int32_t>(), arrivals.data_ptr<int32_t>(), heads, length, clusters, bits,
+          per_block);
     } else {
       kmeans_assign_kernel<false><<<assign_grid, kThreads, centroid_bytes, stream()>>>(
           codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
           settled.data_ptr<int32_t>(), assignment.data_ptr<int64_t>(), ones.data_ptr<int32_t>(),
-          members.data_ptr<int32_t>(), heads, length, clusters, bits, per_block);
+          members.data_ptr<int32_t>(), arrivals.data_ptr<int32_t>(), heads, length, clusters, bits,
+          per_block);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  for (int64_t it = 0; it < iterations; ++it) {
-    assign(/*count=*/true);
-    kmeans_update_kernel<<<static_cast<unsigned>(groups), kThreads, 0, stream()>>>(
-        lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(), settled.data_ptr<int32_t>(),
-        ones.data_ptr<int32_t>(), members.data_ptr<int32_t>(), heads, length, clusters, bits);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  for (int64_t it = 0; it < iterations; ++it) assign(/*count=*/true);  // a Lloyd step: assign + update
   assign(/*count=*/false);
   return {assignment, centroids};
 }
