@@ -101,7 +101,8 @@ std::tuple<at::Tensor, at::Tensor> lsh_hash_cuda(const at::Tensor& q_in, const a
                   half_buckets_in.size(0) == batch,
               "lsh_hash: lengths and half_buckets must be (B,) = (", batch, ",)");
   const c10::cuda::CUDAGuard guard(q_in.device());
-  // The (B,) checks need the values on the host (two tiny copies).
+  // The (B,) checks need the values on the host (two tiny copies, which wait for the GPU when
+  // they are on it).
   const at::Tensor lengths_host = lengths_in.to(at::kCPU, at::kLong).contiguous();
   const at::Tensor half_host = half_buckets_in.to(at::kCPU, at::kLong).contiguous();
   int64_t max_half = 1;
@@ -117,7 +118,10 @@ std::tuple<at::Tensor, at::Tensor> lsh_hash_cuda(const at::Tensor& q_in, const a
   at::Tensor buckets = at::empty({batch, heads, rounds, length}, long_options);
   at::Tensor order = at::empty({batch, heads, rounds, length}, long_options);
   if (buckets.numel() == 0) return {buckets, order};
-  const at::Tensor lengths = lengths_host.to(q_in.device()), half_buckets = half_host.to(q_in.device());
+  // Not waiting for the GPU: the host values are staged at once (lsh.py passes host tensors, so
+  // reading them above cost nothing).
+  const at::Tensor lengths = lengths_host.to(q_in.device(), at::kLong, /*non_blocking=*/true);
+  const at::Tensor half_buckets = half_host.to(q_in.device(), at::kLong, /*non_blocking=*/true);
   at::Tensor keys = at::empty({batch, heads, rounds, length}, long_options);
   const int64_t padded_base = 2 * max_half * length;
   const at::Tensor q_op = q_in.to(opmath);
