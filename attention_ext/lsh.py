@@ -106,7 +106,8 @@ def lsh_hash(queries: torch.Tensor, lengths: torch.Tensor, rounds: int, chunk_si
 # torch.export keep it as one opaque call, so a compiled model draws the same rotations as an
 # eager one with the same seed. The rotations' shapes depend on each sequence's valid length,
 # so inside it the lengths are read on the host (on a GPU, the one synchronisation of LSH's
-# hashing; the attention kernels' checks of lengths and order make one more each way). Tagged nondeterministic_seeded: never merged with another call, nor recomputed.
+# hashing; the attention kernels' checks of lengths and order make one more each way).
+# Tagged nondeterministic_seeded: never merged with another call, nor recomputed.
 @torch.library.custom_op("attention_ext::lsh_sorted_order", mutates_args=(),
                          tags=torch.Tag.nondeterministic_seeded)
 def _lsh_sorted_order_op(queries: torch.Tensor, lengths: torch.Tensor, rounds: int,
