@@ -84,25 +84,30 @@ def lsh_hash(queries: torch.Tensor, lengths: torch.Tensor, rounds: int, chunk_si
     change the argmax, so the queries are projected as they are.
     """
     batch, heads, length, dim = queries.shape
-    n_buckets = [lsh_bucket_count(valid, chunk_size) for valid in lengths.tolist()]
+    # The rotations' shapes depend on the lengths, so they are read on the host, once (on a GPU
+    # a synchronisation). What is drawn is put together on the host and goes to the GPU in one
+    # copy that does not wait for it; the kernel gets the host lengths and bucket counts.
+    lengths_host = lengths.cpu()
+    n_buckets = [lsh_bucket_count(valid, chunk_size) for valid in lengths_host.tolist()]
     rotations = [lsh_rotations(seed, b, heads, rounds, dim, n_buckets[b]) for b in range(batch)]
     # The kernel takes every element's rotations zero-padded to one width, a multiple of 16
     # columns (its SIMD tiles), and uses the first n_buckets[b] / 2 of them.
     width = -(-max(n_buckets, default=2) // 32) * 16
-    padded = torch.zeros(batch, heads, dim, rounds, width, dtype=hashing_dtype(queries.dtype),
-                         device=queries.device)
+    padded = torch.zeros(batch, heads, dim, rounds, width, dtype=hashing_dtype(queries.dtype))
     for b, rotation in enumerate(rotations):
         padded[b, :, :, :, :rotation.shape[-1]] = rotation.permute(0, 2, 1, 3)
-    half_buckets = torch.tensor([n // 2 for n in n_buckets], device=lengths.device)
-    buckets, order = ops.lsh_hash(queries.detach(), padded, lengths, half_buckets)
+    half_buckets = torch.tensor([n // 2 for n in n_buckets])
+    buckets, order = ops.lsh_hash(queries.detach(), padded.to(queries.device, non_blocking=True),
+                                  lengths_host, half_buckets)
     return LSHHashing(rotations, n_buckets, buckets, order)
 
 
 # The hashing of a forward call as one operator, its random draws included: torch.compile and
 # torch.export keep it as one opaque call, so a compiled model draws the same rotations as an
 # eager one with the same seed. The rotations' shapes depend on each sequence's valid length,
-# so inside it the lengths are read on the host (on a GPU, the one synchronisation left in LSH's
-# forward). Tagged nondeterministic_seeded: never merged with another call, nor recomputed.
+# so inside it the lengths are read on the host (on a GPU, the one synchronisation of LSH's
+# hashing; the attention kernels' checks of lengths and order make one more each way).
+# Tagged nondeterministic_seeded: never merged with another call, nor recomputed.
 @torch.library.custom_op("attention_ext::lsh_sorted_order", mutates_args=(),
                          tags=torch.Tag.nondeterministic_seeded)
 def _lsh_sorted_order_op(queries: torch.Tensor, lengths: torch.Tensor, rounds: int,

@@ -10,11 +10,11 @@ from pathlib import Path
 import torch
 
 from ..registry import AttentionConfigError, accepted_spec_forms, available_attentions
-from .cases import DEFAULT_ATTENTIONS, DEFAULT_CUDA_LENGTHS, DEFAULT_LENGTHS, BenchmarkConfig, build_cases
+from .cases import DEFAULT_ATTENTIONS, SHAPES, BenchmarkConfig, build_cases, default_shapes
 from .report import (CSV_COLUMNS, format_header, format_overtaking, format_table, format_targets,
                      measurement_rows, plot_per_element, write_csv)
-from .targets import (LINEAR_SCALING_TARGETS, OVERTAKING_TARGETS, SPEEDUP_TARGETS, evaluate_targets,
-                      overtaking_lengths)
+from .targets import (CUDA_SCALING_TARGETS, LINEAR_SCALING_TARGETS, OVERTAKING_TARGETS, SPEEDUP_TARGETS,
+                      evaluate_targets, overtaking_lengths)
 from .timing import run_benchmark
 
 
@@ -61,11 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
         ["  on cpu in float32:"]
         + [f"    {target.title}: speedup vs full >= {target.minimum:g}x at N={target.length}"
            for target in SPEEDUP_TARGETS]
-        + [f"    {target.title}: time per element within {target.factor:g}x (max/min) over the "
-           f"measured N in {target.shortest}..{target.longest}" for target in LINEAR_SCALING_TARGETS]
+        + [f"    {target.title}: {target.quantity} per element within {target.factor:g}x (max/min) "
+           f"over the measured N in {target.shortest}..{target.longest}" for target in LINEAR_SCALING_TARGETS]
         + ["  on cuda in bfloat16:"]
         + [f"    {target.title}: faster than full at N={target.length} and every longer N measured"
-           for target in OVERTAKING_TARGETS])
+           for target in OVERTAKING_TARGETS]
+        + [f"    {target.title}: {target.quantity} per element within {target.factor:g}x (max/min) "
+           f"over the measured N in {target.shortest}..{target.longest}" for target in CUDA_SCALING_TARGETS])
+    tables = "\n".join(
+        f"  {shape.name}: {shape.title}; batch {shape.batch}, {shape.heads} heads x {shape.dim}, "
+        f"N = {' '.join(map(str, shape.lengths))}"
+        + ("" if shape.cuda_lengths == shape.lengths else
+           f" (cuda: {' '.join(map(str, shape.cuda_lengths))})")
+        for shape in SHAPES.values())
     shared_qk = sorted(name for name, entry in available_attentions().items() if entry.needs_shared_qk)
     columns = textwrap.fill(", ".join(CSV_COLUMNS), width=78, initial_indent="  ",
                             subsequent_indent="  ")
@@ -88,12 +96,18 @@ what is measured (every N and attention interleaved repeat by repeat):
   speedup_vs_full = full median time / time; memory_saving_vs_full = full peak /
   peak; both from the same N in the same run, > 1 is better than full.
 
+tables (--shapes; default: paper on cpu, paper and asr on cuda):
+{tables}
+  --batch, --heads, --dim and --lengths, when given, replace those of every table.
+  The targets are those of the paper table; the asr table has none.
+
 targets (evaluated on this run's ratios; only those whose attention and lengths,
 full included, were measured; each PASS or FAIL with the measured number):
 {targets}
 
-output: the table on stdout, then the targets; <out>/benchmark_<device>.csv and
-<out>/benchmark_<device>.png (time and memory per element against N, as Fig. 4).
+output: per table, the table on stdout, then the targets; <out>/benchmark_<device>.csv
+and <out>/benchmark_<device>.png (time and memory per element against N, as Fig. 4)
+for the paper table, benchmark_<device>_asr.csv/.png for the asr table.
 CSV columns:
 {columns}
 Progress goes to stderr."""
@@ -104,10 +118,12 @@ Progress goes to stderr."""
             "for every attention against full (supplementary C.1 / Fig. 4 of 'Fast Transformers "
             "with Clustered Attention').", width=78),
         epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", default=None, metavar="TABLE",
+                        help=f"tables to measure, among {', '.join(SHAPES)} (default: paper on cpu, "
+                             "paper and asr on cuda); see 'tables' below")
     parser.add_argument("--lengths", nargs="+", default=None,
                         metavar="N", help="sequence lengths, space- or comma-separated "
-                        f"(default: {' '.join(map(str, DEFAULT_LENGTHS))}; with --device cuda "
-                        f"{' '.join(map(str, DEFAULT_CUDA_LENGTHS))})")
+                        "(default: each table's, see below)")
     parser.add_argument("--attentions", nargs="+", default=list(DEFAULT_ATTENTIONS),
                         metavar="SPEC", help="attention specs, see below; the first spec named "
                         "full is the reference of the ratios (default: "
@@ -116,9 +132,12 @@ Progress goes to stderr."""
                         help="skip an attention (a spec from --attentions, or a registered name "
                              "for all its specs) above length N, e.g. --max-length full=4096; "
                              "repeatable. Its ratios and targets are then missing above N")
-    parser.add_argument("--batch", type=_positive_int, default=1, help="batch size (default: 1)")
-    parser.add_argument("--heads", type=_positive_int, default=6, help="heads (default: 6)")
-    parser.add_argument("--dim", type=_positive_int, default=64, help="head dimension (default: 64)")
+    parser.add_argument("--batch", type=_positive_int, default=None,
+                        help="batch size (default: each table's: paper 1, asr 32)")
+    parser.add_argument("--heads", type=_positive_int, default=None,
+                        help="heads (default: each table's: paper 6, asr 4)")
+    parser.add_argument("--dim", type=_positive_int, default=None,
+                        help="head dimension (default: each table's: 64)")
     parser.add_argument("--dtype", choices=sorted(DTYPES), default="float32",
                         help="dtype of q, k, v (default: float32)")
     parser.add_argument("--device", default="cpu",
@@ -135,12 +154,10 @@ Progress goes to stderr."""
     return parser
 
 
-def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> BenchmarkConfig:
+def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) -> list[BenchmarkConfig]:
+    """One BenchmarkConfig per table (--shapes), in the order given."""
     lengths = []
-    if args.lengths is None:
-        on_cuda = args.device.startswith("cuda")
-        args.lengths = [str(n) for n in (DEFAULT_CUDA_LENGTHS if on_cuda else DEFAULT_LENGTHS)]
-    for text in _split_list(args.lengths):
+    for text in _split_list(args.lengths or []):
         try:
             length = int(text)
         except ValueError:
@@ -164,38 +181,55 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         parser.error(f"--device {args.device}: this torch ({torch.__version__}) sees no CUDA device")
     if args.warmup < 0:
         parser.error(f"--warmup {args.warmup} must be >= 0")
-    return BenchmarkConfig(
-        lengths=list(dict.fromkeys(lengths)), attentions=_split_list(args.attentions),
-        batch=args.batch, heads=args.heads, dim=args.dim, dtype=DTYPES[args.dtype],
-        device=device, threads=args.threads, warmup=args.warmup, repeats=args.repeats,
-        seed=args.seed, max_lengths=max_lengths)
+    names = _split_list(args.shapes) if args.shapes is not None else list(default_shapes(device.type))
+    for name in names:
+        if name not in SHAPES:
+            parser.error(f"--shapes: {name!r} is not a table; choose among {', '.join(SHAPES)}")
+    configs = []
+    for name in dict.fromkeys(names):
+        shape = SHAPES[name]
+        default_lengths = shape.cuda_lengths if device.type == "cuda" else shape.lengths
+        configs.append(BenchmarkConfig(
+            lengths=list(dict.fromkeys(lengths or default_lengths)), attentions=_split_list(args.attentions),
+            batch=args.batch or shape.batch, heads=args.heads or shape.heads, dim=args.dim or shape.dim,
+            dtype=DTYPES[args.dtype], device=device, threads=args.threads, warmup=args.warmup,
+            repeats=args.repeats, seed=args.seed, max_lengths=max_lengths, shape=name))
+    return configs
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    config = config_from_args(args, parser)
-    try:
-        cases = build_cases(config)
+    configs = config_from_args(args, parser)
+    try:   # every spec checked before anything is measured
+        tables = [(config, build_cases(config)) for config in configs]
     except AttentionConfigError as error:
         parser.error(str(error))
-    if config.device.type == "cpu":
-        torch.set_num_threads(config.threads)
-    print(format_header(config, cases), flush=True)
-    warn_if_cpu_is_busy(config)
-    measurements = run_benchmark(config, cases)
-    print()
-    print(format_table(measurements, config))
-    print()
-    print(format_overtaking(overtaking_lengths(measurements)))
-    print()
-    print(format_targets(evaluate_targets(measurements, config.batch, config.device.type, config.dtype)))
+    if configs[0].device.type == "cpu":
+        torch.set_num_threads(configs[0].threads)
     args.out.mkdir(parents=True, exist_ok=True)
-    stem = f"benchmark_{config.device.type}"
-    csv_path, png_path = args.out / f"{stem}.csv", args.out / f"{stem}.png"
-    write_csv(measurement_rows(measurements, config), csv_path)
-    plot_per_element(measurements, config, png_path)
-    print(f"\nwrote {csv_path} and {png_path}")
+    for index, (config, cases) in enumerate(tables):
+        if index:
+            print("\n")
+        print(f"== {SHAPES[config.shape].title} ==")
+        print(format_header(config, cases), flush=True)
+        warn_if_cpu_is_busy(config)
+        measurements = run_benchmark(config, cases)
+        print()
+        print(format_table(measurements, config))
+        print()
+        print(format_overtaking(overtaking_lengths(measurements)))
+        print()
+        if config.shape == "paper":
+            print(format_targets(evaluate_targets(measurements, config.batch, config.device.type,
+                                                  config.dtype)))
+        else:
+            print(f"targets: none for the {config.shape} table (it shows what attention costs there)")
+        stem = f"benchmark_{config.device.type}" + ("" if config.shape == "paper" else f"_{config.shape}")
+        csv_path, png_path = args.out / f"{stem}.csv", args.out / f"{stem}.png"
+        write_csv(measurement_rows(measurements, config), csv_path)
+        plot_per_element(measurements, config, png_path)
+        print(f"\nwrote {csv_path} and {png_path}")
     return 0
 
 

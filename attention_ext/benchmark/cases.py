@@ -23,6 +23,38 @@ DEFAULT_CUDA_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
 DEFAULT_ATTENTIONS = ("full", "clustered-100", "i-clustered-100", "lsh-1", "lsh-4", "linear",
                       "agglomerative-8")
 
+
+
+@dataclass(frozen=True)
+class BenchmarkShape:
+    """A table of the benchmark: the batch, heads, head dim and lengths it measures, unless
+    --batch, --heads, --dim or --lengths override them (for every table of the run)."""
+    name: str
+    title: str
+    batch: int
+    heads: int
+    dim: int
+    lengths: tuple[int, ...]
+    cuda_lengths: tuple[int, ...]
+
+
+# The paper's setting (supplementary C.1): one long sequence. Its targets are defined for it.
+PAPER_SHAPE = BenchmarkShape("paper", "paper shapes (supplementary C.1): one long sequence", 1, 6, 64,
+                             DEFAULT_LENGTHS, DEFAULT_CUDA_LENGTHS)
+# A training batch of real speech corpora (issue 19: batch 32, 4 heads x 64, N = 256..2048
+# frames): what attention costs in one training step. It has no targets.
+ASR_LENGTHS = (256, 512, 1024, 2048)
+ASR_SHAPE = BenchmarkShape("asr", "ASR shapes: a training batch of 32 utterances", 32, 4, 64,
+                           ASR_LENGTHS, ASR_LENGTHS)
+SHAPES = {shape.name: shape for shape in (PAPER_SHAPE, ASR_SHAPE)}
+
+
+def default_shapes(device_type: str) -> tuple[str, ...]:
+    """The tables a run makes unless --shapes says otherwise: on cuda both, on cpu the
+    paper's (the ASR table at batch 32 takes minutes of full attention on two cores)."""
+    return ("paper", "asr") if device_type == "cuda" else ("paper",)
+
+
 MIB = 2 ** 20
 KIB = 2 ** 10
 
@@ -82,6 +114,7 @@ class BenchmarkConfig:
     repeats: int = 5
     seed: int = 0
     max_lengths: dict[str, int] = field(default_factory=dict)
+    shape: str = "paper"           # the table (SHAPES) this run measures
 
 
 def build_cases(config: BenchmarkConfig) -> list[BenchmarkCase]:

@@ -1,8 +1,10 @@
 """The targets of a run, evaluated on the ratios it measured.
 
 On the CPU in float32, against torch's CPU attention: speedups over full at given N and
-a time per element that stays flat (linear cost). On CUDA in bfloat16, against SDPA's
-FlashAttention kernels: the N from which clustered and i-clustered overtake full.
+a time (and, for LSH, memory) per element that stays flat (linear cost). On CUDA in
+bfloat16, against SDPA's FlashAttention kernels: the N from which clustered and
+i-clustered overtake full, and LSH's memory per element flat up to N=65536. The numbers
+are issue 19's aims (and issue 17's for linear and agglomerative).
 """
 from __future__ import annotations
 
@@ -47,12 +49,15 @@ class SpeedupTarget:
 
 @dataclass(frozen=True)
 class LinearScalingTarget:
+    """Time (or peak memory) per element at every measured N in shortest..longest within
+    `factor` of each other (largest / smallest); both ends must be measured."""
     name: str
     options: tuple[tuple[str, int], ...]
     shortest: int
     longest: int
     factor: float
     title: str
+    quantity: str = "time"      # "time" or "memory"
 
 
 @dataclass(frozen=True)
@@ -63,33 +68,53 @@ class OvertakingTarget:
     title: str
 
 
+# (registered name, options a case must have, title) of the attentions with targets
+CLUSTERED, ICLUSTERED = ("clustered", (), "clustered"), ("iclustered", (), "iclustered")
+LSH_1, LSH_4 = ("lsh", (("rounds", 1),), "lsh-1"), ("lsh", (("rounds", 4),), "lsh-4")
+LINEAR, AGGLOMERATIVE = ("linear", (), "linear"), ("agglomerative", (("classes", 8),), "agglomerative-8")
+
+
+def _speedup(attention, length: int, minimum: float) -> SpeedupTarget:
+    name, options, title = attention
+    return SpeedupTarget(name, options, length, minimum, title)
+
+
+def _scaling(attention, shortest: int, longest: int, factor: float,
+             quantity: str = "time") -> LinearScalingTarget:
+    name, options, title = attention
+    return LinearScalingTarget(name, options, shortest, longest, factor, title, quantity)
+
+
 SPEEDUP_TARGETS = (
-    SpeedupTarget("clustered", (), 4096, 12.0, "clustered"),
-    SpeedupTarget("clustered", (), 8192, 20.0, "clustered"),
-    SpeedupTarget("iclustered", (), 4096, 7.0, "iclustered"),
-    SpeedupTarget("iclustered", (), 8192, 12.0, "iclustered"),
-    SpeedupTarget("lsh", (("rounds", 1),), 4096, 10.0, "lsh-1"),
-    SpeedupTarget("lsh", (("rounds", 4),), 4096, 3.0, "lsh-4"),
-    # issue 17: linear and agglomerative at least as fast as clustered at N=4096 (its target)
-    SpeedupTarget("linear", (), 4096, 12.0, "linear"),
-    SpeedupTarget("agglomerative", (("classes", 8),), 4096, 12.0, "agglomerative-8"),
+    # issue 19, item 5: the CPU floor, on AVX2 and AVX-512 machines alike
+    _speedup(CLUSTERED, 4096, 30.0), _speedup(ICLUSTERED, 4096, 18.0), _speedup(LSH_1, 4096, 30.0),
+    _speedup(LSH_4, 4096, 3.0),
+    # issue 17: linear and agglomerative at least as fast as clustered's first target at N=4096
+    _speedup(LINEAR, 4096, 12.0), _speedup(AGGLOMERATIVE, 4096, 12.0),
 )
-LINEAR_SCALING_TARGETS = tuple(
-    LinearScalingTarget(name, options, 2048, 8192, 1.3, title)
-    for name, options, title in (("clustered", (), "clustered"), ("iclustered", (), "iclustered"),
-                                 ("lsh", (("rounds", 1),), "lsh-1"),
-                                 ("lsh", (("rounds", 4),), "lsh-4"), ("linear", (), "linear"),
-                                 ("agglomerative", (("classes", 8),), "agglomerative-8")))
+LINEAR_SCALING_TARGETS = (
+    # issue 19, item 5: time per element within 1.3x from N=4096 to 32768
+    _scaling(CLUSTERED, 4096, 32768, 1.3), _scaling(ICLUSTERED, 4096, 32768, 1.3),
+    _scaling(LSH_1, 4096, 32768, 1.3),
+    # issue 19, item 1: LSH's time within 1.5x and its memory within 1.3x per element
+    _scaling(LSH_4, 4096, 32768, 1.5),
+    _scaling(LSH_1, 4096, 32768, 1.3, "memory"), _scaling(LSH_4, 4096, 32768, 1.3, "memory"),
+    # issue 17
+    _scaling(LINEAR, 2048, 8192, 1.3), _scaling(AGGLOMERATIVE, 2048, 8192, 1.3),
+)
 OVERTAKING_TARGETS = (
     OvertakingTarget("clustered", (), 8192, "clustered"),
     OvertakingTarget("iclustered", (), 16384, "iclustered"),
 )
+# issue 19, item 1 on the GPU: LSH's peak memory per element flat up to N=65536.
+CUDA_SCALING_TARGETS = (_scaling(LSH_1, 4096, 65536, 1.3, "memory"),
+                        _scaling(LSH_4, 4096, 65536, 1.3, "memory"))
 # (speedup, linear scaling, overtaking) targets by (device, dtype) of the run: on the CPU in
 # float32 against torch's CPU attention, on CUDA in bfloat16 against SDPA's FlashAttention
 # kernels. Other runs have none.
 TARGETS_BY_RUN = {
     ("cpu", torch.float32): (SPEEDUP_TARGETS, LINEAR_SCALING_TARGETS, ()),
-    ("cuda", torch.bfloat16): ((), (), OVERTAKING_TARGETS),
+    ("cuda", torch.bfloat16): ((), CUDA_SCALING_TARGETS, OVERTAKING_TARGETS),
 }
 
 
@@ -107,9 +132,10 @@ def evaluate_targets(measurements: list[Measurement], batch: int, device_type: s
                      dtype: torch.dtype) -> list[TargetResult]:
     """The targets of this run's device and dtype, for every measured case they apply to.
 
-    Speedup: full time / time at N, from this run. Linear scaling: time per
-    element at every measured N in [2048, 8192] (both ends measured), largest
-    over smallest <= 1.3, i.e. all those values lie within 1.3x of each other.
+    Speedup: full time / time at N, from this run. Linear scaling: time (or peak
+    memory) per element at every measured N in [shortest, longest] (both ends
+    measured), largest over smallest <= factor, i.e. all those values lie within
+    that factor of each other.
     Overtaking: faster than full at N (measured) and at every longer N measured.
     A target whose attention or lengths were not measured is left out.
     """
@@ -134,17 +160,20 @@ def evaluate_targets(measurements: list[Measurement], batch: int, device_type: s
         for label in cases:
             if not _applies(case_by_label[label], target.name, target.options):
                 continue
-            per_element = {length: cell.time_per_element_us(batch)
+            memory = target.quantity == "memory"
+            per_element = {length: (cell.memory_per_element_kib(batch) if memory
+                                    else cell.time_per_element_us(batch))
                            for (cell_label, length), cell in cells.items()
-                           if cell_label == label and target.shortest <= length <= target.longest
-                           and cell.median_ms is not None}
+                           if cell_label == label and target.shortest <= length <= target.longest}
+            per_element = {length: value for length, value in per_element.items() if value}
             if target.shortest not in per_element or target.longest not in per_element:
                 continue
             spread = max(per_element.values()) / min(per_element.values())
-            values = ", ".join(f"N={length}: {value:.3g} us"
+            unit = "KiB" if memory else "us"
+            values = ", ".join(f"N={length}: {value:.3g} {unit}"
                                for length, value in sorted(per_element.items()))
             results.append(TargetResult(spread <= target.factor, (
-                f"{label}: time per element within {target.factor:g}x over "
+                f"{label}: {target.quantity} per element within {target.factor:g}x over "
                 f"N={target.shortest}..{target.longest} (target for {target.title}): "
                 f"max/min = {spread:.2f} ({values})")))
     overtakes = overtaking_lengths(measurements)

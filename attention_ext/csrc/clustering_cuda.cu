@@ -5,16 +5,19 @@
 //                        inputs); per-(batch, head, bit) mean and standard deviation in
 //                        double (one block each, a fixed reduction order); one thread per
 //                        query packs its bits.
-//   hamming_kmeans_init  one block per (batch, head); its first thread runs the same
+//   hamming_kmeans_init  one block per (batch, head); its first warp runs the same
 //                        seeded Fisher-Yates walk as the CPU (splitmix64 stream of
-//                        (seed, b, h)), so the initial centroids are identical to the CPU's.
-//                        The walk is sequential but short (it stops after `clusters`
-//                        distinct codes).
-//   hamming_kmeans       the Lloyd loop runs on the host, three launches per step: assign
-//                        (one thread per query, centroids in shared memory) with the
-//                        members' bit counts added per warp (__match_any / __ballot) into
-//                        shared (or, for many clusters, global) integer counters; update
-//                        (majority vote, one block per (batch, head)); a (batch, head)
+//                        (seed, b, h)) in lockstep, so the initial centroids are identical
+//                        to the CPU's; the duplicate check of each step is spread over the
+//                        lanes, against centroids in shared memory. The walk is sequential
+//                        but short (it stops after `clusters` distinct codes).
+//   hamming_kmeans       the Lloyd loop runs on the host, one launch per step: assign
+//                        (one thread per query, 256 to 1024 queries per block, centroids in
+//                        shared memory) with the members' bit counts added per warp
+//                        (__match_any / __ballot) into shared (or, for many clusters,
+//                        global) integer counters, then added to global memory; the last
+//                        block of each (batch, head) to finish (a counter of arrivals, the
+//                        threadfence pattern) does its majority vote. A (batch, head)
 //                        whose centroids did not change is marked settled and skipped,
 //                        as on the CPU. Integer counts make the result exact and identical
 //                        to the CPU's for the same codes and initial centroids.
@@ -132,23 +135,36 @@ __device__ __forceinline__ uint64_t splitmix64(uint64_t& state) {
   return z ^ (z >> 31);
 }
 
-// One block per (batch, head); `order` is (groups, length) scratch.
+constexpr int64_t kSharedCentroids = 4096;     // up to this many centroids are staged in shared memory
+
+// One block per (batch, head) (the walk is sequential); `order` is (groups, length) scratch.
+// The block's first warp runs the CPU's walk in lockstep: every lane draws the same stream,
+// lane 0 swaps, and the check whether a candidate's code is already a centroid is spread over
+// the 32 lanes (each a strided share of the centroids found so far, then a vote). The
+// centroids sit in shared memory when `shared` (clusters <= kSharedCentroids): the check reads
+// each one once per step, which from global memory made the walk about clusters^2 / 2
+// dependent cache round trips.
 __global__ void kmeans_init_kernel(const int64_t* __restrict__ codes, const int64_t* __restrict__ lengths,
                                    int64_t* __restrict__ centroids, int64_t* __restrict__ order,
-                                   int64_t heads, int64_t length, int64_t clusters, uint64_t seed) {
+                                   int64_t heads, int64_t length, int64_t clusters, uint64_t seed,
+                                   bool shared) {
+  extern __shared__ unsigned char init_shared_raw[];
   const int64_t g = blockIdx.x, b = g / heads, h = g % heads;
   const int64_t valid = clipped_length(lengths, b, length);
   const int64_t* head_codes = codes + g * length;
-  int64_t* cent = centroids + g * clusters;
+  int64_t* cent_g = centroids + g * clusters;
   if (valid <= clusters) {  // one cluster per query; centroids are the codes themselves
-    for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) cent[i] = head_codes[i];
+    for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) cent_g[i] = head_codes[i];
     return;
   }
   int64_t* head_order = order + g * length;
   for (int64_t i = threadIdx.x; i < valid; i += blockDim.x) head_order[i] = i;
   __syncthreads();
-  if (threadIdx.x != 0) return;
-  // The CPU's walk, step for step: the stream depends on (seed, b, h) only.
+  if (threadIdx.x >= kWarp) return;
+  const int lane = threadIdx.x;
+  int64_t* cent = shared ? reinterpret_cast<int64_t*>(init_shared_raw) : cent_g;
+  // The CPU's walk, step for step: the stream depends on (seed, b, h) only. Every value that
+  // decides the loop (state, i, filled) is the same in all lanes.
   uint64_t state = seed;
   state = splitmix64(state) ^ static_cast<uint64_t>(b);
   state = splitmix64(state) ^ static_cast<uint64_t>(h);
@@ -156,14 +172,25 @@ __global__ void kmeans_init_kernel(const int64_t* __restrict__ codes, const int6
   for (int64_t i = 0; i < valid && filled < clusters; ++i) {
     const int64_t pick = i + static_cast<int64_t>(splitmix64(state) % static_cast<uint64_t>(valid - i));
     const int64_t swapped = head_order[pick];
-    head_order[pick] = head_order[i];
-    head_order[i] = swapped;
     const int64_t candidate = head_codes[swapped];
+    __syncwarp();  // every lane has read head_order[pick] before lane 0 overwrites it
+    if (lane == 0) {
+      head_order[pick] = head_order[i];
+      head_order[i] = swapped;
+    }
     bool taken = false;
-    for (int64_t c = 0; c < filled && !taken; ++c) taken = cent[c] == candidate;
-    if (!taken) cent[filled++] = candidate;
+    for (int64_t c = lane; c < filled; c += kWarp) taken |= cent[c] == candidate;
+    if (!__any_sync(kFullMask, taken)) {
+      if (lane == 0) cent[filled] = candidate;
+      ++filled;
+    }
+    __syncwarp();  // lane 0's writes (order, centroid) are seen by every lane in the next step
   }
-  for (int64_t c = filled; c < clusters; ++c) cent[c] = cent[0];
+  // filled >= 1: the first candidate is never taken.
+  for (int64_t c = filled + lane; c < clusters; c += kWarp) cent[c] = cent[0];
+  if (!shared) return;
+  __syncwarp();
+  for (int64_t c = lane; c < clusters; c += kWarp) cent_g[c] = cent[c];
 }
 
 at::Tensor hamming_kmeans_init_cuda(const at::Tensor& codes, const at::Tensor& lengths, int64_t clusters,
@@ -178,30 +205,78 @@ at::Tensor hamming_kmeans_init_cuda(const at::Tensor& codes, const at::Tensor& l
   TORCH_CHECK(groups < (int64_t{1} << 31), "hamming_kmeans_init: too many (batch, head)s");
   const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.to(codes.device()).contiguous();
   at::Tensor order = at::empty({groups, std::max<int64_t>(length, 1)}, codes.options());
-  kmeans_init_kernel<<<static_cast<unsigned>(groups), kThreads, 0, stream()>>>(
+  const bool shared = clusters <= kSharedCentroids;
+  kmeans_init_kernel<<<static_cast<unsigned>(groups), kThreads, shared ? clusters * sizeof(int64_t) : 0,
+                       stream()>>>(
       codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
-      order.data_ptr<int64_t>(), heads, length, clusters, static_cast<uint64_t>(seed));
+      order.data_ptr<int64_t>(), heads, length, clusters, static_cast<uint64_t>(seed), shared);
   C10_CUDA_KERNEL_LAUNCH_CHECK();
   return centroids;
 }
 
 // --- hamming_kmeans ----------------------------------------------------------------------------
-constexpr int64_t kPositionsPerBlock = 1024;   // queries assigned by one block
-constexpr int64_t kSharedCentroids = 4096;     // up to this many centroids are staged in shared memory
+// Queries assigned by one block: 256 (one per thread) while that makes at most
+// kAssignBlocks blocks, so that a batch of one long sequence (6 (batch, head)s) fills a large
+// GPU (132 SMs on an H100) instead of 6 x N / 1024 blocks; up to 1024 for larger problems,
+// where every block adding its bit counts to global memory would cost more than it gains.
+constexpr int64_t kAssignBlocks = 1024;
+
+int64_t assign_positions_per_block(int64_t length, int64_t groups) {
+  for (const int64_t per_block : {int64_t{256}, int64_t{512}})
+    if (groups * ((length + per_block - 1) / per_block) <= kAssignBlocks) return per_block;
+  return 1024;
+}
 constexpr int64_t kSharedCounts = 128;         // up to this many clusters count bits in shared memory
 
-// Assigns queries [blockIdx.x * kPositionsPerBlock, ...) of (batch, head) blockIdx.y to their
+// The majority vote of (batch, head) g, run by the one block that finished g's counting last:
+// each centroid bit becomes its members' majority (an exact tie keeps the old bit; a cluster
+// without members keeps its code); g is settled when no centroid changes (at once when it has
+// no more valid queries than clusters). Clears the counters and g's arrivals for the next step.
+// The counts were added by other blocks (atomics, in L2), so they are read past L1 (__ldcg).
+__device__ void update_centroids(int64_t g, bool kmeans, int64_t* centroids, int32_t* settled,
+                                 int32_t* ones, int32_t* members, int32_t* arrivals, int64_t clusters,
+                                 int64_t bits) {
+  int changed = 0;
+  for (int64_t c = threadIdx.x; kmeans && c < clusters; c += blockDim.x) {
+    int32_t* count = ones + (g * clusters + c) * 64;
+    const int64_t size = __ldcg(members + g * clusters + c);
+    if (size == 0) continue;  // empty: keep the code
+    int64_t* cent = centroids + g * clusters + c;
+    const int64_t old = *cent;
+    int64_t fresh = 0;
+    for (int64_t b = 0; b < bits; ++b) {
+      const int64_t twice = 2 * static_cast<int64_t>(__ldcg(count + b));
+      const int64_t bit = twice > size ? 1 : (twice < size ? 0 : (old >> b) & 1);
+      fresh |= bit << b;
+      count[b] = 0;
+    }
+    members[g * clusters + c] = 0;
+    changed |= fresh != old;
+    *cent = fresh;
+  }
+  changed = __syncthreads_or(changed);
+  if (threadIdx.x == 0) {
+    settled[g] = !changed;
+    arrivals[g] = 0;
+  }
+}
+
+// Assigns queries [blockIdx.x * per_block, ...) of (batch, head) blockIdx.y to their
 // nearest centroid (fewest differing bits, ties to the lowest index); padded queries get -1.
-// With kCount, also adds every member's bits to ones[g, c, bit] and 1 to members[g, c].
+// With kCount (a Lloyd step), also adds every member's bits to ones[g, c, bit] and 1 to
+// members[g, c], and the last of g's blocks to finish then updates g's centroids
+// (update_centroids), so a step is one launch. A settled g is skipped by all its blocks.
 template <bool kCount>
 __global__ void kmeans_assign_kernel(const int64_t* __restrict__ codes, const int64_t* __restrict__ lengths,
-                                     const int64_t* __restrict__ centroids, const int32_t* __restrict__ settled,
+                                     int64_t* __restrict__ centroids, int32_t* __restrict__ settled,
                                      int64_t* __restrict__ assignment, int32_t* __restrict__ ones,
-                                     int32_t* __restrict__ members, int64_t heads, int64_t length,
-                                     int64_t clusters, int64_t bits) {
+                                     int32_t* __restrict__ members, int32_t* __restrict__ arrivals,
+                                     int64_t heads, int64_t length, int64_t clusters, int64_t bits,
+                                     int64_t per_block) {
   extern __shared__ unsigned char shared_raw[];
+  __shared__ int last_block;
   const int64_t g = blockIdx.y;
-  if (settled[g]) return;  // its assignment is already final
+  if (settled[g]) return;  // its assignment is already final (the same for all blocks of g)
   const int64_t valid = clipped_length(lengths, g / heads, length);
   const bool kmeans = valid > clusters;
   const bool shared_centroids = clusters <= kSharedCentroids;
@@ -218,8 +293,8 @@ __global__ void kmeans_assign_kernel(const int64_t* __restrict__ codes, const in
   const int64_t* cent = shared_centroids ? cent_s : cent_g;
   int32_t* count_ones = shared_counts ? counts_s : ones + g * clusters * 64;
   int32_t* count_members = shared_counts ? members_s : members + g * clusters;
-  const int64_t first = blockIdx.x * kPositionsPerBlock;
-  const int64_t last = min(first + kPositionsPerBlock, length);
+  const int64_t first = blockIdx.x * per_block;
+  const int64_t last = min(first + per_block, length);
   const int lane = threadIdx.x % kWarp;
   // The loop bounds are the same for every thread, so whole warps take part in the
   // warp-wide votes below.
@@ -259,50 +334,27 @@ __global__ void kmeans_assign_kernel(const int64_t* __restrict__ codes, const in
     }
     if (leader) atomicAdd(&count_members[cluster], __popc(peers));
   }
-  if (!shared_counts || !kmeans) return;
-  __syncthreads();
-  int32_t* ones_g = ones + g * clusters * 64;
-  int32_t* members_g = members + g * clusters;
-  for (int64_t index = threadIdx.x; index < clusters * 64; index += blockDim.x)
-    if (counts_s[index]) atomicAdd(&ones_g[index], counts_s[index]);
-  for (int64_t c = threadIdx.x; c < clusters; c += blockDim.x)
-    if (members_s[c]) atomicAdd(&members_g[c], members_s[c]);
-}
-
-// One block per (batch, head): each centroid bit becomes its members' majority (an exact
-// tie keeps the old bit; a cluster without members keeps its code); a (batch, head) whose
-// centroids all stay the same is settled. Clears the counters for the next step.
-__global__ void kmeans_update_kernel(const int64_t* __restrict__ lengths, int64_t* __restrict__ centroids,
-                                     int32_t* __restrict__ settled, int32_t* __restrict__ ones,
-                                     int32_t* __restrict__ members, int64_t heads, int64_t length,
-                                     int64_t clusters, int64_t bits) {
-  const int64_t g = blockIdx.x;
-  if (settled[g]) return;
-  const int64_t valid = clipped_length(lengths, g / heads, length);
-  if (valid <= clusters) {  // one query per cluster, assigned by the assign before
-    if (threadIdx.x == 0) settled[g] = 1;
-    return;
-  }
-  int changed = 0;
-  for (int64_t c = threadIdx.x; c < clusters; c += blockDim.x) {
-    int32_t* count = ones + (g * clusters + c) * 64;
-    const int64_t size = members[g * clusters + c];
-    if (size == 0) continue;  // empty: keep the code
-    int64_t* cent = centroids + g * clusters + c;
-    const int64_t old = *cent;
-    int64_t fresh = 0;
-    for (int64_t b = 0; b < bits; ++b) {
-      const int64_t twice = 2 * static_cast<int64_t>(count[b]);
-      const int64_t bit = twice > size ? 1 : (twice < size ? 0 : (old >> b) & 1);
-      fresh |= bit << b;
-      count[b] = 0;
+  if constexpr (kCount) {
+    if (shared_counts && kmeans) {  // block-uniform
+      __syncthreads();
+      int32_t* ones_g = ones + g * clusters * 64;
+      int32_t* members_g = members + g * clusters;
+      for (int64_t index = threadIdx.x; index < clusters * 64; index += blockDim.x)
+        if (counts_s[index]) atomicAdd(&ones_g[index], counts_s[index]);
+      for (int64_t c = threadIdx.x; c < clusters; c += blockDim.x)
+        if (members_s[c]) atomicAdd(&members_g[c], members_s[c]);
     }
-    members[g * clusters + c] = 0;
-    changed |= fresh != old;
-    *cent = fresh;
+    // The threadfence pattern (CUDA Programming Guide, "Memory Fence Functions"): every
+    // thread's counts are visible device-wide before its block's arrival is counted, so the
+    // block that arrives last sees the counts of all the others.
+    __threadfence();
+    __syncthreads();
+    if (threadIdx.x == 0) last_block = atomicAdd(arrivals + g, 1) == static_cast<int>(gridDim.x) - 1;
+    __syncthreads();
+    if (!last_block) return;  // block-uniform
+    __threadfence();
+    update_centroids(g, kmeans, centroids, settled, ones, members, arrivals, clusters, bits);
   }
-  changed = __syncthreads_or(changed);
-  if (threadIdx.x == 0) settled[g] = !changed;
 }
 
 std::tuple<at::Tensor, at::Tensor> hamming_kmeans_cuda(const at::Tensor& codes, const at::Tensor& lengths,
@@ -324,8 +376,10 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans_cuda(const at::Tensor& codes, 
   at::Tensor settled = at::zeros({groups}, int_options);
   at::Tensor ones = at::zeros({groups, clusters, 64}, int_options);
   at::Tensor members = at::zeros({groups, clusters}, int_options);
+  at::Tensor arrivals = at::zeros({groups}, int_options);  // blocks of g done with a step's counts
 
-  const dim3 assign_grid(blocks_for(length, kPositionsPerBlock), grid_y(groups));
+  const int64_t per_block = assign_positions_per_block(length, groups);  // a multiple of kThreads
+  const dim3 assign_grid(blocks_for(length, per_block), grid_y(groups));
   const size_t centroid_bytes = clusters <= kSharedCentroids ? clusters * sizeof(int64_t) : 0;
   const size_t count_bytes = clusters <= kSharedCounts ? clusters * 65 * sizeof(int32_t) : 0;
   auto assign = [&](bool count) {
@@ -333,22 +387,18 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans_cuda(const at::Tensor& codes, 
       kmeans_assign_kernel<true><<<assign_grid, kThreads, centroid_bytes + count_bytes, stream()>>>(
           codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
           settled.data_ptr<int32_t>(), assignment.data_ptr<int64_t>(), ones.data_ptr<int32_t>(),
-          members.data_ptr<int32_t>(), heads, length, clusters, bits);
+          members.data_ptr<int32_t>(), arrivals.data_ptr<int32_t>(), heads, length, clusters, bits,
+          per_block);
     } else {
       kmeans_assign_kernel<false><<<assign_grid, kThreads, centroid_bytes, stream()>>>(
           codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
           settled.data_ptr<int32_t>(), assignment.data_ptr<int64_t>(), ones.data_ptr<int32_t>(),
-          members.data_ptr<int32_t>(), heads, length, clusters, bits);
+          members.data_ptr<int32_t>(), arrivals.data_ptr<int32_t>(), heads, length, clusters, bits,
+          per_block);
     }
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   };
-  for (int64_t it = 0; it < iterations; ++it) {
-    assign(/*count=*/true);
-    kmeans_update_kernel<<<static_cast<unsigned>(groups), kThreads, 0, stream()>>>(
-        lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(), settled.data_ptr<int32_t>(),
-        ones.data_ptr<int32_t>(), members.data_ptr<int32_t>(), heads, length, clusters, bits);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  }
+  for (int64_t it = 0; it < iterations; ++it) assign(/*count=*/true);  // a Lloyd step: assign + update
   assign(/*count=*/false);
   return {assignment, centroids};
 }

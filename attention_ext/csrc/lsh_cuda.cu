@@ -2,9 +2,12 @@
 // operators and their semantics: unit keys, chunk windows, self mask, rounds merged by
 // log-sum-exp with duplicate keys discounted by log n_ij).
 //
-//   lsh_hash               projections by one matmul in opmath, one thread per (round,
-//                          position) takes the bucket (first index on ties, as the CPU),
-//                          and a sort of (bucket, position) keys per round gives the order.
+//   lsh_hash               projections by matmuls in opmath over slices of positions (a
+//                          slice's projections hold at most about as many values as q, so
+//                          memory stays linear in N although P = n_buckets / 2 grows with
+//                          it), one thread per (round, position) takes the bucket (first
+//                          index on ties, as the CPU), and a sort of (bucket, position) keys
+//                          per round gives the order.
 //   lsh_attention_forward  one warp per valid query: over every round it streams the keys
 //                          of its window (own chunk, previous chunk) with an online softmax
 //                          and merges the rounds by log-sum-exp in registers. Each lane holds
@@ -52,14 +55,16 @@ __device__ __forceinline__ int64_t chunk_size_of(int64_t c, int64_t valid, int64
 // bucket = argmax([x, -x]) over the first `half` projections of the round (first index on
 // ties: x[up] >= -x[down] keeps up); sort key bucket * N + n for valid positions, and
 // `padded_base + n` for padded ones, so a sort lists the valid positions by (bucket,
-// position) and the padded ones after them in position order.
+// position) and the padded ones after them in position order. `projected` holds the
+// projections of positions first..first+rows-1 only: (B, H, rows, R * P).
 template <typename acc_t>
 __global__ void bucket_kernel(const acc_t* __restrict__ projected, const int64_t* __restrict__ lengths,
                               const int64_t* __restrict__ half_buckets, int64_t* __restrict__ buckets,
                               int64_t* __restrict__ keys, int64_t heads, int64_t rounds, int64_t length,
-                              int64_t columns, int64_t padded_base) {
-  const int64_t n = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
-  if (n >= length) return;
+                              int64_t columns, int64_t padded_base, int64_t first, int64_t rows) {
+  const int64_t local = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
+  if (local >= rows) return;
+  const int64_t n = first + local;
   const int64_t t = blockIdx.y, bh = t / rounds, r = t % rounds, b = bh / heads;
   const int64_t valid = lengths[b], half = half_buckets[b];
   const int64_t out = t * length + n;
@@ -68,7 +73,7 @@ __global__ void bucket_kernel(const acc_t* __restrict__ projected, const int64_t
     keys[out] = padded_base + n;
     return;
   }
-  const acc_t* x = projected + (bh * length + n) * rounds * columns + r * columns;
+  const acc_t* x = projected + (bh * rows + local) * rounds * columns + r * columns;
   int64_t up = 0, down = 0;
   for (int64_t j = 1; j < half; ++j) {
     if (x[j] > x[up]) up = j;
@@ -96,7 +101,8 @@ std::tuple<at::Tensor, at::Tensor> lsh_hash_cuda(const at::Tensor& q_in, const a
                   half_buckets_in.size(0) == batch,
               "lsh_hash: lengths and half_buckets must be (B,) = (", batch, ",)");
   const c10::cuda::CUDAGuard guard(q_in.device());
-  // The (B,) checks need the values on the host (two tiny copies).
+  // The (B,) checks need the values on the host (two tiny copies, which wait for the GPU when
+  // they are on it).
   const at::Tensor lengths_host = lengths_in.to(at::kCPU, at::kLong).contiguous();
   const at::Tensor half_host = half_buckets_in.to(at::kCPU, at::kLong).contiguous();
   int64_t max_half = 1;
@@ -112,19 +118,30 @@ std::tuple<at::Tensor, at::Tensor> lsh_hash_cuda(const at::Tensor& q_in, const a
   at::Tensor buckets = at::empty({batch, heads, rounds, length}, long_options);
   at::Tensor order = at::empty({batch, heads, rounds, length}, long_options);
   if (buckets.numel() == 0) return {buckets, order};
-  const at::Tensor lengths = lengths_host.to(q_in.device()), half_buckets = half_host.to(q_in.device());
-  // (B, H, N, E) @ (B, H, E, R * P): every round's projections at once.
-  const at::Tensor projected =
-      at::matmul(q_in.to(opmath), rotations_in.to(opmath).reshape({batch, heads, dim, rounds * columns}))
-          .contiguous();
+  // Not waiting for the GPU: the host values are staged at once (lsh.py passes host tensors, so
+  // reading them above cost nothing).
+  const at::Tensor lengths = lengths_host.to(q_in.device(), at::kLong, /*non_blocking=*/true);
+  const at::Tensor half_buckets = half_host.to(q_in.device(), at::kLong, /*non_blocking=*/true);
   at::Tensor keys = at::empty({batch, heads, rounds, length}, long_options);
   const int64_t padded_base = 2 * max_half * length;
-  AT_DISPATCH_FLOATING_TYPES(opmath, "lsh_hash_cuda", [&] {
-    bucket_kernel<scalar_t><<<dim3(blocks_for(length), grid_y(batch * heads * rounds)), kThreads, 0, stream()>>>(
-        projected.data_ptr<scalar_t>(), lengths.data_ptr<int64_t>(), half_buckets.data_ptr<int64_t>(),
-        buckets.data_ptr<int64_t>(), keys.data_ptr<int64_t>(), heads, rounds, length, columns, padded_base);
-    C10_CUDA_KERNEL_LAUNCH_CHECK();
-  });
+  const at::Tensor q_op = q_in.to(opmath);
+  const at::Tensor rotation_matrix = rotations_in.to(opmath).reshape({batch, heads, dim, rounds * columns});
+  // (B, H, rows, E) @ (B, H, E, R * P) for slices of positions: P grows with N, so the
+  // projections of all N positions would take memory quadratic in N. A slice holds about
+  // as many values as q (at least 256 positions, so each matmul stays large).
+  const int64_t slice =
+      std::min(length, std::max<int64_t>(256, length * dim / std::max<int64_t>(1, rounds * columns)));
+  for (int64_t first = 0; first < length; first += slice) {
+    const int64_t rows = std::min(slice, length - first);
+    const at::Tensor projected = at::matmul(q_op.narrow(2, first, rows), rotation_matrix).contiguous();
+    AT_DISPATCH_FLOATING_TYPES(opmath, "lsh_hash_cuda", [&] {
+      bucket_kernel<scalar_t><<<dim3(blocks_for(rows), grid_y(batch * heads * rounds)), kThreads, 0, stream()>>>(
+          projected.data_ptr<scalar_t>(), lengths.data_ptr<int64_t>(), half_buckets.data_ptr<int64_t>(),
+          buckets.data_ptr<int64_t>(), keys.data_ptr<int64_t>(), heads, rounds, length, columns, padded_base,
+          first, rows);
+      C10_CUDA_KERNEL_LAUNCH_CHECK();
+    });
+  }
   order.copy_(std::get<0>(keys.sort(/*dim=*/3)).remainder(length));
   return {buckets, order};
 }

@@ -2,8 +2,10 @@
 // (sparse_product.cpp states the operators and their conventions: -1 slots, padded queries).
 //
 // One block per (batch-head, cluster) walks the cluster's members; its S keys (or values)
-// are read from global memory, where the cluster's few rows stay in cache. Sums run in
-// opmath (float for the half types).
+// are read from global memory, where the cluster's few rows stay in cache. Dots of a member
+// with the S keys take one warp per member (lanes along the row, coalesced); the products
+// that combine key rows take one thread per (member or slot, element). Sums run in opmath
+// (float for the half types).
 //
 // Key and value gradients: a key can be in the top-k of several clusters, so its gradient
 // is a sum over clusters. Instead of atomics (whose order varies from run to run), each
@@ -55,27 +57,44 @@ dim3 cluster_grid(const SparseShape& s) {
   return dim3(static_cast<unsigned>(s.clusters), grid_y(s.batch * s.heads));
 }
 
-// dots[i, s] = scale * <q_i, k_{T[s]}> for the members i; -inf on empty slots.
+// out[i, s] = scale * <rows_i, key_rows_{T[s]}> for the members i, `empty` on empty slots:
+// the sparse dot (rows q, key rows k, empty -inf) and the weights' gradient of the weighted
+// sum (rows grad, key rows v, scale 1, empty 0). One warp per member: the lanes split the
+// element index (e = lane, lane + 32, ...), a warp sum gives each dot (a fixed order, so
+// deterministic), and lane j keeps the dot of slot first + j for one coalesced store per 32
+// slots. (One thread per (member, slot) walking a whole row made the 32 lanes of a warp read
+// 32 different key rows at every element.)
 template <typename scalar_t>
-__global__ void sparse_dot_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ k,
-                                  const int64_t* __restrict__ topk, const int64_t* __restrict__ offsets,
-                                  const int64_t* __restrict__ members, scalar_t* __restrict__ out,
-                                  SparseShape s, int64_t dim, double scale) {
+__global__ void member_key_dots_kernel(const scalar_t* __restrict__ rows, const scalar_t* __restrict__ key_rows,
+                                       const int64_t* __restrict__ topk, const int64_t* __restrict__ offsets,
+                                       const int64_t* __restrict__ members, scalar_t* __restrict__ out,
+                                       SparseShape s, int64_t dim, double scale, double empty) {
   using acc_t = at::opmath_type<scalar_t>;
   const BlockCluster cl = block_cluster(s, topk, offsets, members);
   const int64_t base = cl.g * s.length;
-  for (int64_t pair = threadIdx.x; pair < cl.count * s.slots; pair += blockDim.x) {
-    const int64_t m = pair / s.slots, slot = pair % s.slots;
-    const int64_t row = base + cl.member[m], key = cl.keys[slot];
-    if (key < 0) {
-      out[row * s.slots + slot] = static_cast<scalar_t>(-INFINITY);
-      continue;
+  const int lane = threadIdx.x % kWarp;
+  const int64_t warps = blockDim.x / kWarp;
+  // Every bound below is the same in all lanes of a warp, so all 32 take part in warp_sum.
+  for (int64_t m = threadIdx.x / kWarp; m < cl.count; m += warps) {
+    const int64_t row = base + cl.member[m];
+    const scalar_t* a = rows + row * dim;
+    for (int64_t first = 0; first < s.slots; first += kWarp) {
+      const int64_t count = min(static_cast<int64_t>(kWarp), s.slots - first);
+      acc_t mine = 0;
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t key = cl.keys[first + j];
+        acc_t dot = static_cast<acc_t>(empty);
+        if (key >= 0) {
+          const scalar_t* b = key_rows + (base + key) * dim;
+          acc_t partial = 0;
+          for (int64_t e = lane; e < dim; e += kWarp)
+            partial += static_cast<acc_t>(a[e]) * static_cast<acc_t>(b[e]);
+          dot = warp_sum(partial) * static_cast<acc_t>(scale);
+        }
+        if (lane == j) mine = dot;
+      }
+      if (lane < count) out[row * s.slots + first + lane] = static_cast<scalar_t>(mine);
     }
-    const scalar_t* q_row = q + row * dim;
-    const scalar_t* k_row = k + (base + key) * dim;
-    acc_t dot = 0;
-    for (int64_t e = 0; e < dim; ++e) dot += static_cast<acc_t>(q_row[e]) * static_cast<acc_t>(k_row[e]);
-    out[row * s.slots + slot] = static_cast<scalar_t>(dot * static_cast<acc_t>(scale));
   }
 }
 
@@ -188,10 +207,10 @@ at::Tensor clustered_sparse_dot_cuda(const at::Tensor& q, const at::Tensor& k, c
   at::Tensor out = at::zeros({s.batch, s.heads, s.length, s.slots}, q.options());
   if (out.numel() == 0 || s.clusters == 0) return out;
   ATTENTION_EXT_DISPATCH_FLOATING(q.scalar_type(), "clustered_sparse_dot_cuda", [&] {
-    sparse_dot_kernel<scalar_t><<<cluster_grid(s), kThreads, 0, stream()>>>(
+    member_key_dots_kernel<scalar_t><<<cluster_grid(s), kThreads, 0, stream()>>>(
         q_c.data_ptr<scalar_t>(), k_c.data_ptr<scalar_t>(), in.topk.data_ptr<int64_t>(),
         in.offsets.data_ptr<int64_t>(), in.members.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), s,
-        q.size(3), scale);
+        q.size(3), scale, -INFINITY);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
   });
   return out;
@@ -252,28 +271,6 @@ at::Tensor clustered_sparse_weighted_sum_cuda(const at::Tensor& weights, const a
   return out;
 }
 
-// grad_w[i, s] = <grad_i, v_{T[s]}> for the members i, 0 on empty slots.
-template <typename scalar_t>
-__global__ void weight_grad_kernel(const scalar_t* __restrict__ grad, const scalar_t* __restrict__ v,
-                                   const int64_t* __restrict__ topk, const int64_t* __restrict__ offsets,
-                                   const int64_t* __restrict__ members, scalar_t* __restrict__ grad_w,
-                                   SparseShape s, int64_t dim) {
-  using acc_t = at::opmath_type<scalar_t>;
-  const BlockCluster cl = block_cluster(s, topk, offsets, members);
-  const int64_t base = cl.g * s.length;
-  for (int64_t pair = threadIdx.x; pair < cl.count * s.slots; pair += blockDim.x) {
-    const int64_t m = pair / s.slots, slot = pair % s.slots;
-    const int64_t row = base + cl.member[m], key = cl.keys[slot];
-    acc_t dot = 0;
-    if (key >= 0) {
-      const scalar_t* g_row = grad + row * dim;
-      const scalar_t* v_row = v + (base + key) * dim;
-      for (int64_t e = 0; e < dim; ++e) dot += static_cast<acc_t>(g_row[e]) * static_cast<acc_t>(v_row[e]);
-    }
-    grad_w[row * s.slots + slot] = static_cast<scalar_t>(dot);
-  }
-}
-
 std::tuple<at::Tensor, at::Tensor> clustered_sparse_weighted_sum_backward_cuda(
     const at::Tensor& grad, const at::Tensor& weights, const at::Tensor& v, const at::Tensor& topk,
     const at::Tensor& offsets, const at::Tensor& members) {
@@ -291,9 +288,11 @@ std::tuple<at::Tensor, at::Tensor> clustered_sparse_weighted_sum_backward_cuda(
   at::Tensor grad_v = at::zeros_like(v_c);
   if (v.numel() == 0 || s.clusters == 0 || s.slots == 0) return {grad_w, grad_v};
   ATTENTION_EXT_DISPATCH_FLOATING(v.scalar_type(), "clustered_sparse_weighted_sum_backward_cuda", [&] {
-    weight_grad_kernel<scalar_t><<<cluster_grid(s), kThreads, 0, stream()>>>(
+    // grad_w[i, s] = <grad_i, v_{T[s]}>, 0 on empty slots
+    member_key_dots_kernel<scalar_t><<<cluster_grid(s), kThreads, 0, stream()>>>(
         grad_c.data_ptr<scalar_t>(), v_c.data_ptr<scalar_t>(), in.topk.data_ptr<int64_t>(),
-        in.offsets.data_ptr<int64_t>(), in.members.data_ptr<int64_t>(), grad_w.data_ptr<scalar_t>(), s, dim);
+        in.offsets.data_ptr<int64_t>(), in.members.data_ptr<int64_t>(), grad_w.data_ptr<scalar_t>(), s, dim,
+        1.0, 0.0);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
     // grad_v_{T[s]} += sum_i weights[i, s] grad_i, per cluster, then per value row
     at::Tensor blocks = at::zeros({s.batch * s.heads * s.clusters, s.slots, dim},

@@ -14,6 +14,7 @@ from attention_ext.benchmark.__main__ import main
 from attention_ext.registry import Option, register_attention
 
 MIB = 2 ** 20
+KIB = 2 ** 10
 FLOAT = 4  # bytes
 
 
@@ -179,6 +180,7 @@ def test_max_length_skips_an_attention_and_leaves_its_ratio_empty(test_registry,
     (["--max-length", "full:10"], "expected SPEC=N"),
     (["--lengths", "abc"], "'abc' is not an integer"),
     (["--device", "tpu"], "--device 'tpu'"),
+    (["--shapes", "tiny"], "--shapes: 'tiny' is not a table; choose among paper, asr"),
 ])
 def test_bad_arguments_name_the_value(test_registry, tmp_path, capsys, argv, message):
     with pytest.raises(SystemExit) as exit:
@@ -197,12 +199,58 @@ def test_ctrl_c_exits_130_without_a_traceback(monkeypatch, capsys):
     assert capsys.readouterr().err.strip() == "attention_ext.benchmark: interrupted; nothing was written"
 
 
+def test_asr_table_runs_on_the_cpu_at_a_tiny_size(test_registry, tmp_path, capsys):
+    batch, heads, dim = 2, 1, 8
+    main(["--shapes", "asr", "--batch", str(batch), "--heads", str(heads), "--dim", str(dim),
+          "--lengths", "16", "32", "--attentions", "full", "scratch-test", "--repeats", "1",
+          "--warmup", "0", "--threads", "1", "--out", str(tmp_path)])
+    stdout = capsys.readouterr().out
+    assert not (tmp_path / "benchmark_cpu.csv").exists()   # the paper table was not asked for
+    columns, rows = read_rows(tmp_path / "benchmark_cpu_asr.csv")
+    assert tuple(columns) == CSV_COLUMNS
+    assert [(row["length"], row["attention"], row["batch"], row["heads"], row["dim"], row["status"])
+            for row in rows] == [
+        (str(length), label, str(batch), str(heads), str(dim), "ok")
+        for length in (16, 32) for label in ("full", "scratch-test")]
+    for row in rows:
+        length, median = int(row["length"]), float(row["median_ms"])
+        assert float(row["time_per_element_us"]) == pytest.approx(median * 1e3 / (batch * length), rel=1e-4)
+        if row["name"] == "scratch_test":   # the batch's output + the 8 MiB scratch
+            assert int(row["peak_memory_bytes"]) == pytest.approx(
+                batch * heads * length * dim * FLOAT + SCRATCH_BYTES, abs=4096)
+    assert "== ASR shapes: a training batch of 32 utterances ==" in stdout
+    assert f"batch {batch}, {heads} heads, dim {dim}" in stdout
+    assert "targets: none for the asr table" in stdout
+    assert (tmp_path / "benchmark_cpu_asr.png").exists()
+
+
+def test_tables_have_their_own_shapes_unless_overridden():
+    from attention_ext.benchmark.__main__ import build_parser, config_from_args
+    from attention_ext.benchmark.cases import default_shapes
+
+    def configs(argv):
+        parser = build_parser()
+        return config_from_args(parser.parse_args(argv), parser)
+
+    [paper] = configs([])
+    assert (paper.shape, paper.batch, paper.heads, paper.dim, paper.lengths) == (
+        "paper", 1, 6, 64, [512, 1024, 2048, 4096, 8192])
+    paper, asr = configs(["--shapes", "paper", "asr"])
+    assert (asr.shape, asr.batch, asr.heads, asr.dim, asr.lengths) == ("asr", 32, 4, 64, [256, 512, 1024, 2048])
+    assert paper.batch == 1
+    paper, asr = configs(["--shapes", "paper,asr", "--batch", "3", "--lengths", "64"])
+    assert (paper.batch, paper.lengths, asr.batch, asr.lengths, asr.heads) == (3, [64], 3, [64], 4)
+    assert default_shapes("cuda") == ("paper", "asr") and default_shapes("cpu") == ("paper",)
+
+
 def fake_case(label, name, **options):
     return BenchmarkCase(label, name, options, torch.nn.Identity(), shared_qk=False)
 
 
-def cells(case, times_by_length):
-    return [Measurement(length, case, times_ms=[time_ms]) for length, time_ms in times_by_length.items()]
+def cells(case, times_by_length, peak_bytes_by_length=None):
+    peaks = peak_bytes_by_length or {}
+    return [Measurement(length, case, times_ms=[time_ms], peak_bytes=peaks.get(length))
+            for length, time_ms in times_by_length.items()]
 
 
 def test_targets_pass_fail_on_measured_ratios_only():
@@ -210,29 +258,43 @@ def test_targets_pass_fail_on_measured_ratios_only():
     clustered = fake_case("clustered-100", "clustered", clusters=100)
     lsh4 = fake_case("lsh-4", "lsh", rounds=4, chunk_size=32)
     measurements = (
-        cells(full, {2048: 100.0, 4096: 400.0, 8192: 1600.0})
-        # 400/25 = 16x >= 12 at 4096; 1600/100 = 16x < 20 at 8192.
-        # per element (ms/N): 12.5/2048, 25/4096, 100/8192 -> spread 2.0 > 1.3.
-        + cells(clustered, {2048: 12.5, 4096: 25.0, 8192: 100.0})
-        # 400/200 = 2x < 3 at 4096; per element constant -> spread 1.0.
-        + cells(lsh4, {2048: 100.0, 4096: 200.0, 8192: 400.0}))
+        cells(full, {4096: 400.0, 16384: 6400.0, 32768: 25600.0})
+        # 400/10 = 40x >= 30 at 4096; per element (ms/N): 10/4096, 40/16384, 160/32768 ->
+        # spread 2.0 > 1.3.
+        + cells(clustered, {4096: 10.0, 16384: 40.0, 32768: 320.0})
+        # 400/200 = 2x < 3 at 4096; per element 1.4x apart (within lsh-4's 1.5x); memory per
+        # element 4 KiB at 4096 and 6 KiB at 32768: 1.5x apart, more than 1.3x.
+        + cells(lsh4, {4096: 200.0, 16384: 800.0, 32768: 2240.0},
+                {4096: 4096 * 4 * KIB, 16384: 16384 * 5 * KIB, 32768: 32768 * 6 * KIB}))
     benchmark.add_ratios_to_full(measurements)
     results = {result.text.split(" (target")[0]: result
                for result in evaluate_targets(measurements, 1, "cpu", torch.float32)}
     assert set(results) == {
-        "clustered-100: speedup vs full at N=4096 >= 12x",
-        "clustered-100: speedup vs full at N=8192 >= 20x",
-        "clustered-100: time per element within 1.3x over N=2048..8192",
+        "clustered-100: speedup vs full at N=4096 >= 30x",
+        "clustered-100: time per element within 1.3x over N=4096..32768",
         "lsh-4: speedup vs full at N=4096 >= 3x",
-        "lsh-4: time per element within 1.3x over N=2048..8192",
-    }  # no lsh-1 or iclustered target: those were not measured
-    assert results["clustered-100: speedup vs full at N=4096 >= 12x"].passed
-    assert "16.00x" in results["clustered-100: speedup vs full at N=4096 >= 12x"].text
-    assert not results["clustered-100: speedup vs full at N=8192 >= 20x"].passed
-    assert not results["clustered-100: time per element within 1.3x over N=2048..8192"].passed
-    assert "max/min = 2.00" in results["clustered-100: time per element within 1.3x over N=2048..8192"].text
+        "lsh-4: time per element within 1.5x over N=4096..32768",
+        "lsh-4: memory per element within 1.3x over N=4096..32768",
+    }  # no lsh-1 or iclustered target: those were not measured; clustered has no memory target
+    assert results["clustered-100: speedup vs full at N=4096 >= 30x"].passed
+    assert "40.00x" in results["clustered-100: speedup vs full at N=4096 >= 30x"].text
+    assert not results["clustered-100: time per element within 1.3x over N=4096..32768"].passed
+    assert "max/min = 4.00" in results["clustered-100: time per element within 1.3x over N=4096..32768"].text
     assert not results["lsh-4: speedup vs full at N=4096 >= 3x"].passed
-    assert results["lsh-4: time per element within 1.3x over N=2048..8192"].passed
+    assert results["lsh-4: time per element within 1.5x over N=4096..32768"].passed
+    assert "max/min = 1.40" in results["lsh-4: time per element within 1.5x over N=4096..32768"].text
+    memory = results["lsh-4: memory per element within 1.3x over N=4096..32768"]
+    assert not memory.passed
+    assert "max/min = 1.50 (N=4096: 4 KiB, N=16384: 5 KiB, N=32768: 6 KiB)" in memory.text
+
+    # On the GPU (bfloat16) LSH's memory per element must stay flat up to N=65536.
+    gpu = (cells(full, {4096: 1.0, 65536: 200.0})
+           + cells(lsh4, {4096: 2.0, 65536: 40.0}, {4096: 4096 * 4 * KIB, 65536: 65536 * 5 * KIB}))
+    benchmark.add_ratios_to_full(gpu)
+    [result] = [result for result in evaluate_targets(gpu, 1, "cuda", torch.bfloat16)
+                if "memory" in result.text]
+    assert result.passed and result.text.startswith(
+        "lsh-4: memory per element within 1.3x over N=4096..65536 (target for lsh-4): max/min = 1.25")
 
 
 def test_targets_need_full_at_the_same_length():

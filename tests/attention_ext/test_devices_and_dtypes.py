@@ -185,6 +185,27 @@ def test_clustering_matches_cpu(dtype):
 
 
 @requires_cuda
+@pytest.mark.parametrize("batch,heads,length,clusters", [
+    (4, 2, 33000, 20),   # 8 x 129 blocks of 256 queries would be > 1024 blocks: 512 per block
+    (4, 4, 65536, 20),   # 16 x 128 blocks of 512 would be > 1024 blocks: 1024 per block
+    (1, 1, 7000, 4100),  # more centroids than shared memory holds (4096): walk and steps in global memory
+])
+def test_kmeans_schedules_of_large_inputs_match_cpu(batch, heads, length, clusters):
+    """The CUDA K-Means schedules that test_clustering_matches_cpu's inputs do not reach, on
+    random codes with padding: identical initial centroids, assignment and centroids."""
+    generator = torch.Generator().manual_seed(length)
+    codes = torch.randint(0, 2**62, (batch, heads, length), generator=generator)
+    lengths = torch.full((batch,), length)
+    lengths[-1] = length * 2 // 3
+    assert int(lengths.min()) > clusters   # the seeded walk and Lloyd steps, not one query per cluster
+    initial = ops.hamming_kmeans_init(codes, lengths, clusters, 99)
+    assert torch.equal(ops.hamming_kmeans_init(codes.cuda(), lengths.cuda(), clusters, 99).cpu(), initial)
+    want = ops.hamming_kmeans(codes, lengths, initial, 3, 63)
+    got = ops.hamming_kmeans(codes.cuda(), lengths.cuda(), initial.cuda(), 3, 63)
+    assert torch.equal(got[0].cpu(), want[0]) and torch.equal(got[1].cpu(), want[1])
+
+
+@requires_cuda
 @pytest.mark.parametrize("dtype", [torch.float64, torch.float32] + HALF_TYPES)
 @pytest.mark.parametrize("rounds,chunk_size", [(1, 32), (3, 16), (2, 1000)])
 def test_lsh_kernels_match_cpu(dtype, rounds, chunk_size):
