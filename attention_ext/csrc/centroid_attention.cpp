@@ -1,0 +1,338 @@
+// The dense part of clustered attention (paper eq. 4-5) on the CPU, without the (C, N)
+// attention matrix: V^c = softmax(Q^c K^T) V over the valid keys, for centroids Q^c that
+// are already scaled by 1/sqrt(E).
+//
+//   centroid_attention(centroids (B,H,C,E), k (B,H,N,E), v (B,H,N,D), lengths (B,))
+//       -> (values (B,H,C,D), logsumexp (B,H,C))
+//   centroid_attention_backward(grad (B,H,C,D), centroids, k, v, lengths, values, logsumexp)
+//       -> (grad_centroids, grad_k, grad_v)
+//
+// Why: materialising A^c = softmax(Q^c K^T) costs a (C, N) matrix per head and per pass
+// (the scores, the weights, their gradients: four of them at 78 MB each for 6 heads at
+// N = 32768), which no cache holds and which a fresh allocation pays for again in page
+// faults on every call; that is what made clustered attention's time per element grow
+// with N. Here the keys are taken block by block (a block's scores of all heads fit in
+// the L2 caches): the forward keeps a running maximum, sum and weighted sum of values per
+// centroid (the online softmax of FlashAttention), the backward recomputes each block's
+// weights from the saved log-sum-exp. The products are batched matrix products over the
+// (batch, head)s (BLAS, called outside any parallel region); the exponentials and the
+// softmax bookkeeping are one parallel pass per block.
+//
+// Keys at positions >= a sequence's length get weight 0 (a sequence of length 0 keeps
+// key 0, as the unfused path does; it has no queries, so nothing reads its rows), and
+// their key and value gradients are 0. The results do not depend on the thread count.
+#include <ATen/ATen.h>
+#include <ATen/Parallel.h>
+#include <torch/library.h>
+
+#include "input_checks.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdint>
+#include <cstring>
+#include <limits>
+
+namespace {
+
+using attention_ext_checks::check_lengths;
+using attention_ext_checks::check_rows;
+
+// exp(x) for float, written so that the compiler vectorises the loops that call it (the
+// libm call would stay scalar): Cephes' expf (range reduction by ln 2, a degree-6
+// polynomial; about 1 ulp), 0 below -87.3 (where exp underflows to a denormal; -inf
+// included), clipped at 88.3.
+inline float exp_vectorisable(float x) {
+  const bool underflow = x < -87.3f;
+  x = std::min(std::max(x, -87.3f), 88.3f);
+  // Round x / ln 2 to the nearest integer n by adding 1.5 * 2^23: the low bits of the sum
+  // then hold n (exact for |n| < 2^22).
+  const float shifted = x * 1.44269504088896341f + 12582912.0f;
+  const float n = shifted - 12582912.0f;
+  int32_t bits;
+  std::memcpy(&bits, &shifted, sizeof bits);
+  const int32_t exponent = bits - 0x4B400000;
+  const float r = x - n * 0.693359375f - n * -2.12194440e-4f;
+  float p = 1.9875691500e-4f;
+  p = p * r + 1.3981999507e-3f;
+  p = p * r + 8.3334519073e-3f;
+  p = p * r + 4.1665795894e-2f;
+  p = p * r + 1.6666665459e-1f;
+  p = p * r + 5.0000001201e-1f;
+  p = p * r * r + r + 1.0f;
+  const int32_t scale_bits = (exponent + 127) << 23;
+  float scale;
+  std::memcpy(&scale, &scale_bits, sizeof scale);
+  return underflow ? 0.0f : p * scale;
+}
+
+inline double exp_vectorisable(double x) { return std::exp(x); }
+
+// Keys per block: a block's (C, block) scores of one head take about 256 KiB.
+template <typename scalar_t>
+int64_t key_block(int64_t clusters) {
+  const int64_t fit = (int64_t{256} << 10) / (std::max<int64_t>(clusters, 1) * static_cast<int64_t>(sizeof(scalar_t)));
+  return std::clamp<int64_t>(fit / 64 * 64, 64, 2048);
+}
+
+// Valid keys of each batch row: its length clipped to [1, N] (a length of 0 keeps key 0).
+std::vector<int64_t> valid_keys(const at::Tensor& lengths, int64_t length) {
+  const at::Tensor lengths_c = lengths.contiguous();
+  const int64_t* len = lengths_c.data_ptr<int64_t>();
+  std::vector<int64_t> valid(lengths.size(0));
+  for (int64_t b = 0; b < lengths.size(0); ++b) valid[b] = std::clamp<int64_t>(len[b], 1, std::max<int64_t>(length, 1));
+  return valid;
+}
+
+void check_centroid_attention(const at::Tensor& centroids, const at::Tensor& k, const at::Tensor& v,
+                              const at::Tensor& lengths, const char* op) {
+  check_rows(centroids, op);
+  check_rows(k, op);
+  check_rows(v, op);
+  TORCH_CHECK(k.size(0) == centroids.size(0) && k.size(1) == centroids.size(1) && k.size(3) == centroids.size(3) &&
+                  k.scalar_type() == centroids.scalar_type(),
+              op, ": k must have shape (", centroids.size(0), ", ", centroids.size(1), ", length, ", centroids.size(3),
+              ") and the centroids' dtype ", centroids.scalar_type(), ", got ", k.sizes(), " ", k.scalar_type());
+  TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2) &&
+                  v.scalar_type() == k.scalar_type(),
+              op, ": v must have shape (", k.size(0), ", ", k.size(1), ", ", k.size(2), ", dim) and k's dtype, got ",
+              v.sizes(), " ", v.scalar_type());
+  check_lengths(lengths, centroids.size(0));
+}
+
+// One block of keys [start, start + width) of every (batch, head): the parallel pass over the
+// rows of the block's scores (groups * clusters rows of `width`), with row `index` in
+// scores[index * width ...] and batch row index / rows_per_batch. `row` gets the row, its
+// valid width (>= 0) and the index.
+template <typename scalar_t, typename Row>
+void for_each_score_row(scalar_t* scores, int64_t rows, int64_t rows_per_batch, int64_t width, int64_t start,
+                        const std::vector<int64_t>& valid, const Row& row) {
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const int64_t valid_width = std::clamp<int64_t>(valid[index / rows_per_batch] - start, 0, width);
+      row(scores + index * width, valid_width, index);
+    }
+  });
+}
+
+template <typename scalar_t>
+void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& vals,
+                               const std::vector<int64_t>& valid, int64_t heads, at::Tensor& out,
+                               at::Tensor& logsumexp) {
+    const int64_t groups = queries.size(0), clusters = queries.size(1), value_dim = vals.size(2);
+    const int64_t rows = groups * clusters;
+    const int64_t longest = *std::max_element(valid.begin(), valid.end());
+    const at::TensorOptions options = vals.options();
+    const int64_t block = key_block<scalar_t>(clusters);
+    // Running maximum and sum of exp(score - maximum) of each row, and (in `out`) the
+    // running sum of exp(score - maximum) v.
+    std::vector<scalar_t> maximum(rows, -std::numeric_limits<scalar_t>::infinity()), total(rows, 0);
+    at::Tensor scores = at::empty({groups, clusters, std::min(block, longest)}, options);
+    scalar_t* out_rows = out.data_ptr<scalar_t>();
+    for (int64_t start = 0; start < longest; start += block) {
+      const int64_t width = std::min(block, longest - start);
+      at::Tensor block_scores = scores.narrow(2, 0, width);
+      if (width != scores.size(2)) block_scores = at::empty({groups, clusters, width}, options);
+      at::bmm_out(block_scores, queries, keys.narrow(1, start, width).transpose(1, 2));
+      for_each_score_row(block_scores.data_ptr<scalar_t>(), rows, heads * clusters, width, start, valid,
+                         [&](scalar_t* row, int64_t valid_width, int64_t index) {
+        if (valid_width == 0) {  // the whole block is padding for this sequence
+          std::fill(row, row + width, scalar_t(0));
+          return;
+        }
+        scalar_t block_max = -std::numeric_limits<scalar_t>::infinity();
+        for (int64_t j = 0; j < valid_width; ++j) block_max = std::max(block_max, row[j]);
+        const scalar_t fresh = std::max(maximum[index], block_max);
+        // Rescale what earlier blocks summed to the new maximum.
+        const scalar_t rescale = maximum[index] == fresh ? scalar_t(1) : exp_vectorisable(maximum[index] - fresh);
+        scalar_t sum = 0;
+#pragma omp simd reduction(+ : sum)
+        for (int64_t j = 0; j < valid_width; ++j) {
+          row[j] = exp_vectorisable(row[j] - fresh);
+          sum += row[j];
+        }
+        std::fill(row + valid_width, row + width, scalar_t(0));
+        maximum[index] = fresh;
+        total[index] = total[index] * rescale + sum;
+        if (rescale != scalar_t(1)) {
+          scalar_t* acc = out_rows + index * value_dim;
+#pragma omp simd
+          for (int64_t d = 0; d < value_dim; ++d) acc[d] *= rescale;
+        }
+      });
+      out.baddbmm_(block_scores, vals.narrow(1, start, width));
+    }
+    scalar_t* lse = logsumexp.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t index = begin; index < end; ++index) {
+        const scalar_t inverse = scalar_t(1) / total[index];
+        scalar_t* acc = out_rows + index * value_dim;
+#pragma omp simd
+        for (int64_t d = 0; d < value_dim; ++d) acc[d] *= inverse;
+        lse[index] = maximum[index] + std::log(total[index]);
+      }
+    });
+}
+
+template <typename scalar_t>
+void centroid_attention_backward_kernel(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& vals,
+                                        const at::Tensor& grad_values, const at::Tensor& values,
+                                        const at::Tensor& logsumexp, const std::vector<int64_t>& valid, int64_t heads,
+                                        at::Tensor& grad_queries, at::Tensor& grad_keys, at::Tensor& grad_vals) {
+    const int64_t groups = queries.size(0), clusters = queries.size(1), dim = queries.size(2);
+    const int64_t length = keys.size(1), value_dim = vals.size(2), rows = groups * clusters;
+    const int64_t longest = *std::max_element(valid.begin(), valid.end());
+    const at::TensorOptions options = vals.options();
+    const int64_t block = key_block<scalar_t>(clusters);
+    // delta_c = sum_d grad_cd values_cd: the softmax backward's row term, sum_l A_cl dA_cl.
+    std::vector<scalar_t> delta(rows);
+    const at::Tensor values_c = values.contiguous();
+    const scalar_t* value_rows = values_c.data_ptr<scalar_t>();
+    const scalar_t* grad_rows = grad_values.data_ptr<scalar_t>();
+    const at::Tensor lse_c = logsumexp.contiguous();
+    const scalar_t* lse = lse_c.data_ptr<scalar_t>();
+    at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t index = begin; index < end; ++index) {
+        scalar_t sum = 0;
+        for (int64_t d = 0; d < value_dim; ++d) sum += grad_rows[index * value_dim + d] * value_rows[index * value_dim + d];
+        delta[index] = sum;
+      }
+    });
+    const int64_t first_width = std::min(block, longest);
+    at::Tensor weights = at::empty({groups, clusters, first_width}, options);
+    at::Tensor grad_scores = at::empty({groups, clusters, first_width}, options);
+    at::Tensor key_rows = at::empty({groups, first_width, dim}, options);
+    at::Tensor value_grad_rows = at::empty({groups, first_width, value_dim}, options);
+    for (int64_t start = 0; start < longest; start += block) {
+      const int64_t width = std::min(block, longest - start);
+      if (width != weights.size(2)) {
+        weights = at::empty({groups, clusters, width}, options);
+        grad_scores = at::empty({groups, clusters, width}, options);
+        key_rows = at::empty({groups, width, dim}, options);
+        value_grad_rows = at::empty({groups, width, value_dim}, options);
+      }
+      const at::Tensor block_keys = keys.narrow(1, start, width);
+      at::bmm_out(weights, queries, block_keys.transpose(1, 2));
+      // A = exp(score - logsumexp), 0 on padded keys.
+      for_each_score_row(weights.data_ptr<scalar_t>(), rows, heads * clusters, width, start, valid,
+                         [&](scalar_t* row, int64_t valid_width, int64_t index) {
+        const scalar_t offset = lse[index];
+#pragma omp simd
+        for (int64_t j = 0; j < valid_width; ++j) row[j] = exp_vectorisable(row[j] - offset);
+        std::fill(row + valid_width, row + width, scalar_t(0));
+      });
+      at::bmm_out(value_grad_rows, weights.transpose(1, 2), grad_values);            // dV = A^T dV^c
+      at::bmm_out(grad_scores, grad_values, vals.narrow(1, start, width).transpose(1, 2));  // dA = dV^c V^T
+      // dS = A * (dA - delta)
+      const scalar_t* weight_rows = weights.data_ptr<scalar_t>();
+      for_each_score_row(grad_scores.data_ptr<scalar_t>(), rows, heads * clusters, width, start, valid,
+                         [&](scalar_t* row, int64_t, int64_t index) {
+        const scalar_t* a = weight_rows + index * width;
+        const scalar_t term = delta[index];
+#pragma omp simd
+        for (int64_t j = 0; j < width; ++j) row[j] = a[j] * (row[j] - term);
+      });
+      at::bmm_out(key_rows, grad_scores.transpose(1, 2), queries);                   // dK = dS^T Q^c
+      grad_queries.baddbmm_(grad_scores, block_keys);                                // dQ^c += dS K
+      // Copy the block's key and value gradients into place; padded rows get 0.
+      const scalar_t* key_src = key_rows.data_ptr<scalar_t>();
+      const scalar_t* value_src = value_grad_rows.data_ptr<scalar_t>();
+      scalar_t* key_dst = grad_keys.data_ptr<scalar_t>();
+      scalar_t* value_dst = grad_vals.data_ptr<scalar_t>();
+      at::parallel_for(0, groups * width, 64, [&](int64_t begin, int64_t end) {
+        for (int64_t index = begin; index < end; ++index) {
+          const int64_t g = index / width, position = start + index % width;
+          const bool padded = position >= valid[g / heads];
+          const int64_t target = g * length + position;
+          for (int64_t d = 0; d < dim; ++d) key_dst[target * dim + d] = padded ? scalar_t(0) : key_src[index * dim + d];
+          for (int64_t d = 0; d < value_dim; ++d)
+            value_dst[target * value_dim + d] = padded ? scalar_t(0) : value_src[index * value_dim + d];
+        }
+      });
+    }
+}
+
+std::tuple<at::Tensor, at::Tensor> centroid_attention(const at::Tensor& centroids, const at::Tensor& k,
+                                                      const at::Tensor& v, const at::Tensor& lengths) {
+  check_centroid_attention(centroids, k, v, lengths, "centroid_attention");
+  const int64_t batch = centroids.size(0), heads = centroids.size(1), clusters = centroids.size(2);
+  const int64_t dim = centroids.size(3), length = k.size(2), value_dim = v.size(3);
+  const int64_t groups = batch * heads, rows = groups * clusters;
+  at::Tensor values = at::zeros({batch, heads, clusters, value_dim}, v.options());
+  at::Tensor logsumexp = at::empty({batch, heads, clusters}, v.options());
+  if (rows == 0 || value_dim == 0 || length == 0) {
+    logsumexp.fill_(length == 0 ? -std::numeric_limits<double>::infinity() : 0.0);
+    return {values, logsumexp};
+  }
+  const std::vector<int64_t> valid = valid_keys(lengths, length);
+  const int64_t longest = *std::max_element(valid.begin(), valid.end());
+  const at::Tensor queries = centroids.contiguous().view({groups, clusters, dim});
+  const at::Tensor keys = k.contiguous().view({groups, length, dim});
+  const at::Tensor vals = v.contiguous().view({groups, length, value_dim});
+  at::Tensor out = values.view({groups, clusters, value_dim});
+
+  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "centroid_attention", [&] {
+    centroid_attention_kernel<scalar_t>(queries, keys, vals, valid, heads, out, logsumexp);
+  });
+  return {values, logsumexp};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> centroid_attention_backward(
+    const at::Tensor& grad, const at::Tensor& centroids, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& lengths, const at::Tensor& values, const at::Tensor& logsumexp) {
+  const char* op = "centroid_attention_backward";
+  check_centroid_attention(centroids, k, v, lengths, op);
+  const int64_t batch = centroids.size(0), heads = centroids.size(1), clusters = centroids.size(2);
+  const int64_t dim = centroids.size(3), length = k.size(2), value_dim = v.size(3);
+  const int64_t groups = batch * heads, rows = groups * clusters;
+  const std::vector<int64_t> value_shape{batch, heads, clusters, value_dim};
+  TORCH_CHECK(grad.sizes() == value_shape && grad.scalar_type() == v.scalar_type(), op, ": grad must have shape ",
+              at::IntArrayRef(value_shape), " and v's dtype, got ", grad.sizes(), " ", grad.scalar_type());
+  TORCH_CHECK(values.sizes() == value_shape && values.scalar_type() == v.scalar_type(), op,
+              ": values must have shape ", at::IntArrayRef(value_shape), ", got ", values.sizes());
+  TORCH_CHECK(logsumexp.sizes() == centroids.sizes().slice(0, 3) && logsumexp.scalar_type() == v.scalar_type(), op,
+              ": logsumexp must have shape ", centroids.sizes().slice(0, 3), ", got ", logsumexp.sizes());
+  at::Tensor grad_centroids = at::zeros_like(centroids, at::MemoryFormat::Contiguous);
+  // Every row of these is written below: the valid ones by the products, the padded ones
+  // (and a length-0 sequence's) zeroed.
+  at::Tensor grad_k = at::empty({batch, heads, length, dim}, k.options());
+  at::Tensor grad_v = at::empty({batch, heads, length, value_dim}, v.options());
+  if (rows == 0 || length == 0 || value_dim == 0) {
+    grad_k.zero_();
+    grad_v.zero_();
+    return {grad_centroids, grad_k, grad_v};
+  }
+  const std::vector<int64_t> valid = valid_keys(lengths, length);
+  const int64_t longest = *std::max_element(valid.begin(), valid.end());
+  const at::Tensor queries = centroids.contiguous().view({groups, clusters, dim});
+  const at::Tensor keys = k.contiguous().view({groups, length, dim});
+  const at::Tensor vals = v.contiguous().view({groups, length, value_dim});
+  const at::Tensor grad_values = grad.contiguous().view({groups, clusters, value_dim});
+  at::Tensor grad_queries = grad_centroids.view({groups, clusters, dim});
+  at::Tensor grad_keys = grad_k.view({groups, length, dim});
+  at::Tensor grad_vals = grad_v.view({groups, length, value_dim});
+
+  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "centroid_attention_backward", [&] {
+    centroid_attention_backward_kernel<scalar_t>(queries, keys, vals, grad_values, values, logsumexp, valid, heads,
+                                                 grad_queries, grad_keys, grad_vals);
+  });
+  // Positions past the longest valid length (padding of every sequence).
+  if (longest < length) {
+    grad_k.narrow(2, longest, length - longest).zero_();
+    grad_v.narrow(2, longest, length - longest).zero_();
+  }
+  return {grad_centroids, grad_k, grad_v};
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(attention_ext, m) {
+  m.def("centroid_attention(Tensor centroids, Tensor k, Tensor v, Tensor lengths) -> (Tensor, Tensor)");
+  m.def("centroid_attention_backward(Tensor grad, Tensor centroids, Tensor k, Tensor v, Tensor lengths,"
+        " Tensor values, Tensor logsumexp) -> (Tensor, Tensor, Tensor)");
+}
+
+TORCH_LIBRARY_IMPL(attention_ext, CPU, m) {
+  m.impl("centroid_attention", &centroid_attention);
+  m.impl("centroid_attention_backward", &centroid_attention_backward);
+}
