@@ -84,21 +84,6 @@ std::vector<int64_t> valid_keys(const at::Tensor& lengths, int64_t length) {
   return valid;
 }
 
-void check_centroid_attention(const at::Tensor& centroids, const at::Tensor& k, const at::Tensor& v,
-                              const at::Tensor& lengths, const char* op) {
-  check_rows(centroids, op);
-  check_rows(k, op);
-  check_rows(v, op);
-  TORCH_CHECK(k.size(0) == centroids.size(0) && k.size(1) == centroids.size(1) && k.size(3) == centroids.size(3) &&
-                  k.scalar_type() == centroids.scalar_type(),
-              op, ": k must have shape (", centroids.size(0), ", ", centroids.size(1), ", length, ", centroids.size(3),
-              ") and the centroids' dtype ", centroids.scalar_type(), ", got ", k.sizes(), " ", k.scalar_type());
-  TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2) &&
-                  v.scalar_type() == k.scalar_type(),
-              op, ": v must have shape (", k.size(0), ", ", k.size(1), ", ", k.size(2), ", dim) and k's dtype, got ",
-              v.sizes(), " ", v.scalar_type());
-  check_lengths(lengths, centroids.size(0));
-}
 
 // One block of keys [start, start + width) of every (batch, head): the parallel pass over the
 // rows of the block's scores (groups * clusters rows of `width`), with row `index` in
@@ -115,213 +100,352 @@ void for_each_score_row(scalar_t* scores, int64_t rows, int64_t rows_per_batch, 
   });
 }
 
+// A key and its score: a candidate for a row's top-k.
 template <typename scalar_t>
-void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& vals,
-                               const std::vector<int64_t>& valid, int64_t heads, at::Tensor& out,
-                               at::Tensor& logsumexp) {
-    const int64_t groups = queries.size(0), clusters = queries.size(1), value_dim = vals.size(2);
-    const int64_t rows = groups * clusters;
-    const int64_t longest = *std::max_element(valid.begin(), valid.end());
-    const at::TensorOptions options = vals.options();
-    const int64_t block = key_block<scalar_t>(clusters);
-    // Running maximum and sum of exp(score - maximum) of each row, and (in `out`) the
-    // running sum of exp(score - maximum) v.
-    std::vector<scalar_t> maximum(rows, -std::numeric_limits<scalar_t>::infinity()), total(rows, 0);
-    at::Tensor scores = at::empty({groups, clusters, std::min(block, longest)}, options);
-    scalar_t* out_rows = out.data_ptr<scalar_t>();
-    for (int64_t start = 0; start < longest; start += block) {
-      const int64_t width = std::min(block, longest - start);
-      at::Tensor block_scores = scores.narrow(2, 0, width);
-      if (width != scores.size(2)) block_scores = at::empty({groups, clusters, width}, options);
-      at::bmm_out(block_scores, queries, keys.narrow(1, start, width).transpose(1, 2));
-      for_each_score_row(block_scores.data_ptr<scalar_t>(), rows, heads * clusters, width, start, valid,
-                         [&](scalar_t* row, int64_t valid_width, int64_t index) {
-        if (valid_width == 0) {  // the whole block is padding for this sequence
-          std::fill(row, row + width, scalar_t(0));
-          return;
-        }
-        scalar_t block_max = -std::numeric_limits<scalar_t>::infinity();
-        for (int64_t j = 0; j < valid_width; ++j) block_max = std::max(block_max, row[j]);
-        const scalar_t fresh = std::max(maximum[index], block_max);
-        // Rescale what earlier blocks summed to the new maximum.
-        const scalar_t rescale = maximum[index] == fresh ? scalar_t(1) : exp_vectorisable(maximum[index] - fresh);
-        scalar_t sum = 0;
-#pragma omp simd reduction(+ : sum)
-        for (int64_t j = 0; j < valid_width; ++j) {
-          row[j] = exp_vectorisable(row[j] - fresh);
-          sum += row[j];
-        }
-        std::fill(row + valid_width, row + width, scalar_t(0));
-        maximum[index] = fresh;
-        total[index] = total[index] * rescale + sum;
-        if (rescale != scalar_t(1)) {
-          scalar_t* acc = out_rows + index * value_dim;
-#pragma omp simd
-          for (int64_t d = 0; d < value_dim; ++d) acc[d] *= rescale;
-        }
-      });
-      out.baddbmm_(block_scores, vals.narrow(1, start, width));
-    }
-    scalar_t* lse = logsumexp.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-      for (int64_t index = begin; index < end; ++index) {
-        const scalar_t inverse = scalar_t(1) / total[index];
-        scalar_t* acc = out_rows + index * value_dim;
-#pragma omp simd
-        for (int64_t d = 0; d < value_dim; ++d) acc[d] *= inverse;
-        lse[index] = maximum[index] + std::log(total[index]);
-      }
-    });
+struct Candidate {
+  scalar_t score;
+  int64_t position;
+};
+
+// "a before b" in the top-k order: larger score first, then lower position. The scores of
+// a row and its weights A^c = exp(score - logsumexp) are in the same order, so these are
+// the top-k keys of A^c with cluster_topk's tie rule.
+template <typename scalar_t>
+inline bool before(const Candidate<scalar_t>& a, const Candidate<scalar_t>& b) {
+  return a.score > b.score || (a.score == b.score && a.position < b.position);
 }
 
+// The forward of both operators. With slots > 0 it also keeps, per row, the candidates for
+// its `slots` largest scores (a pool that is cut back to the best `slots` whenever it is
+// full; a key enters only when its score reaches the pool's floor, the slots-th best kept),
+// and at the end turns `out` into V^b = V^c - sum_{l in T} A^c_l v_l, writing T, and the mass
+// m = sum_{l in T} A^c_l.
+template <typename scalar_t>
+void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& vals,
+                               const std::vector<int64_t>& valid, const std::vector<int64_t>& lengths, int64_t heads,
+                               int64_t slots, at::Tensor& out, at::Tensor& logsumexp, at::Tensor& top,
+                               at::Tensor& mass) {
+  const int64_t groups = queries.size(0), clusters = queries.size(1), value_dim = vals.size(2);
+  const int64_t length = keys.size(1), rows = groups * clusters;
+  const int64_t longest = *std::max_element(valid.begin(), valid.end());
+  const at::TensorOptions options = vals.options();
+  const int64_t block = key_block<scalar_t>(clusters);
+  // Running maximum and sum of exp(score - maximum) of each row, and (in `out`) the
+  // running sum of exp(score - maximum) v.
+  std::vector<scalar_t> maximum(rows, -std::numeric_limits<scalar_t>::infinity()), total(rows, 0);
+  const int64_t capacity = slots > 0 ? std::max<int64_t>(4 * slots, 64) : 0;
+  std::vector<Candidate<scalar_t>> pool(rows * capacity);
+  std::vector<int64_t> pooled(slots > 0 ? rows : 0, 0);
+  std::vector<scalar_t> floor(slots > 0 ? rows : 0, -std::numeric_limits<scalar_t>::infinity());
+  at::Tensor scores = at::empty({groups, clusters, std::min(block, longest)}, options);
+  scalar_t* out_rows = out.data_ptr<scalar_t>();
+  for (int64_t start = 0; start < longest; start += block) {
+    const int64_t width = std::min(block, longest - start);
+    at::Tensor block_scores = scores.narrow(2, 0, width);
+    if (width != scores.size(2)) block_scores = at::empty({groups, clusters, width}, options);
+    at::bmm_out(block_scores, queries, keys.narrow(1, start, width).transpose(1, 2));
+    for_each_score_row(block_scores.data_ptr<scalar_t>(), rows, heads * clusters, width, start, valid,
+                       [&](scalar_t* row, int64_t valid_width, int64_t index) {
+      if (valid_width == 0) {  // the whole block is padding for this sequence
+        std::fill(row, row + width, scalar_t(0));
+        return;
+      }
+      if (slots > 0) {
+        Candidate<scalar_t>* candidates = pool.data() + index * capacity;
+        int64_t& count = pooled[index];
+        scalar_t& bar = floor[index];
+        for (int64_t j = 0; j < valid_width; ++j) {
+          if (!(row[j] >= bar)) continue;
+          if (count == capacity) {
+            std::nth_element(candidates, candidates + (slots - 1), candidates + count, before<scalar_t>);
+            count = slots;
+            bar = candidates[slots - 1].score;
+            if (!(row[j] >= bar)) continue;
+          }
+          candidates[count++] = Candidate<scalar_t>{row[j], start + j};
+        }
+      }
+      scalar_t block_max = -std::numeric_limits<scalar_t>::infinity();
+#pragma omp simd reduction(max : block_max)
+      for (int64_t j = 0; j < valid_width; ++j) block_max = row[j] > block_max ? row[j] : block_max;
+      const scalar_t fresh = std::max(maximum[index], block_max);
+      // Rescale what earlier blocks summed to the new maximum.
+      const scalar_t rescale = maximum[index] == fresh ? scalar_t(1) : exp_vectorisable(maximum[index] - fresh);
+      scalar_t sum = 0;
+#pragma omp simd reduction(+ : sum)
+      for (int64_t j = 0; j < valid_width; ++j) {
+        row[j] = exp_vectorisable(row[j] - fresh);
+        sum += row[j];
+      }
+      std::fill(row + valid_width, row + width, scalar_t(0));
+      maximum[index] = fresh;
+      total[index] = total[index] * rescale + sum;
+      if (rescale != scalar_t(1)) {
+        scalar_t* acc = out_rows + index * value_dim;
+#pragma omp simd
+        for (int64_t d = 0; d < value_dim; ++d) acc[d] *= rescale;
+      }
+    });
+    out.baddbmm_(block_scores, vals.narrow(1, start, width));
+  }
+  scalar_t* lse = logsumexp.data_ptr<scalar_t>();
+  int64_t* top_rows = slots > 0 ? top.data_ptr<int64_t>() : nullptr;
+  scalar_t* mass_rows = slots > 0 ? mass.data_ptr<scalar_t>() : nullptr;
+  const scalar_t* value_rows = vals.data_ptr<scalar_t>();
+  at::parallel_for(0, rows, 16, [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      const scalar_t inverse = scalar_t(1) / total[index];
+      scalar_t* acc = out_rows + index * value_dim;
+#pragma omp simd
+      for (int64_t d = 0; d < value_dim; ++d) acc[d] *= inverse;
+      lse[index] = maximum[index] + std::log(total[index]);
+      if (slots == 0) continue;
+      Candidate<scalar_t>* candidates = pool.data() + index * capacity;
+      const int64_t g = index / clusters;
+      const int64_t kept = std::min(slots, lengths[g / heads]);   // 0 for a sequence of length 0
+      const int64_t found = std::min(kept, pooled[index]);
+      std::partial_sort(candidates, candidates + found, candidates + pooled[index], before<scalar_t>);
+      scalar_t top_mass = 0;
+      for (int64_t s = 0; s < found; ++s) {
+        const scalar_t weight = std::exp(candidates[s].score - lse[index]);
+        top_mass += weight;
+        const scalar_t* value = value_rows + (g * length + candidates[s].position) * value_dim;
+        for (int64_t d = 0; d < value_dim; ++d) acc[d] -= weight * value[d];
+        top_rows[index * slots + s] = candidates[s].position;
+      }
+      mass_rows[index] = top_mass;
+      // T holds every valid key: V^b is exactly 0 (the subtraction would leave rounding).
+      if (found > 0 && found == lengths[g / heads]) std::fill(acc, acc + value_dim, scalar_t(0));
+    }
+  });
+}
+
+// The backward of both operators: with slots > 0 (top given), `grad` is the gradient of V^b
+// and grad_mass that of m; d/dA^c_l is grad . v_l off T and grad_mass on T, and v_l's gradient
+// only takes the weights off T.
 template <typename scalar_t>
 void centroid_attention_backward_kernel(const at::Tensor& queries, const at::Tensor& keys, const at::Tensor& vals,
                                         const at::Tensor& grad_values, const at::Tensor& values,
                                         const at::Tensor& logsumexp, const std::vector<int64_t>& valid, int64_t heads,
+                                        const at::Tensor& top, const at::Tensor& grad_mass, const at::Tensor& mass,
                                         at::Tensor& grad_queries, at::Tensor& grad_keys, at::Tensor& grad_vals) {
-    const int64_t groups = queries.size(0), clusters = queries.size(1), dim = queries.size(2);
-    const int64_t length = keys.size(1), value_dim = vals.size(2), rows = groups * clusters;
-    const int64_t longest = *std::max_element(valid.begin(), valid.end());
-    const at::TensorOptions options = vals.options();
-    const int64_t block = key_block<scalar_t>(clusters);
-    // delta_c = sum_d grad_cd values_cd: the softmax backward's row term, sum_l A_cl dA_cl.
-    std::vector<scalar_t> delta(rows);
-    const at::Tensor values_c = values.contiguous();
-    const scalar_t* value_rows = values_c.data_ptr<scalar_t>();
-    const scalar_t* grad_rows = grad_values.data_ptr<scalar_t>();
-    const at::Tensor lse_c = logsumexp.contiguous();
-    const scalar_t* lse = lse_c.data_ptr<scalar_t>();
-    at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
-      for (int64_t index = begin; index < end; ++index) {
-        scalar_t sum = 0;
-        for (int64_t d = 0; d < value_dim; ++d) sum += grad_rows[index * value_dim + d] * value_rows[index * value_dim + d];
-        delta[index] = sum;
+  const int64_t groups = queries.size(0), clusters = queries.size(1), dim = queries.size(2);
+  const int64_t length = keys.size(1), value_dim = vals.size(2), rows = groups * clusters;
+  const int64_t longest = *std::max_element(valid.begin(), valid.end());
+  const int64_t slots = top.defined() ? top.size(3) : 0;
+  const at::TensorOptions options = vals.options();
+  const int64_t block = key_block<scalar_t>(clusters);
+  const scalar_t* value_rows = values.data_ptr<scalar_t>();
+  const scalar_t* grad_rows = grad_values.data_ptr<scalar_t>();
+  const scalar_t* lse = logsumexp.data_ptr<scalar_t>();
+  const int64_t* top_rows = slots > 0 ? top.data_ptr<int64_t>() : nullptr;
+  const scalar_t* grad_mass_rows = slots > 0 ? grad_mass.data_ptr<scalar_t>() : nullptr;
+  const scalar_t* mass_rows = slots > 0 ? mass.data_ptr<scalar_t>() : nullptr;
+  // delta = sum_l A_l dL/dA_l, the softmax backward's row term: grad . values (+ grad_mass * m).
+  std::vector<scalar_t> delta(rows);
+  at::parallel_for(0, rows, 64, [&](int64_t begin, int64_t end) {
+    for (int64_t index = begin; index < end; ++index) {
+      scalar_t sum = slots > 0 ? grad_mass_rows[index] * mass_rows[index] : scalar_t(0);
+      for (int64_t d = 0; d < value_dim; ++d) sum += grad_rows[index * value_dim + d] * value_rows[index * value_dim + d];
+      delta[index] = sum;
+    }
+  });
+  const int64_t first_width = std::min(block, longest);
+  at::Tensor weights = at::empty({groups, clusters, first_width}, options);
+  at::Tensor grad_scores = at::empty({groups, clusters, first_width}, options);
+  at::Tensor key_rows = at::empty({groups, first_width, dim}, options);
+  at::Tensor value_grad_rows = at::empty({groups, first_width, value_dim}, options);
+  for (int64_t start = 0; start < longest; start += block) {
+    const int64_t width = std::min(block, longest - start);
+    if (width != weights.size(2)) {
+      weights = at::empty({groups, clusters, width}, options);
+      grad_scores = at::empty({groups, clusters, width}, options);
+      key_rows = at::empty({groups, width, dim}, options);
+      value_grad_rows = at::empty({groups, width, value_dim}, options);
+    }
+    const at::Tensor block_keys = keys.narrow(1, start, width);
+    at::bmm_out(weights, queries, block_keys.transpose(1, 2));
+    at::bmm_out(grad_scores, grad_values, vals.narrow(1, start, width).transpose(1, 2));  // dA = grad V^T
+    // A = exp(score - logsumexp) (0 on padded keys), dS = A * (dA - delta); then A loses its
+    // top keys (their values' gradient does not come from V^b).
+    scalar_t* weight_rows = weights.data_ptr<scalar_t>();
+    for_each_score_row(grad_scores.data_ptr<scalar_t>(), rows, heads * clusters, width, start, valid,
+                       [&](scalar_t* row, int64_t valid_width, int64_t index) {
+      scalar_t* a = weight_rows + index * width;
+      const scalar_t offset = lse[index], term = delta[index];
+#pragma omp simd
+      for (int64_t j = 0; j < valid_width; ++j) {
+        a[j] = exp_vectorisable(a[j] - offset);
+        row[j] = a[j] * (row[j] - term);
+      }
+      std::fill(a + valid_width, a + width, scalar_t(0));
+      std::fill(row + valid_width, row + width, scalar_t(0));
+      for (int64_t s = 0; s < slots; ++s) {
+        const int64_t j = top_rows[index * slots + s] - start;
+        if (j < 0 || j >= valid_width) continue;  // elsewhere, or -1
+        row[j] = a[j] * (grad_mass_rows[index] - term);
+        a[j] = 0;
       }
     });
-    const int64_t first_width = std::min(block, longest);
-    at::Tensor weights = at::empty({groups, clusters, first_width}, options);
-    at::Tensor grad_scores = at::empty({groups, clusters, first_width}, options);
-    at::Tensor key_rows = at::empty({groups, first_width, dim}, options);
-    at::Tensor value_grad_rows = at::empty({groups, first_width, value_dim}, options);
-    for (int64_t start = 0; start < longest; start += block) {
-      const int64_t width = std::min(block, longest - start);
-      if (width != weights.size(2)) {
-        weights = at::empty({groups, clusters, width}, options);
-        grad_scores = at::empty({groups, clusters, width}, options);
-        key_rows = at::empty({groups, width, dim}, options);
-        value_grad_rows = at::empty({groups, width, value_dim}, options);
+    at::bmm_out(value_grad_rows, weights.transpose(1, 2), grad_values);            // dV = A^T grad
+    at::bmm_out(key_rows, grad_scores.transpose(1, 2), queries);                   // dK = dS^T Q^c
+    grad_queries.baddbmm_(grad_scores, block_keys);                                // dQ^c += dS K
+    // Copy the block's key and value gradients into place; padded rows get 0.
+    const scalar_t* key_src = key_rows.data_ptr<scalar_t>();
+    const scalar_t* value_src = value_grad_rows.data_ptr<scalar_t>();
+    scalar_t* key_dst = grad_keys.data_ptr<scalar_t>();
+    scalar_t* value_dst = grad_vals.data_ptr<scalar_t>();
+    at::parallel_for(0, groups * width, 64, [&](int64_t begin, int64_t end) {
+      for (int64_t index = begin; index < end; ++index) {
+        const int64_t g = index / width, position = start + index % width;
+        const bool padded = position >= valid[g / heads];
+        const int64_t target = g * length + position;
+        for (int64_t d = 0; d < dim; ++d) key_dst[target * dim + d] = padded ? scalar_t(0) : key_src[index * dim + d];
+        for (int64_t d = 0; d < value_dim; ++d)
+          value_dst[target * value_dim + d] = padded ? scalar_t(0) : value_src[index * value_dim + d];
       }
-      const at::Tensor block_keys = keys.narrow(1, start, width);
-      at::bmm_out(weights, queries, block_keys.transpose(1, 2));
-      // A = exp(score - logsumexp), 0 on padded keys.
-      for_each_score_row(weights.data_ptr<scalar_t>(), rows, heads * clusters, width, start, valid,
-                         [&](scalar_t* row, int64_t valid_width, int64_t index) {
-        const scalar_t offset = lse[index];
-#pragma omp simd
-        for (int64_t j = 0; j < valid_width; ++j) row[j] = exp_vectorisable(row[j] - offset);
-        std::fill(row + valid_width, row + width, scalar_t(0));
-      });
-      at::bmm_out(value_grad_rows, weights.transpose(1, 2), grad_values);            // dV = A^T dV^c
-      at::bmm_out(grad_scores, grad_values, vals.narrow(1, start, width).transpose(1, 2));  // dA = dV^c V^T
-      // dS = A * (dA - delta)
-      const scalar_t* weight_rows = weights.data_ptr<scalar_t>();
-      for_each_score_row(grad_scores.data_ptr<scalar_t>(), rows, heads * clusters, width, start, valid,
-                         [&](scalar_t* row, int64_t, int64_t index) {
-        const scalar_t* a = weight_rows + index * width;
-        const scalar_t term = delta[index];
-#pragma omp simd
-        for (int64_t j = 0; j < width; ++j) row[j] = a[j] * (row[j] - term);
-      });
-      at::bmm_out(key_rows, grad_scores.transpose(1, 2), queries);                   // dK = dS^T Q^c
-      grad_queries.baddbmm_(grad_scores, block_keys);                                // dQ^c += dS K
-      // Copy the block's key and value gradients into place; padded rows get 0.
-      const scalar_t* key_src = key_rows.data_ptr<scalar_t>();
-      const scalar_t* value_src = value_grad_rows.data_ptr<scalar_t>();
-      scalar_t* key_dst = grad_keys.data_ptr<scalar_t>();
-      scalar_t* value_dst = grad_vals.data_ptr<scalar_t>();
-      at::parallel_for(0, groups * width, 64, [&](int64_t begin, int64_t end) {
-        for (int64_t index = begin; index < end; ++index) {
-          const int64_t g = index / width, position = start + index % width;
-          const bool padded = position >= valid[g / heads];
-          const int64_t target = g * length + position;
-          for (int64_t d = 0; d < dim; ++d) key_dst[target * dim + d] = padded ? scalar_t(0) : key_src[index * dim + d];
-          for (int64_t d = 0; d < value_dim; ++d)
-            value_dst[target * value_dim + d] = padded ? scalar_t(0) : value_src[index * value_dim + d];
-        }
-      });
-    }
+    });
+  }
+}
+
+struct CentroidShape {
+  int64_t batch, heads, clusters, dim, length, value_dim;
+};
+
+CentroidShape check_centroid_attention(const at::Tensor& centroids, const at::Tensor& k, const at::Tensor& v,
+                                       const at::Tensor& lengths, const char* op) {
+  check_rows(centroids, op);
+  check_rows(k, op);
+  check_rows(v, op);
+  TORCH_CHECK(k.size(0) == centroids.size(0) && k.size(1) == centroids.size(1) && k.size(3) == centroids.size(3) &&
+                  k.scalar_type() == centroids.scalar_type(),
+              op, ": k must have shape (", centroids.size(0), ", ", centroids.size(1), ", length, ", centroids.size(3),
+              ") and the centroids' dtype ", centroids.scalar_type(), ", got ", k.sizes(), " ", k.scalar_type());
+  TORCH_CHECK(v.size(0) == k.size(0) && v.size(1) == k.size(1) && v.size(2) == k.size(2) &&
+                  v.scalar_type() == k.scalar_type(),
+              op, ": v must have shape (", k.size(0), ", ", k.size(1), ", ", k.size(2), ", dim) and k's dtype, got ",
+              v.sizes(), " ", v.scalar_type());
+  check_lengths(lengths, centroids.size(0));
+  return {centroids.size(0), centroids.size(1), centroids.size(2), centroids.size(3), k.size(2), v.size(3)};
+}
+
+// (values or V^b, logsumexp, top, mass); top and mass only when slots > 0.
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> centroid_attention_forward(
+    const at::Tensor& centroids, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lengths,
+    int64_t slots, const char* op) {
+  const CentroidShape s = check_centroid_attention(centroids, k, v, lengths, op);
+  const int64_t groups = s.batch * s.heads;
+  at::Tensor values = at::zeros({s.batch, s.heads, s.clusters, s.value_dim}, v.options());
+  at::Tensor logsumexp = at::zeros({s.batch, s.heads, s.clusters}, v.options());
+  at::Tensor top = at::full({s.batch, s.heads, s.clusters, slots}, -1, v.options().dtype(at::kLong));
+  at::Tensor mass = at::zeros({s.batch, s.heads, s.clusters}, v.options());
+  if (groups * s.clusters == 0 || s.length == 0) return {values, logsumexp, top, mass};
+  const std::vector<int64_t> valid = valid_keys(lengths, s.length);
+  std::vector<int64_t> clipped(valid.size());   // lengths in [0, N]: the keys T may take
+  const at::Tensor lengths_c = lengths.contiguous();
+  for (size_t b = 0; b < valid.size(); ++b)
+    clipped[b] = std::clamp<int64_t>(lengths_c.data_ptr<int64_t>()[b], 0, s.length);
+  const at::Tensor queries = centroids.contiguous().view({groups, s.clusters, s.dim});
+  const at::Tensor keys = k.contiguous().view({groups, s.length, s.dim});
+  const at::Tensor vals = v.contiguous().view({groups, s.length, s.value_dim});
+  at::Tensor out = values.view({groups, s.clusters, s.value_dim});
+  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "centroid_attention", [&] {
+    centroid_attention_kernel<scalar_t>(queries, keys, vals, valid, clipped, s.heads, slots, out, logsumexp, top,
+                                        mass);
+  });
+  return {values, logsumexp, top, mass};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> centroid_attention_backward_impl(
+    const at::Tensor& grad, const at::Tensor& centroids, const at::Tensor& k, const at::Tensor& v,
+    const at::Tensor& lengths, const at::Tensor& values, const at::Tensor& logsumexp, const at::Tensor& top,
+    const at::Tensor& grad_mass, const at::Tensor& mass, const char* op) {
+  const CentroidShape s = check_centroid_attention(centroids, k, v, lengths, op);
+  const int64_t groups = s.batch * s.heads;
+  const std::vector<int64_t> value_shape{s.batch, s.heads, s.clusters, s.value_dim};
+  const std::vector<int64_t> row_shape{s.batch, s.heads, s.clusters};
+  TORCH_CHECK(grad.sizes() == value_shape && grad.scalar_type() == v.scalar_type(), op, ": grad must have shape ",
+              at::IntArrayRef(value_shape), " and v's dtype, got ", grad.sizes(), " ", grad.scalar_type());
+  TORCH_CHECK(values.sizes() == value_shape && values.scalar_type() == v.scalar_type(), op,
+              ": values must have shape ", at::IntArrayRef(value_shape), " and v's dtype, got ", values.sizes());
+  TORCH_CHECK(logsumexp.sizes() == row_shape && logsumexp.scalar_type() == v.scalar_type(), op,
+              ": logsumexp must have shape ", at::IntArrayRef(row_shape), " and v's dtype, got ", logsumexp.sizes());
+  if (top.defined()) {
+    TORCH_CHECK(top.dim() == 4 && top.sizes().slice(0, 3) == at::IntArrayRef(row_shape) &&
+                    top.scalar_type() == at::kLong,
+                op, ": top must be int64 of shape (", s.batch, ", ", s.heads, ", ", s.clusters, ", slots), got ",
+                top.sizes(), " ", top.scalar_type());
+    TORCH_CHECK(grad_mass.sizes() == row_shape && mass.sizes() == row_shape &&
+                    grad_mass.scalar_type() == v.scalar_type() && mass.scalar_type() == v.scalar_type(),
+                op, ": grad_mass and mass must have shape ", at::IntArrayRef(row_shape), " and v's dtype, got ",
+                grad_mass.sizes(), " and ", mass.sizes());
+    // Read as key positions in the parallel pass: refuse what would index out of the block.
+    TORCH_CHECK(top.numel() == 0 || (top.min().item<int64_t>() >= -1 && top.max().item<int64_t>() < s.length), op,
+                ": top holds positions outside [-1, ", s.length, ")");
+  }
+  at::Tensor grad_centroids = at::zeros({s.batch, s.heads, s.clusters, s.dim}, centroids.options());
+  // Every row of these is written: the valid ones by the products, the padded ones zeroed.
+  at::Tensor grad_k = at::empty({s.batch, s.heads, s.length, s.dim}, k.options());
+  at::Tensor grad_v = at::empty({s.batch, s.heads, s.length, s.value_dim}, v.options());
+  if (groups * s.clusters == 0 || s.length == 0) {
+    grad_k.zero_();
+    grad_v.zero_();
+    return {grad_centroids, grad_k, grad_v};
+  }
+  const std::vector<int64_t> valid = valid_keys(lengths, s.length);
+  const int64_t longest = *std::max_element(valid.begin(), valid.end());
+  const at::Tensor queries = centroids.contiguous().view({groups, s.clusters, s.dim});
+  const at::Tensor keys = k.contiguous().view({groups, s.length, s.dim});
+  const at::Tensor vals = v.contiguous().view({groups, s.length, s.value_dim});
+  const at::Tensor grad_values = grad.contiguous().view({groups, s.clusters, s.value_dim});
+  const at::Tensor values_c = values.contiguous(), logsumexp_c = logsumexp.contiguous();
+  const at::Tensor top_c = top.defined() ? top.contiguous() : top;
+  const at::Tensor grad_mass_c = top.defined() ? grad_mass.contiguous() : grad_mass;
+  const at::Tensor mass_c = top.defined() ? mass.contiguous() : mass;
+  at::Tensor grad_queries = grad_centroids.view({groups, s.clusters, s.dim});
+  at::Tensor grad_keys = grad_k.view({groups, s.length, s.dim});
+  at::Tensor grad_vals = grad_v.view({groups, s.length, s.value_dim});
+  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "centroid_attention_backward", [&] {
+    centroid_attention_backward_kernel<scalar_t>(queries, keys, vals, grad_values, values_c, logsumexp_c, valid,
+                                                 s.heads, top_c, grad_mass_c, mass_c, grad_queries, grad_keys,
+                                                 grad_vals);
+  });
+  // Positions past the longest valid length (padding of every sequence).
+  if (longest < s.length) {
+    grad_k.narrow(2, longest, s.length - longest).zero_();
+    grad_v.narrow(2, longest, s.length - longest).zero_();
+  }
+  return {grad_centroids, grad_k, grad_v};
 }
 
 std::tuple<at::Tensor, at::Tensor> centroid_attention(const at::Tensor& centroids, const at::Tensor& k,
                                                       const at::Tensor& v, const at::Tensor& lengths) {
-  check_centroid_attention(centroids, k, v, lengths, "centroid_attention");
-  const int64_t batch = centroids.size(0), heads = centroids.size(1), clusters = centroids.size(2);
-  const int64_t dim = centroids.size(3), length = k.size(2), value_dim = v.size(3);
-  const int64_t groups = batch * heads, rows = groups * clusters;
-  at::Tensor values = at::zeros({batch, heads, clusters, value_dim}, v.options());
-  at::Tensor logsumexp = at::empty({batch, heads, clusters}, v.options());
-  if (rows == 0 || value_dim == 0 || length == 0) {
-    logsumexp.fill_(length == 0 ? -std::numeric_limits<double>::infinity() : 0.0);
-    return {values, logsumexp};
-  }
-  const std::vector<int64_t> valid = valid_keys(lengths, length);
-  const int64_t longest = *std::max_element(valid.begin(), valid.end());
-  const at::Tensor queries = centroids.contiguous().view({groups, clusters, dim});
-  const at::Tensor keys = k.contiguous().view({groups, length, dim});
-  const at::Tensor vals = v.contiguous().view({groups, length, value_dim});
-  at::Tensor out = values.view({groups, clusters, value_dim});
-
-  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "centroid_attention", [&] {
-    centroid_attention_kernel<scalar_t>(queries, keys, vals, valid, heads, out, logsumexp);
-  });
+  auto [values, logsumexp, top, mass] = centroid_attention_forward(centroids, k, v, lengths, 0, "centroid_attention");
   return {values, logsumexp};
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor> centroid_attention_backward(
     const at::Tensor& grad, const at::Tensor& centroids, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& lengths, const at::Tensor& values, const at::Tensor& logsumexp) {
-  const char* op = "centroid_attention_backward";
-  check_centroid_attention(centroids, k, v, lengths, op);
-  const int64_t batch = centroids.size(0), heads = centroids.size(1), clusters = centroids.size(2);
-  const int64_t dim = centroids.size(3), length = k.size(2), value_dim = v.size(3);
-  const int64_t groups = batch * heads, rows = groups * clusters;
-  const std::vector<int64_t> value_shape{batch, heads, clusters, value_dim};
-  TORCH_CHECK(grad.sizes() == value_shape && grad.scalar_type() == v.scalar_type(), op, ": grad must have shape ",
-              at::IntArrayRef(value_shape), " and v's dtype, got ", grad.sizes(), " ", grad.scalar_type());
-  TORCH_CHECK(values.sizes() == value_shape && values.scalar_type() == v.scalar_type(), op,
-              ": values must have shape ", at::IntArrayRef(value_shape), ", got ", values.sizes());
-  TORCH_CHECK(logsumexp.sizes() == centroids.sizes().slice(0, 3) && logsumexp.scalar_type() == v.scalar_type(), op,
-              ": logsumexp must have shape ", centroids.sizes().slice(0, 3), ", got ", logsumexp.sizes());
-  at::Tensor grad_centroids = at::zeros_like(centroids, at::MemoryFormat::Contiguous);
-  // Every row of these is written below: the valid ones by the products, the padded ones
-  // (and a length-0 sequence's) zeroed.
-  at::Tensor grad_k = at::empty({batch, heads, length, dim}, k.options());
-  at::Tensor grad_v = at::empty({batch, heads, length, value_dim}, v.options());
-  if (rows == 0 || length == 0 || value_dim == 0) {
-    grad_k.zero_();
-    grad_v.zero_();
-    return {grad_centroids, grad_k, grad_v};
-  }
-  const std::vector<int64_t> valid = valid_keys(lengths, length);
-  const int64_t longest = *std::max_element(valid.begin(), valid.end());
-  const at::Tensor queries = centroids.contiguous().view({groups, clusters, dim});
-  const at::Tensor keys = k.contiguous().view({groups, length, dim});
-  const at::Tensor vals = v.contiguous().view({groups, length, value_dim});
-  const at::Tensor grad_values = grad.contiguous().view({groups, clusters, value_dim});
-  at::Tensor grad_queries = grad_centroids.view({groups, clusters, dim});
-  at::Tensor grad_keys = grad_k.view({groups, length, dim});
-  at::Tensor grad_vals = grad_v.view({groups, length, value_dim});
+  return centroid_attention_backward_impl(grad, centroids, k, v, lengths, values, logsumexp, at::Tensor(),
+                                          at::Tensor(), at::Tensor(), "centroid_attention_backward");
+}
 
-  AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "centroid_attention_backward", [&] {
-    centroid_attention_backward_kernel<scalar_t>(queries, keys, vals, grad_values, values, logsumexp, valid, heads,
-                                                 grad_queries, grad_keys, grad_vals);
-  });
-  // Positions past the longest valid length (padding of every sequence).
-  if (longest < length) {
-    grad_k.narrow(2, longest, length - longest).zero_();
-    grad_v.narrow(2, longest, length - longest).zero_();
-  }
-  return {grad_centroids, grad_k, grad_v};
+std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> centroid_attention_top(
+    const at::Tensor& centroids, const at::Tensor& k, const at::Tensor& v, const at::Tensor& lengths, int64_t topk) {
+  TORCH_CHECK(topk >= 1, "centroid_attention_top: topk must be >= 1, got ", topk);
+  auto [rest, logsumexp, top, mass] =
+      centroid_attention_forward(centroids, k, v, lengths, std::min(topk, k.dim() == 4 ? k.size(2) : topk),
+                                 "centroid_attention_top");
+  return {rest, mass, top, logsumexp};
+}
+
+std::tuple<at::Tensor, at::Tensor, at::Tensor> centroid_attention_top_backward(
+    const at::Tensor& grad_rest, const at::Tensor& grad_mass, const at::Tensor& centroids, const at::Tensor& k,
+    const at::Tensor& v, const at::Tensor& lengths, const at::Tensor& rest, const at::Tensor& mass,
+    const at::Tensor& top, const at::Tensor& logsumexp) {
+  return centroid_attention_backward_impl(grad_rest, centroids, k, v, lengths, rest, logsumexp, top, grad_mass, mass,
+                                          "centroid_attention_top_backward");
 }
 
 }  // namespace
@@ -330,9 +454,15 @@ TORCH_LIBRARY_FRAGMENT(attention_ext, m) {
   m.def("centroid_attention(Tensor centroids, Tensor k, Tensor v, Tensor lengths) -> (Tensor, Tensor)");
   m.def("centroid_attention_backward(Tensor grad, Tensor centroids, Tensor k, Tensor v, Tensor lengths,"
         " Tensor values, Tensor logsumexp) -> (Tensor, Tensor, Tensor)");
+  m.def("centroid_attention_top(Tensor centroids, Tensor k, Tensor v, Tensor lengths, int topk)"
+        " -> (Tensor, Tensor, Tensor, Tensor)");
+  m.def("centroid_attention_top_backward(Tensor grad_rest, Tensor grad_mass, Tensor centroids, Tensor k, Tensor v,"
+        " Tensor lengths, Tensor rest, Tensor mass, Tensor top, Tensor logsumexp) -> (Tensor, Tensor, Tensor)");
 }
 
 TORCH_LIBRARY_IMPL(attention_ext, CPU, m) {
   m.impl("centroid_attention", &centroid_attention);
   m.impl("centroid_attention_backward", &centroid_attention_backward);
+  m.impl("centroid_attention_top", &centroid_attention_top);
+  m.impl("centroid_attention_top_backward", &centroid_attention_top_backward);
 }

@@ -111,3 +111,88 @@ def test_bad_shapes_are_refused_with_the_argument_named():
         ops.centroid_attention(centroids, torch.randn(1, 2, 5, 3), torch.randn(1, 2, 5, 4), torch.tensor([5]))
     with pytest.raises(RuntimeError, match="lengths"):
         ops.centroid_attention(centroids, k, torch.randn(1, 2, 5, 4), torch.tensor([5, 5]))
+
+
+# ------------------------------------------------------------- with the top-k split (iclustered)
+
+from attention_ext.iclustered import CentroidTopSplit  # noqa: E402
+
+
+def reference_top(centroids, k, v, lengths, topk, given_top=None):
+    """T by sorting each row of A^c (ties to the lower position, only valid keys), or
+    `given_top`; then m = sum_T A^c and V^b = sum_{not T} A^c v, all dense."""
+    length = k.shape[2]
+    scores = centroids @ k.transpose(-1, -2)
+    valid = torch.arange(length) < lengths.clamp(min=1)[:, None]
+    weights = torch.softmax(scores.masked_fill(~valid[:, None, None, :], float("-inf")), -1)
+    slots = min(topk, length)
+    top = torch.full(weights.shape[:3] + (slots,), -1, dtype=torch.long)
+    on_top = torch.zeros_like(weights, dtype=torch.bool)
+    for b, real in enumerate(lengths.clamp(0, length).tolist()):
+        kept = min(slots, real)
+        for h in range(weights.shape[1]):
+            for c in range(weights.shape[2]):
+                row = weights[b, h, c, :real].detach().tolist()
+                order = sorted(range(real), key=lambda l: (-row[l], l))[:kept]
+                if given_top is not None:
+                    order = given_top[b, h, c, :kept].tolist()
+                top[b, h, c, :kept] = torch.tensor(order, dtype=torch.long)
+                on_top[b, h, c, order] = True
+    mass = (weights * on_top).sum(-1, keepdim=True)
+    rest = (weights * ~on_top) @ v
+    return rest, mass, top
+
+
+TOP_CASES = [
+    (300, 203, [203, 130, 64, 1, 0], 32, torch.float64),
+    (300, 450, [450, 193, 383, 2], 32, torch.float32),
+    (7, 37, [37, 5], 8, torch.float32),
+    (5, 20, [20, 12], 40, torch.float64),     # topk larger than every sequence: m = 1, V^b = 0
+]
+
+
+@pytest.mark.parametrize("clusters,length,lengths,topk,dtype", TOP_CASES)
+def test_top_split_matches_dense_topk_mass_and_rest(clusters, length, lengths, topk, dtype):
+    generator = torch.Generator().manual_seed(clusters * 7 + length)
+    batch, heads, dim, value_dim = len(lengths), 2, 16, 24
+    lengths = torch.tensor(lengths)
+    centroids = torch.randn(batch, heads, clusters, dim, dtype=torch.float64, generator=generator)
+    k = torch.randn(batch, heads, length, dim, dtype=torch.float64, generator=generator)
+    v = torch.randn(batch, heads, length, value_dim, dtype=torch.float64, generator=generator)
+    grad_rest = torch.randn(batch, heads, clusters, value_dim, dtype=torch.float64, generator=generator)
+    grad_mass = torch.randn(batch, heads, clusters, 1, dtype=torch.float64, generator=generator)
+
+    inputs = [x.to(dtype).requires_grad_() for x in (centroids, k, v)]
+    my_rest, my_mass, my_top = CentroidTopSplit.apply(*inputs, lengths, topk)
+    leaves = [x.detach().double().requires_grad_() for x in inputs]
+    _, _, top = reference_top(*leaves, lengths, topk)
+    if dtype == torch.float64:
+        assert torch.equal(my_top, top)
+    else:   # float32 scores may order near-equal keys differently: T must still be a top-k
+        assert torch.equal(my_top < 0, top < 0)
+        scores = leaves[0] @ leaves[1].transpose(-1, -2)
+        chosen = scores.gather(-1, my_top.clamp(min=0)).masked_fill(my_top < 0, float("inf")).amin(-1)
+        best = scores.gather(-1, top.clamp(min=0)).masked_fill(top < 0, float("inf")).amin(-1)
+        assert torch.all(chosen >= best - 1e-5)
+    rest, mass, _ = reference_top(*leaves, lengths, topk, given_top=my_top)
+    (rest * grad_rest).sum().add((mass * grad_mass).sum()).backward()
+    (my_rest * grad_rest.to(dtype)).sum().add((my_mass * grad_mass.to(dtype)).sum()).backward()
+    tolerance = dict(atol=2e-5, rtol=1e-4) if dtype == torch.float32 else dict(atol=1e-12, rtol=1e-10)
+    torch.testing.assert_close(my_rest.double(), rest, **tolerance)
+    torch.testing.assert_close(my_mass.double(), mass, **tolerance)
+    for mine, theirs in zip(inputs, leaves):
+        torch.testing.assert_close(mine.grad.double(), theirs.grad, **tolerance)
+    if topk >= length:
+        assert torch.all(my_rest == 0)
+
+
+def test_top_split_ties_go_to_the_lower_position():
+    # Every key appears three times (positions l, l + 20, l + 40): equal scores.
+    generator = torch.Generator().manual_seed(11)
+    centroids = torch.randn(1, 1, 300, 8, dtype=torch.float64, generator=generator)
+    k = torch.randn(1, 1, 20, 8, dtype=torch.float64, generator=generator).repeat(1, 1, 3, 1)
+    v = torch.randn(1, 1, 60, 4, dtype=torch.float64, generator=generator)
+    lengths = torch.tensor([60])
+    _, _, top = CentroidTopSplit.apply(centroids, k, v, lengths, 10)
+    _, _, expected = reference_top(centroids, k, v, lengths, 10)
+    assert torch.equal(top, expected)
