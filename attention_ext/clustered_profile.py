@@ -80,18 +80,10 @@ def clustered_pass(timer: StageTimer, q, k, v, grad_out, clusters, bits, iterati
         grad_values = timer("broadcast bwd", ops.cluster_broadcast_backward, grad_out, offsets, members)
         grad_centroids = timer("softmax(Q_c K^T) V bwd", ops.centroid_attention_backward, grad_values, centroids,
                                k, v, lengths, centroid_values, logsumexp)[0]
-    else:
-        scores = timer("Q_c K^T", torch.matmul, centroids, k.transpose(-1, -2))
-        attention = timer("softmax", torch.softmax, scores, -1)
-        top = timer("top-k", ops.cluster_topk, attention, lengths, topk)
-        from .iclustered import SplitTopMass
-
-        class Ctx:   # SplitTopMass's forward / backward called directly
-            def save_for_backward(self, *tensors):
-                self.saved_tensors = tensors
-        ctx = Ctx()
-        mass, rest = timer("split top mass", SplitTopMass.forward, ctx, attention, top)
-        bottom = timer("A_rest V", torch.matmul, rest, v)
+    else:   # the fused kernel of CentroidTopSplit: T, m and V^b
+        bottom, mass, top, logsumexp = timer("top-k, m, V^b", ops.centroid_attention_top, centroids, k, v, lengths,
+                                             topk)
+        mass = mass.unsqueeze(-1)
         dots = timer("sparse dot", ops.clustered_sparse_dot, q, k, top, offsets, members, scale)
         probabilities = timer("sparse softmax", torch.softmax, dots, -1)
         mass_rows = timer("broadcast (mass)", ops.cluster_broadcast, mass, assignment)
@@ -112,13 +104,9 @@ def clustered_pass(timer: StageTimer, q, k, v, grad_out, clusters, bits, iterati
         grad_dots = timer("sparse softmax bwd", torch._softmax_backward_data, grad_probabilities, probabilities,
                           -1, probabilities.dtype)
         timer("sparse dot bwd", ops.clustered_sparse_dot_backward, grad_dots, q, k, top, offsets, members, scale)
-        grad_rest = timer("A_rest V bwd (dA)", torch.matmul, grad_bottom, v.transpose(-1, -2))
-        timer("A_rest V bwd (dV)", torch.matmul, rest.transpose(-1, -2), grad_bottom)
-        grad_attention = timer("split top mass bwd", SplitTopMass.backward, ctx, grad_mass, grad_rest)[0]
-        grad_scores = timer("softmax bwd", torch._softmax_backward_data, grad_attention, attention, -1,
-                            attention.dtype)
-        grad_centroids = timer("Q_c K^T bwd (dQ_c)", torch.matmul, grad_scores, k)
-        timer("Q_c K^T bwd (dK)", torch.matmul, grad_scores.transpose(-1, -2), centroids)
+        grad_centroids = timer("top-k, m, V^b bwd", ops.centroid_attention_top_backward, grad_bottom,
+                               grad_mass.squeeze(-1), centroids, k, v, lengths, bottom, mass.squeeze(-1), top,
+                               logsumexp)[0]
     grad_centroids = timer("centroid scale bwd", torch.mul, grad_centroids, scale)
     timer("centroid mean bwd", ops.cluster_mean_backward, grad_centroids, assignment, offsets)
 

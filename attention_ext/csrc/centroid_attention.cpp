@@ -31,7 +31,9 @@
 #include <cmath>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <limits>
+#include <vector>
 
 namespace {
 
@@ -154,15 +156,39 @@ void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys
         Candidate<scalar_t>* candidates = pool.data() + index * capacity;
         int64_t& count = pooled[index];
         scalar_t& bar = floor[index];
-        for (int64_t j = 0; j < valid_width; ++j) {
-          if (!(row[j] >= bar)) continue;
-          if (count == capacity) {
-            std::nth_element(candidates, candidates + (slots - 1), candidates + count, before<scalar_t>);
-            count = slots;
-            bar = candidates[slots - 1].score;
-            if (!(row[j] >= bar)) continue;
+        if (count == 0 && valid_width > 2 * slots) {
+          // A first floor: split the block's keys into strided classes (l mod classes); the
+          // slots-th largest class maximum t is reached by `slots` keys, so every top key has
+          // a score >= t.
+          const int64_t classes = std::min(valid_width, (std::max<int64_t>(2 * slots, 64) + 15) / 16 * 16);
+          std::vector<scalar_t> class_max(row, row + classes);   // once per row: scratch is allowed here
+          for (int64_t first = classes; first < valid_width; first += classes) {
+            const int64_t count_here = std::min(classes, valid_width - first);
+            const scalar_t* segment = row + first;
+            scalar_t* m = class_max.data();
+#pragma omp simd
+            for (int64_t j = 0; j < count_here; ++j) m[j] = segment[j] > m[j] ? segment[j] : m[j];
           }
-          candidates[count++] = Candidate<scalar_t>{row[j], start + j};
+          std::nth_element(class_max.begin(), class_max.begin() + (slots - 1), class_max.end(),
+                           std::greater<scalar_t>());
+          bar = class_max[slots - 1];
+        }
+        for (int64_t chunk = 0; chunk < valid_width; chunk += 16) {
+          const int64_t stop = std::min(valid_width, chunk + 16);
+          int reaches = 0;
+#pragma omp simd reduction(| : reaches)
+          for (int64_t j = chunk; j < stop; ++j) reaches |= row[j] >= bar;
+          if (!reaches) continue;
+          for (int64_t j = chunk; j < stop; ++j) {
+            if (!(row[j] >= bar)) continue;
+            if (count == capacity) {
+              std::nth_element(candidates, candidates + (slots - 1), candidates + count, before<scalar_t>);
+              count = slots;
+              bar = candidates[slots - 1].score;
+              if (!(row[j] >= bar)) continue;
+            }
+            candidates[count++] = Candidate<scalar_t>{row[j], start + j};
+          }
         }
       }
       scalar_t block_max = -std::numeric_limits<scalar_t>::infinity();
