@@ -175,9 +175,10 @@ void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys
         }
         for (int64_t chunk = 0; chunk < valid_width; chunk += 16) {
           const int64_t stop = std::min(valid_width, chunk + 16);
+          const scalar_t current = bar;
           int reaches = 0;
 #pragma omp simd reduction(| : reaches)
-          for (int64_t j = chunk; j < stop; ++j) reaches |= row[j] >= bar;
+          for (int64_t j = chunk; j < stop; ++j) reaches |= row[j] >= current;
           if (!reaches) continue;
           for (int64_t j = chunk; j < stop; ++j) {
             if (!(row[j] >= bar)) continue;
@@ -255,8 +256,8 @@ void centroid_attention_backward_kernel(const at::Tensor& queries, const at::Ten
                                         const at::Tensor& logsumexp, const std::vector<int64_t>& valid, int64_t heads,
                                         const at::Tensor& top, const at::Tensor& grad_mass, const at::Tensor& mass,
                                         at::Tensor& grad_queries, at::Tensor& grad_keys, at::Tensor& grad_vals) {
-  const int64_t groups = queries.size(0), clusters = queries.size(1), dim = queries.size(2);
-  const int64_t length = keys.size(1), value_dim = vals.size(2), rows = groups * clusters;
+  const int64_t groups = queries.size(0), clusters = queries.size(1);
+  const int64_t value_dim = vals.size(2), rows = groups * clusters;
   const int64_t longest = *std::max_element(valid.begin(), valid.end());
   const int64_t slots = top.defined() ? top.size(3) : 0;
   const at::TensorOptions options = vals.options();
@@ -279,15 +280,11 @@ void centroid_attention_backward_kernel(const at::Tensor& queries, const at::Ten
   const int64_t first_width = std::min(block, longest);
   at::Tensor weights = at::empty({groups, clusters, first_width}, options);
   at::Tensor grad_scores = at::empty({groups, clusters, first_width}, options);
-  at::Tensor key_rows = at::empty({groups, first_width, dim}, options);
-  at::Tensor value_grad_rows = at::empty({groups, first_width, value_dim}, options);
   for (int64_t start = 0; start < longest; start += block) {
     const int64_t width = std::min(block, longest - start);
     if (width != weights.size(2)) {
       weights = at::empty({groups, clusters, width}, options);
       grad_scores = at::empty({groups, clusters, width}, options);
-      key_rows = at::empty({groups, width, dim}, options);
-      value_grad_rows = at::empty({groups, width, value_dim}, options);
     }
     const at::Tensor block_keys = keys.narrow(1, start, width);
     at::bmm_out(weights, queries, block_keys.transpose(1, 2));
@@ -313,24 +310,18 @@ void centroid_attention_backward_kernel(const at::Tensor& queries, const at::Ten
         a[j] = 0;
       }
     });
-    at::bmm_out(value_grad_rows, weights.transpose(1, 2), grad_values);            // dV = A^T grad
-    at::bmm_out(key_rows, grad_scores.transpose(1, 2), queries);                   // dK = dS^T Q^c
-    grad_queries.baddbmm_(grad_scores, block_keys);                                // dQ^c += dS K
-    // Copy the block's key and value gradients into place; padded rows get 0.
-    const scalar_t* key_src = key_rows.data_ptr<scalar_t>();
-    const scalar_t* value_src = value_grad_rows.data_ptr<scalar_t>();
-    scalar_t* key_dst = grad_keys.data_ptr<scalar_t>();
-    scalar_t* value_dst = grad_vals.data_ptr<scalar_t>();
-    at::parallel_for(0, groups * width, 64, [&](int64_t begin, int64_t end) {
-      for (int64_t index = begin; index < end; ++index) {
-        const int64_t g = index / width, position = start + index % width;
-        const bool padded = position >= valid[g / heads];
-        const int64_t target = g * length + position;
-        for (int64_t d = 0; d < dim; ++d) key_dst[target * dim + d] = padded ? scalar_t(0) : key_src[index * dim + d];
-        for (int64_t d = 0; d < value_dim; ++d)
-          value_dst[target * value_dim + d] = padded ? scalar_t(0) : value_src[index * value_dim + d];
-      }
-    });
+    // The block's key and value gradients go straight into place.
+    at::Tensor value_block = grad_vals.narrow(1, start, width), key_block_grad = grad_keys.narrow(1, start, width);
+    at::bmm_out(value_block, weights.transpose(1, 2), grad_values);       // dV = A^T grad
+    at::bmm_out(key_block_grad, grad_scores.transpose(1, 2), queries);    // dK = dS^T Q^c
+    grad_queries.baddbmm_(grad_scores, block_keys);                                      // dQ^c += dS K
+    // Their rows past a sequence's length are 0 (their weights are 0, but 0 * inf is not).
+    for (int64_t b = 0; b < static_cast<int64_t>(valid.size()); ++b) {
+      const int64_t first = std::max(valid[b], start), stop = start + width;
+      if (first >= stop) continue;
+      grad_keys.narrow(0, b * heads, heads).narrow(1, first, stop - first).zero_();
+      grad_vals.narrow(0, b * heads, heads).narrow(1, first, stop - first).zero_();
+    }
   }
 }
 
