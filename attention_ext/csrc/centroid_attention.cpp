@@ -6,6 +6,12 @@
 //       -> (values (B,H,C,D), logsumexp (B,H,C))
 //   centroid_attention_backward(grad (B,H,C,D), centroids, k, v, lengths, values, logsumexp)
 //       -> (grad_centroids, grad_k, grad_v)
+// and for improved clustered attention (eq. 9, 17), with T_j the `topk` valid keys of
+// largest A^c_j (ties: lower position; -1 past a sequence's length, as cluster_topk):
+//   centroid_attention_top(centroids, k, v, lengths, topk)
+//       -> (rest V^b (B,H,C,D), mass m (B,H,C), top T (B,H,C,min(topk,N)) int64, logsumexp)
+//   centroid_attention_top_backward(grad_rest, grad_mass, centroids, k, v, lengths, rest, mass,
+//                                   top, logsumexp) -> (grad_centroids, grad_k, grad_v)
 //
 // Why: materialising A^c = softmax(Q^c K^T) costs a (C, N) matrix per head and per pass
 // (the scores, the weights, their gradients: four of them at 78 MB each for 6 heads at
@@ -85,7 +91,6 @@ std::vector<int64_t> valid_keys(const at::Tensor& lengths, int64_t length) {
   for (int64_t b = 0; b < lengths.size(0); ++b) valid[b] = std::clamp<int64_t>(len[b], 1, std::max<int64_t>(length, 1));
   return valid;
 }
-
 
 // One block of keys [start, start + width) of every (batch, head): the parallel pass over the
 // rows of the block's scores (groups * clusters rows of `width`), with row `index` in
