@@ -117,10 +117,13 @@ struct Candidate {
 // "a before b" in the top-k order: larger score first, then lower position. The scores of
 // a row and its weights A^c = exp(score - logsumexp) are in the same order, so these are
 // the top-k keys of A^c with cluster_topk's tie rule.
-template <typename scalar_t>
-inline bool before(const Candidate<scalar_t>& a, const Candidate<scalar_t>& b) {
-  return a.score > b.score || (a.score == b.score && a.position < b.position);
-}
+// (A function object rather than a function, so that the sorts inline it.)
+struct Before {
+  template <typename scalar_t>
+  bool operator()(const Candidate<scalar_t>& a, const Candidate<scalar_t>& b) const {
+    return a.score > b.score || (a.score == b.score && a.position < b.position);
+  }
+};
 
 // The forward of both operators. With slots > 0 it also keeps, per row, the candidates for
 // its `slots` largest scores (a pool that is cut back to the best `slots` whenever it is
@@ -188,7 +191,7 @@ void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys
           for (int64_t j = chunk; j < stop; ++j) {
             if (!(row[j] >= bar)) continue;
             if (count == capacity) {
-              std::nth_element(candidates, candidates + (slots - 1), candidates + count, before<scalar_t>);
+              std::nth_element(candidates, candidates + (slots - 1), candidates + count, Before());
               count = slots;
               bar = candidates[slots - 1].score;
               if (!(row[j] >= bar)) continue;
@@ -236,9 +239,13 @@ void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys
       const int64_t g = index / clusters;
       const int64_t kept = std::min(slots, lengths[g / heads]);   // 0 for a sequence of length 0
       const int64_t found = std::min(kept, pooled[index]);
-      std::partial_sort(candidates, candidates + found, candidates + pooled[index], before<scalar_t>);
+      std::partial_sort(candidates, candidates + found, candidates + pooled[index], Before());
       scalar_t top_mass = 0;
+      const scalar_t* group_values = value_rows + g * length * value_dim;
+      for (int64_t s = 0; s < std::min<int64_t>(found, 4); ++s)   // scattered rows: ask early
+        __builtin_prefetch(group_values + candidates[s].position * value_dim);
       for (int64_t s = 0; s < found; ++s) {
+        if (s + 4 < found) __builtin_prefetch(group_values + candidates[s + 4].position * value_dim);
         const scalar_t weight = std::exp(candidates[s].score - lse[index]);
         top_mass += weight;
         const scalar_t* value = value_rows + (g * length + candidates[s].position) * value_dim;

@@ -187,6 +187,7 @@ void for_each_cluster(const SparseShape& s, const int64_t* topk, const int64_t* 
 template <typename scalar_t>
 void add_block(const scalar_t* block, const int64_t* keys, int64_t slots, int64_t dim, scalar_t* rows) {
   for (int64_t slot = 0; slot < slots; ++slot) {
+    if (slot + kPrefetchRows < slots) prefetch_row(rows, keys[slot + kPrefetchRows], dim);  // scattered rows
     if (keys[slot] < 0) continue;
     const scalar_t* src = block + slot * dim;
     scalar_t* dst = rows + keys[slot] * dim;
