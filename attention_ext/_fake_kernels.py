@@ -80,6 +80,35 @@ def _cluster_topk(weights, lengths, k):
     return _empty(weights, batch, heads, rows, torch.sym_min(k, length), dtype=torch.long)
 
 
+# --- centroid_attention.cpp ---------------------------------------------------------------------
+
+@_fake("centroid_attention")
+def _centroid_attention(centroids, k, v, lengths):
+    batch, heads, clusters, _ = centroids.shape
+    return (_empty(v, batch, heads, clusters, v.shape[-1]),                   # values
+            _empty(v, batch, heads, clusters))                                # logsumexp
+
+
+@_fake("centroid_attention_backward")
+def _centroid_attention_backward(grad, centroids, k, v, lengths, values, logsumexp):
+    return _empty(centroids, *centroids.shape), _empty(k, *k.shape), _empty(v, *v.shape)
+
+
+@_fake("centroid_attention_top")
+def _centroid_attention_top(centroids, k, v, lengths, topk):
+    batch, heads, clusters, _ = centroids.shape
+    slots = min(topk, k.shape[2])
+    return (_empty(v, batch, heads, clusters, v.shape[-1]),                   # V^b
+            _empty(v, batch, heads, clusters),                                # mass
+            _empty(v, batch, heads, clusters, slots, dtype=torch.long),       # top
+            _empty(v, batch, heads, clusters))                                # logsumexp
+
+
+@_fake("centroid_attention_top_backward")
+def _centroid_attention_top_backward(grad_rest, grad_mass, centroids, k, v, lengths, rest, mass, top, logsumexp):
+    return _empty(centroids, *centroids.shape), _empty(k, *k.shape), _empty(v, *v.shape)
+
+
 # --- sparse_product.cpp -------------------------------------------------------------------------
 
 @_fake("clustered_sparse_dot")

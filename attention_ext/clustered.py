@@ -176,6 +176,24 @@ def empty_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.
     return v * 0 + (q.sum() + k.sum()) * 0
 
 
+class CentroidValues(torch.autograd.Function):
+    """V^c = softmax(Q^c K^T) V over the valid keys (eq. 4-5), (B, H, C, D), for centroids
+    already scaled by 1/sqrt(E), without materialising the (C, N) weights: the CPU kernel
+    (csrc/centroid_attention.cpp) takes the keys block by block with an online softmax, and
+    its backward recomputes each block's weights from the saved log-sum-exp."""
+
+    @staticmethod
+    def forward(ctx, centroids, k, v, lengths):
+        values, logsumexp = ops.centroid_attention(centroids, k, v, lengths)
+        ctx.save_for_backward(centroids, k, v, lengths, values, logsumexp)
+        return values
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad_centroids, grad_k, grad_v = ops.centroid_attention_backward(grad, *ctx.saved_tensors)
+        return grad_centroids, grad_k, grad_v, None
+
+
 def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
                        clusters: QueryClusters, padded: bool = True) -> torch.Tensor:
     """A^c = softmax(Q^c K^T / sqrt(E)) over the valid keys (eq. 3-4), (B, H, C, N).
@@ -215,6 +233,10 @@ class ClusteredAttention(torch.nn.Module):
         with autocast_disabled(q.device):
             q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
             clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
-            attention = centroid_attention(q, k, lengths, clusters, padded)
-            centroid_values = torch.matmul(attention, v)                      # eq. 5
+            if q.device.type == "cpu":   # the (C, N) weights are never needed whole
+                centroids = ClusterMean.apply(q, clusters) * (1.0 / math.sqrt(q.shape[-1]))
+                centroid_values = CentroidValues.apply(centroids, k, v, lengths)  # eq. 3-5
+            else:
+                attention = centroid_attention(q, k, lengths, clusters, padded)
+                centroid_values = torch.matmul(attention, v)                  # eq. 5
             return ClusterBroadcast.apply(centroid_values, clusters).to(input_dtype)  # eq. 6

@@ -27,7 +27,7 @@ import math
 import torch
 
 from ._ops import ops
-from .clustered import (CLUSTERING_OPTIONS, ClusterBroadcast, QueryClusters, centroid_attention,
+from .clustered import (CLUSTERING_OPTIONS, ClusterBroadcast, ClusterMean, QueryClusters, centroid_attention,
                         cluster_queries, empty_attention)
 from .contract import autocast_disabled, check_inputs, kernel_dtype
 from .registry import Option, register_attention
@@ -103,6 +103,28 @@ class SplitTopMass(torch.autograd.Function):
         return grad_rest.scatter(-1, index, on_top.expand(index.shape)), None
 
 
+class CentroidTopSplit(torch.autograd.Function):
+    """For centroids already scaled by 1/sqrt(E): T (each cluster's top-k keys under A^c, as
+    `top_keys`), m_j = sum_{l in T_j} A^c_jl (eq. 9) and V^b_j = sum_{l not in T_j} A^c_jl v_l
+    (eq. 17), without materialising A^c: the CPU kernel (csrc/centroid_attention.cpp) takes
+    the keys block by block, keeping each row's running softmax and top-k candidates, and
+    its backward recomputes each block's weights. Returns (V^b (B, H, C, D), m (B, H, C, 1), T)."""
+
+    @staticmethod
+    def forward(ctx, centroids, k, v, lengths, topk: int):
+        rest, mass, top, logsumexp = ops.centroid_attention_top(centroids, k, v, lengths, topk)
+        ctx.save_for_backward(centroids, k, v, lengths, rest, mass, top, logsumexp)
+        ctx.mark_non_differentiable(top)
+        return rest, mass.unsqueeze(-1), top
+
+    @staticmethod
+    def backward(ctx, grad_rest, grad_mass, _):
+        centroids, k, v, lengths, rest, mass, top, logsumexp = ctx.saved_tensors
+        grad_centroids, grad_k, grad_v = ops.centroid_attention_top_backward(
+            grad_rest, grad_mass.squeeze(-1), centroids, k, v, lengths, rest, mass, top, logsumexp)
+        return grad_centroids, grad_k, grad_v, None, None
+
+
 def top_keys(attention: torch.Tensor, lengths: torch.Tensor, topk: int) -> torch.Tensor:
     """(B, H, C, min(topk, N)) int64: each cluster's keys with the largest attention among
     the valid ones, largest first; slots past a sequence's valid length are -1."""
@@ -138,10 +160,14 @@ class ImprovedClusteredAttention(torch.nn.Module):
         dtype = kernel_dtype(q.dtype, q.device)
         q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
         clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
-        attention = centroid_attention(q, k, lengths, clusters, padded)          # A^c, eq. 4
-        topk = top_keys(attention, lengths, self.topk)                           # T
-        mass, attention_rest = SplitTopMass.apply(attention, topk)               # m_j, eq. 9
-        bottom_values = torch.matmul(attention_rest, v)                          # V^b_j, eq. 17
+        if q.device.type == "cpu":   # the (C, N) weights A^c are never needed whole
+            centroids = ClusterMean.apply(q, clusters) * (1.0 / math.sqrt(q.shape[-1]))
+            bottom_values, mass, topk = CentroidTopSplit.apply(centroids, k, v, lengths, self.topk)  # eq. 4, 9, 17
+        else:
+            attention = centroid_attention(q, k, lengths, clusters, padded)      # A^c, eq. 4
+            topk = top_keys(attention, lengths, self.topk)                       # T
+            mass, attention_rest = SplitTopMass.apply(attention, topk)           # m_j, eq. 9
+            bottom_values = torch.matmul(attention_rest, v)                      # V^b_j, eq. 17
         dots = ClusteredSparseDot.apply(q, k, topk, clusters, 1.0 / math.sqrt(q.shape[-1]))
         weights = torch.softmax(dots, dim=-1) * ClusterBroadcast.apply(mass, clusters)
         top_values = ClusteredSparseWeightedSum.apply(weights, v, topk, clusters)  # V^t_i, eq. 16

@@ -89,7 +89,8 @@ void sum_member_rows(const scalar_t* x, const int64_t* offset_all, const int64_t
 }
 
 // out[g, i] = x[g, assignment[i]] (divided by the cluster's size when `mean`), 0 for
-// padded queries.
+// padded queries. Every row of out is written, so it may come uninitialised: for long
+// sequences a zero fill would be a whole extra pass over the output.
 template <typename scalar_t>
 void copy_cluster_rows(const scalar_t* x, const int64_t* assign, const int64_t* offset_all,
                        scalar_t* out, int64_t groups, int64_t clusters, int64_t length, int64_t dim,
@@ -97,7 +98,10 @@ void copy_cluster_rows(const scalar_t* x, const int64_t* assign, const int64_t* 
   at::parallel_for(0, groups * length, 64, [&](int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
       const int64_t a = assign[index];
-      if (a < 0) continue;
+      if (a < 0) {  // padded query: a zero row (out is not zero-filled beforehand)
+        std::fill(out + index * dim, out + (index + 1) * dim, scalar_t(0));
+        continue;
+      }
       const int64_t g = index / length;
       scalar_t factor = 1;
       if (mean) {
@@ -140,7 +144,7 @@ at::Tensor cluster_mean_backward(const at::Tensor& grad, const at::Tensor& assig
               clusters + 1, " columns");
   const at::Tensor grad_c = grad.contiguous(), assign_c = assignment.contiguous(),
                    offsets_c = offsets.contiguous();
-  at::Tensor out = at::zeros({batch, heads, length, dim}, grad.options());
+  at::Tensor out = at::empty({batch, heads, length, dim}, grad.options());
   AT_DISPATCH_FLOATING_TYPES(grad.scalar_type(), "cluster_mean_backward", [&] {
     copy_cluster_rows<scalar_t>(grad_c.data_ptr<scalar_t>(), assign_c.data_ptr<int64_t>(),
                                 offsets_c.data_ptr<int64_t>(), out.data_ptr<scalar_t>(), batch * heads,
@@ -155,7 +159,7 @@ at::Tensor cluster_broadcast(const at::Tensor& x, const at::Tensor& assignment) 
   const int64_t batch = x.size(0), heads = x.size(1), clusters = x.size(2), dim = x.size(3);
   const int64_t length = assignment.size(2);
   const at::Tensor x_c = x.contiguous(), assign_c = assignment.contiguous();
-  at::Tensor out = at::zeros({batch, heads, length, dim}, x.options());
+  at::Tensor out = at::empty({batch, heads, length, dim}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cluster_broadcast", [&] {
     copy_cluster_rows<scalar_t>(x_c.data_ptr<scalar_t>(), assign_c.data_ptr<int64_t>(), nullptr,
                                 out.data_ptr<scalar_t>(), batch * heads, clusters, length, dim,

@@ -197,6 +197,43 @@ at::Tensor hamming_kmeans_init(const at::Tensor& codes, const at::Tensor& length
   return centroids;
 }
 
+// The centroid nearest to code x in Hamming distance, the lowest index among equally near
+// ones: distance and index packed in one key, whose minimum is that centroid.
+inline int64_t nearest_centroid(int64_t x, const int64_t* cent, int64_t clusters) {
+  int64_t best = std::numeric_limits<int64_t>::max();
+#pragma omp simd reduction(min : best)
+  for (int64_t c = 0; c < clusters; ++c) {
+    const int64_t key = (static_cast<int64_t>(__builtin_popcountll(static_cast<uint64_t>(x ^ cent[c]))) << 32) | c;
+    best = key < best ? key : best;
+  }
+  return best & 0xFFFFFFFFLL;
+}
+
+// nearest_centroid of kCodesAtOnce consecutive codes: each centroid meets all of them in one
+// vector step, which needs no minimum across the lanes per code (the costly part of the
+// one-code loop); 16 codes are two independent 8-lane chains. A strictly closer centroid
+// replaces the best, so ties keep the lowest index.
+constexpr int kCodesAtOnce = 16;
+
+inline void nearest_centroids(const int64_t* x, const int64_t* cent, int64_t clusters, int64_t* out) {
+  int64_t best[kCodesAtOnce], nearest[kCodesAtOnce];
+  for (int lane = 0; lane < kCodesAtOnce; ++lane) {
+    best[lane] = 65;   // more than any distance between 64-bit codes
+    nearest[lane] = 0;
+  }
+  for (int64_t c = 0; c < clusters; ++c) {
+    const uint64_t centroid = static_cast<uint64_t>(cent[c]);
+#pragma omp simd
+    for (int lane = 0; lane < kCodesAtOnce; ++lane) {
+      const int64_t distance = __builtin_popcountll(static_cast<uint64_t>(x[lane]) ^ centroid);
+      const bool closer = distance < best[lane];
+      best[lane] = closer ? distance : best[lane];
+      nearest[lane] = closer ? c : nearest[lane];
+    }
+  }
+  for (int lane = 0; lane < kCodesAtOnce; ++lane) out[lane] = nearest[lane];
+}
+
 std::tuple<at::Tensor, at::Tensor> hamming_kmeans(const at::Tensor& codes, const at::Tensor& lengths,
                                                   const at::Tensor& initial_centroids,
                                                   int64_t iterations, int64_t bits) {
@@ -234,18 +271,13 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans(const at::Tensor& codes, const
       } else if (valid <= clusters) {
         assign_all[index] = i;
       } else {
-        // Distance and index packed in one key: the minimum is the nearest centroid,
-        // the lowest index among equally near ones.
-        const int64_t x = code[index];
+        // The run of valid queries of this (batch, head) from here, kCodesAtOnce at a time.
         const int64_t* cent = cent_all + g * clusters;
-        int64_t best = std::numeric_limits<int64_t>::max();
-#pragma omp simd reduction(min : best)
-        for (int64_t c = 0; c < clusters; ++c) {
-          const int64_t key =
-              (static_cast<int64_t>(__builtin_popcountll(static_cast<uint64_t>(x ^ cent[c]))) << 32) | c;
-          best = key < best ? key : best;
-        }
-        assign_all[index] = best & 0xFFFFFFFFLL;
+        const int64_t run_end = std::min(end, g * length + valid);
+        for (; index + kCodesAtOnce <= run_end; index += kCodesAtOnce)
+          nearest_centroids(code + index, cent, clusters, assign_all + index);
+        for (; index < run_end; ++index) assign_all[index] = nearest_centroid(code[index], cent, clusters);
+        --index;  // the loop's ++index comes next
       }
     }
   };

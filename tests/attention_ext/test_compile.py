@@ -159,6 +159,8 @@ def operator_samples():
     centroid_rows = torch.randn(batch, heads, clusters, dim, **f64)
     order = lsh_hash(q, lengths, rounds=2, chunk_size=2, seed=5).order
     out, lse = ops.lsh_attention_forward(q, v, order, lengths, 2)
+    centroid_values, logsumexp = ops.centroid_attention(centroid_rows, k, v, lengths)
+    rest, mass, top, top_logsumexp = ops.centroid_attention_top(centroid_rows, k, v, lengths, slots)
     zeros = torch.zeros_like(q)   # equal codes and buckets whatever the random draws: a deterministic result
     return [
         ("hyperplane_hash", (q, planes, plane_offsets, lengths)),
@@ -170,6 +172,12 @@ def operator_samples():
         ("cluster_broadcast", (centroid_rows, assignment)),
         ("cluster_broadcast_backward", (q, offsets, members)),
         ("cluster_topk", (weights, lengths, slots)),
+        ("centroid_attention", (centroid_rows, k, v, lengths)),
+        ("centroid_attention_backward", (torch.randn_like(centroid_values), centroid_rows, k, v, lengths,
+                                         centroid_values, logsumexp)),
+        ("centroid_attention_top", (centroid_rows, k, v, lengths, slots)),
+        ("centroid_attention_top_backward", (torch.randn_like(rest), torch.randn_like(mass), centroid_rows, k, v,
+                                             lengths, rest, mass, top, top_logsumexp)),
         ("clustered_sparse_dot", (q, k, topk, offsets, members, 0.5)),
         ("clustered_sparse_dot_backward", (scores, q, k, topk, offsets, members, 0.5)),
         ("clustered_sparse_weighted_sum", (scores, v, topk, offsets, members)),
