@@ -88,7 +88,10 @@ class ConvSubsampling(nn.Module):
         # with the same subsampled length. With the same layout in eager mode nothing is baked.
         x = x.unsqueeze(-1)                                        # (B, T, F, 1)
         for conv, stride in zip(self.convs, self.strides):
-            x = x * valid_mask(lengths, x.shape[1])[:, :, None, None]
+            # The mask is (B, T, 1), not (B, T, 1, 1): a 4D mask saved for the backward is laid out
+            # channels-last by inductor, whose sort of its symbolic strides (T, 1, T, T) then fails
+            # ("cannot determine truth value of Relational"). Flattening (F, C) costs nothing.
+            x = (x.flatten(2) * valid_mask(lengths, x.shape[1])[:, :, None]).view_as(x)
             x = F.relu(conv(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1)     # (B, T', F', C)
             if stride > 1:
                 lengths = (lengths - 1) // stride + 1
