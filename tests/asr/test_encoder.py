@@ -82,6 +82,25 @@ def test_subsampling_lengths_and_padding_independence(factor):
             torch.testing.assert_close(alone[0], out[b, :expected[b]], rtol=1e-5, atol=1e-5)
 
 
+
+@pytest.mark.parametrize("factor", [2, 4])
+def test_subsampling_computes_the_plain_convolution_stack(factor):
+    """The channels-last front end (kept so for torch.compile) computes what the textbook
+    (B, C, T, F) stack computes: mask, convolution, ReLU, twice; frames then flattened channel by
+    channel into the projection (so checkpoints of either layout load into the other)."""
+    torch.manual_seed(0)
+    frontend = tiny_encoder(subsampling=factor, subsampling_channels=3).frontend
+    features, lengths = torch.randn(3, 23, 12), torch.tensor([23, 9, 4])
+    x, expected_lengths = features.unsqueeze(1), lengths
+    for conv, stride in zip(frontend.convs, frontend.strides):
+        x = torch.relu(conv(x * (torch.arange(x.shape[2]) < expected_lengths[:, None])[:, None, :, None]))
+        expected_lengths = (expected_lengths - 1) // stride + 1
+    expected = frontend.projection(x.transpose(1, 2).flatten(2))
+    with torch.no_grad():
+        got, got_lengths = frontend(features, lengths)
+    assert torch.equal(got_lengths, expected_lengths)
+    torch.testing.assert_close(got, expected.detach(), rtol=1e-5, atol=1e-5)
+
 def test_sinusoidal_positions_follow_the_formula():
     table = sinusoidal_positions(3, 4)
     # dims (sin, cos) at frequencies 1 and 1/10000^(2/4) = 0.01
