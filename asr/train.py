@@ -61,6 +61,7 @@ from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
 from asr.metrics import percent
 from asr.model.checkpoint import CheckpointError, newest_usable_checkpoint, read_checkpoint
 from asr.model.diagnostics import TrainingDiagnostics
+from asr.model.encoder import compile_encoder
 from asr.model.recognizer import CheckpointMismatchError, SpeechRecognizer, check_state_dict_fits
 from asr.progress import EpochProgressBar
 from asr.warning_filters import install_warning_filters
@@ -376,8 +377,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         frontend=datamodule.filterbank.options)
     model.set_feature_stats(datamodule.feature_mean, datamodule.feature_std)
     if cfg.trainer.compile:
-        # in place: the state dict keeps its keys, so checkpoints load without compile too
-        model.encoder.compile(fullgraph=True)
+        compile_encoder(model.encoder)
     if checkpoint is not None:
         check_state_dict_fits(model, checkpoint["state_dict"], f"checkpoint {resume_from}")
         log.info("resuming from %s (epoch %s, step %s)", resume_from, checkpoint.get("epoch"),

@@ -55,6 +55,10 @@ class ConvSubsampling(nn.Module):
     which shortens CTC's initial all-blank plateau a lot on our CPU budgets. Padding 1 keeps a
     stride-2 convolution at ceil(T / 2) frames. Padded frames are zeroed before every
     convolution, so a sequence gives the same output alone or inside a padded batch.
+
+    The activations are channels-last, (B, T, F, C) in memory, and each convolution sees a
+    (B, C, T, F) view of them: the layout inductor picks for CPU convolutions, so an eager run,
+    a trace and the compiled code agree on every stride (see forward).
     """
 
     def __init__(self, feature_dim: int, d_model: int, factor: int, channels: int):
@@ -75,14 +79,25 @@ class ConvSubsampling(nn.Module):
         return lengths
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        x = x.unsqueeze(1)                                         # (B, 1, T, F)
+        # Channels-last on purpose: compiled, inductor runs these convolutions channels-last (on
+        # the CPU always, elsewhere because compile_encoder asks it to), even with symbolic
+        # lengths. Had the eager layout been (B, C, T, F), the activations saved for the backward
+        # would get other strides from the compiled forward than from the trace, and torch 2.13
+        # then bakes the first batch's length into the compiled backward as constant strides
+        # (pytorch/pytorch#191885): `assert_size_stride` failed on a batch of another length
+        # with the same subsampled length. With the same layout in eager mode nothing is baked.
+        x = x.unsqueeze(-1)                                        # (B, T, F, 1)
         for conv, stride in zip(self.convs, self.strides):
-            x = x * valid_mask(lengths, x.shape[2])[:, None, :, None]
-            x = F.relu(conv(x))
+            # The mask is (B, T, 1), not (B, T, 1, 1): a 4D mask saved for the backward is laid out
+            # channels-last by inductor, whose sort of its symbolic strides (T, 1, T, T) then fails
+            # ("cannot determine truth value of Relational"). Flattening (F, C) costs nothing.
+            x = (x.flatten(2) * valid_mask(lengths, x.shape[1])[:, :, None]).view_as(x)
+            x = F.relu(conv(x.permute(0, 3, 1, 2))).permute(0, 2, 3, 1)     # (B, T', F', C)
             if stride > 1:
                 lengths = (lengths - 1) // stride + 1
-        batch, channels, time, freq = x.shape
-        x = x.transpose(1, 2).reshape(batch, time, channels * freq)
+        batch, time, freq, channels = x.shape
+        # each frame's features channel by channel (the projection's weights are in that order)
+        x = x.transpose(2, 3).reshape(batch, time, channels * freq)
         return self.projection(x), lengths
 
 
@@ -189,3 +204,18 @@ class TransformerEncoder(nn.Module):
         for layer in self.layers:
             x = layer(x, lengths)
         return self.final_norm(x), lengths
+
+
+def compile_encoder(encoder: TransformerEncoder) -> None:
+    """torch.compile the encoder in place, as `trainer.compile=true` does: fullgraph (any attention
+    traces as one graph), and the state dict keeps its keys, so checkpoints load without compile.
+
+    `force_layout_optimization` works around pytorch/pytorch#191306 (torch 2.13): inductor lays
+    out a graph channels-last only if it counts convolutions in it, and a backward graph holds
+    only convolution backwards, so the front end's backward was lowered the other way, which
+    guards on its strides: it specialised the graph to one subsampled length (a recompilation for
+    every new one) or failed to lower. Forced, the backward runs channels-last as the forward and
+    the eager front end do (ConvSubsampling.forward), and one graph with symbolic lengths serves
+    every batch.
+    """
+    encoder.compile(fullgraph=True, options={"force_layout_optimization": True})

@@ -1,11 +1,12 @@
 """The encoder: its layer against a brute-force transformer layer, subsampling, shared QK, attention swap."""
+import copy
 import math
 
 import pytest
 import torch
 
 from attention_ext import AttentionConfigError, SharedQKRequiredError, validate_attention
-from asr.model.encoder import EncoderLayer, TransformerEncoder, sinusoidal_positions
+from asr.model.encoder import EncoderLayer, TransformerEncoder, compile_encoder, sinusoidal_positions
 from asr.model.recognizer import CheckpointMismatchError, check_state_dict_fits
 
 
@@ -80,6 +81,25 @@ def test_subsampling_lengths_and_padding_independence(factor):
             alone, _ = encoder(features[b:b + 1, :n], torch.tensor([n]))
             torch.testing.assert_close(alone[0], out[b, :expected[b]], rtol=1e-5, atol=1e-5)
 
+
+
+@pytest.mark.parametrize("factor", [2, 4])
+def test_subsampling_computes_the_plain_convolution_stack(factor):
+    """The channels-last front end (kept so for torch.compile) computes what the textbook
+    (B, C, T, F) stack computes: mask, convolution, ReLU, twice; frames then flattened channel by
+    channel into the projection (so checkpoints of either layout load into the other)."""
+    torch.manual_seed(0)
+    frontend = tiny_encoder(subsampling=factor, subsampling_channels=3).frontend
+    features, lengths = torch.randn(3, 23, 12), torch.tensor([23, 9, 4])
+    x, expected_lengths = features.unsqueeze(1), lengths
+    for conv, stride in zip(frontend.convs, frontend.strides):
+        x = torch.relu(conv(x * (torch.arange(x.shape[2]) < expected_lengths[:, None])[:, None, :, None]))
+        expected_lengths = (expected_lengths - 1) // stride + 1
+    expected = frontend.projection(x.transpose(1, 2).flatten(2))
+    with torch.no_grad():
+        got, got_lengths = frontend(features, lengths)
+    assert torch.equal(got_lengths, expected_lengths)
+    torch.testing.assert_close(got, expected.detach(), rtol=1e-5, atol=1e-5)
 
 def test_sinusoidal_positions_follow_the_formula():
     table = sinusoidal_positions(3, 4)
@@ -191,3 +211,39 @@ def test_shared_and_separate_qk_models_start_from_the_same_weights_but_the_key()
     assert set(separate) - set(shared) == {f"layers.{i}.key.{p}" for i in range(2) for p in ("weight", "bias")}
     for name, parameter in shared.items():
         assert torch.equal(parameter, separate[name]), name
+
+
+def test_compiled_encoder_trains_on_batches_of_any_length():
+    """trainer.compile=true's compile of an encoder with the convolution front end: forward and
+    backward on batches of other lengths and sizes (odd and even; one with the subsampled length of
+    the first, others with other subsampled lengths) give the eager output and gradients, from one
+    graph with symbolic sizes. torch 2.13 baked the first length into the compiled backward's strides
+    when eager and compiled layouts differed (the third batch of a training failed
+    `assert_size_stride`), and its convolution backward specialised each subsampled length."""
+    torch.manual_seed(0)
+    eager = tiny_encoder(layers=1, subsampling=2, subsampling_channels=3).train()
+    compiled = copy.deepcopy(eager)
+    compile_encoder(compiled)
+    torch._dynamo.utils.counters.clear()
+    for index, (batch, length) in enumerate([(3, 38), (3, 37), (2, 36), (4, 41)]):
+        features = torch.randn(batch, length, 12)
+        lengths = torch.tensor([length] + [length - 5] * (batch - 1))
+        if index == 0:
+            # symbolic from the first batch on, as a training run's batches are from the second
+            # (this skips a compilation for the first batch's shape alone)
+            torch._dynamo.maybe_mark_dynamic(features, 0)
+            torch._dynamo.maybe_mark_dynamic(features, 1)
+            torch._dynamo.maybe_mark_dynamic(lengths, 0)
+        results = []
+        for model in (eager, compiled):
+            model.zero_grad()
+            out, out_lengths = model(features, lengths)
+            (out * torch.linspace(-1, 1, out.shape[-1])).sum().backward()
+            results.append((out.detach(), out_lengths, {n: p.grad.clone() for n, p in model.named_parameters()}))
+        (expected, expected_lengths, expected_grads), (got, got_lengths, got_grads) = results
+        assert torch.equal(got_lengths, expected_lengths) and got.shape[1] == math.ceil(length / 2)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+        for name in expected_grads:
+            torch.testing.assert_close(got_grads[name], expected_grads[name], rtol=1e-4, atol=1e-5, msg=name)
+    assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1     # no recompilation per length
+    torch._dynamo.reset()
