@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -230,12 +231,28 @@ inline void gemm_tile(const T* __restrict a, Strides as, const T* __restrict b, 
   }
 }
 
+// Rows of small_gemm's register tile. Its 2 x kLanes columns are 2 vectors per row on
+// AVX-512 (32 vector registers: 8 rows give 16 accumulators, and each loaded row of B feeds
+// 8 FMAs per vector instead of 4, which doubles the rate) but 4 on AVX2 (16 registers: 4 rows
+// would already fill them all, so 3 rows, 12 accumulators).
+#if defined(__AVX512F__)
+constexpr int kGemmRows = 8;
+#else
+constexpr int kGemmRows = 3;
+#endif
+
 template <typename T, int COLS>
 inline void gemm_columns(const T* a, Strides as, const T* b, int64_t ldb, T* c, int64_t ldc,
                          int64_t rows, int64_t depth) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4)
-    gemm_tile<T, 4, COLS>(a + r * as.row, as, b, ldb, c + r * ldc, ldc, depth);
+  for (; r + kGemmRows <= rows; r += kGemmRows)
+    gemm_tile<T, kGemmRows, COLS>(a + r * as.row, as, b, ldb, c + r * ldc, ldc, depth);
+  if constexpr (kGemmRows > 4) {
+    if (r + 4 <= rows) {
+      gemm_tile<T, 4, COLS>(a + r * as.row, as, b, ldb, c + r * ldc, ldc, depth);
+      r += 4;
+    }
+  }
   for (; r < rows; ++r)
     gemm_tile<T, 1, COLS>(a + r * as.row, as, b, ldb, c + r * ldc, ldc, depth);
 }
@@ -286,19 +303,60 @@ struct ChunkWindow {
         key_chunks(rounds > 1 ? rounds * 2 * chunk_ : 0),
         query_chunks(rounds > 1 ? rounds * 2 * query_pad : 0), counts(query_pad) {}
 
+  // The chunk whose own rows (keys 0..queries-1) the window holds: the next chunk of the
+  // same (batch, head, round) takes them as its previous chunk's keys, moved within the
+  // buffers instead of gathered from memory and normalised again.
+  int64_t held_bh = -1, held_round = -1, held_chunk = -1;
+
+  // Moves the rows of keys 0..count-1 to keys at..at+count-1 (at >= 0; the ranges may overlap).
+  void move_keys(int64_t count, int64_t at, int64_t rounds) {
+    const auto move = [&](auto& buffer, int64_t width, int64_t offset) {
+      std::copy_backward(buffer.begin() + offset, buffer.begin() + offset + count * width,
+                         buffer.begin() + offset + (at + count) * width);
+    };
+    move(key_pos, 1, 0);
+    move(key_inv_norm, 1, 0);
+    move(key_clamped, 1, 0);
+    move(keys_rows, dim_pad, 0);
+    move(values_rows, value_pad, 0);
+    if (rounds > 1)
+      for (int64_t other = 0; other < rounds; ++other) move(key_chunks, 1, other * 2 * chunk);
+  }
+
+  // Normalises and stores key j (position key_pos[j]) and its value.
+  void load_key(int64_t j, const T* q_bh, const T* values_bh) {
+    const T* q_row = q_bh + key_pos[j] * dim;
+    T squares = 0;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t e = 0; e < dim; ++e) squares += q_row[e] * q_row[e];
+    const T norm = std::sqrt(squares);
+    key_clamped[j] = norm < kNormEps<T>;
+    key_inv_norm[j] = T(1) / (key_clamped[j] ? kNormEps<T> : norm);
+    T* k_row = &keys_rows[j * dim_pad];
+    const T inv = key_inv_norm[j];
+#pragma omp simd
+    for (int64_t e = 0; e < dim; ++e) k_row[e] = q_row[e] * inv;
+    copy_row(&values_rows[j * value_pad], values_bh + key_pos[j] * value_dim, value_dim);
+  }
+
   void gather(const LshProblem& p, int64_t bh, int64_t r, int64_t c, const T* q_bh,
               const T* values_bh) {
     const int64_t valid = p.valid(bh / p.heads);
     const int64_t* order = p.round_order(bh, r);
     chunks = chunk_count(valid, p.chunk);
     const int64_t begin = c * p.chunk, end = std::min(begin + p.chunk, valid);
-    queries = keys = 0;
-    for (int64_t s = begin; s < end; ++s) query_pos[queries++] = key_pos[keys++] = order[s];
+    queries = end - begin;
+    keys = queries;
+    bool reused = false;
+    int64_t prev_begin = 0;
     if (chunks > 1) {
       const int64_t prev = previous_chunk(c, chunks);
-      const int64_t prev_end = std::min(prev * p.chunk + p.chunk, valid);
-      for (int64_t s = prev * p.chunk; s < prev_end; ++s) key_pos[keys++] = order[s];
+      prev_begin = prev * p.chunk;
+      keys += std::min(prev_begin + p.chunk, valid) - prev_begin;
+      reused = held_bh == bh && held_round == r && held_chunk == prev;
+      if (reused) move_keys(keys - queries, queries, p.rounds);
     }
+    for (int64_t i = 0; i < queries; ++i) query_pos[i] = key_pos[i] = order[begin + i];
     for (int64_t i = 0; i < queries; ++i) {
       const T* q_row = q_bh + query_pos[i] * dim;
       for (int64_t e = 0; e < dim; ++e) q_t[e * query_pad + i] = q_row[e];
@@ -307,24 +365,17 @@ struct ChunkWindow {
     // Query columns past the last query must read as zero.
     for (int64_t e = 0; e < dim; ++e)
       std::fill(&q_t[e * query_pad + queries], &q_t[(e + 1) * query_pad], T(0));
-    for (int64_t j = 0; j < keys; ++j) {
-      const T* q_row = q_bh + key_pos[j] * dim;
-      T squares = 0;
-#pragma omp simd reduction(+ : squares)
-      for (int64_t e = 0; e < dim; ++e) squares += q_row[e] * q_row[e];
-      const T norm = std::sqrt(squares);
-      key_clamped[j] = norm < kNormEps<T>;
-      key_inv_norm[j] = T(1) / (key_clamped[j] ? kNormEps<T> : norm);
-      T* k_row = &keys_rows[j * dim_pad];
-      const T inv = key_inv_norm[j];
-#pragma omp simd
-      for (int64_t e = 0; e < dim; ++e) k_row[e] = q_row[e] * inv;
-      copy_row(&values_rows[j * value_pad], values_bh + key_pos[j] * value_dim, value_dim);
-    }
+    for (int64_t j = 0; j < queries; ++j) load_key(j, q_bh, values_bh);
+    if (!reused)
+      for (int64_t j = queries; j < keys; ++j) {
+        key_pos[j] = order[prev_begin + j - queries];
+        load_key(j, q_bh, values_bh);
+      }
     if (p.rounds > 1) {
       for (int64_t other = 0; other < p.rounds; ++other) {
         const int32_t* chunk_of = p.round_chunk_of(bh, other);
-        for (int64_t j = 0; j < keys; ++j) key_chunks[other * 2 * chunk + j] = chunk_of[key_pos[j]];
+        for (int64_t j = 0; j < (reused ? queries : keys); ++j)
+          key_chunks[other * 2 * chunk + j] = chunk_of[key_pos[j]];
         int32_t* own = &query_chunks[(other * 2) * query_pad];
         int32_t* prev = &query_chunks[(other * 2 + 1) * query_pad];
         for (int64_t i = 0; i < queries; ++i) {
@@ -333,6 +384,9 @@ struct ChunkWindow {
         }
       }
     }
+    held_bh = bh;
+    held_round = r;
+    held_chunk = c;
   }
 
   // Turns a gradient g with respect to unit key j into one with respect to its query
@@ -385,8 +439,9 @@ std::vector<T> log_count_table(int64_t rounds) {
 }
 
 // Tasks own groups of this many consecutive chunks of one (batch, head) and round, so a
-// task can prefetch its next chunk's rows.
-constexpr int64_t kChunksPerTask = 4;
+// task can prefetch its next chunk's rows and take each chunk's previous-chunk keys from the
+// window it has just computed (ChunkWindow::gather); only a group's first chunk gathers both.
+constexpr int64_t kChunksPerTask = 8;
 
 template <typename T>
 void forward_kernel(const LshProblem& p, const T* q, const T* values, T* out, T* lse) {
@@ -480,8 +535,10 @@ void backward_kernel(const LshProblem& p, const T* grad_out, const T* q, const T
   // A group's first chunk also writes key/value gradients into the chunk before it,
   // which another task owns: those rows go to the task's boundary slot and are added
   // after the parallel region.
-  std::vector<T> boundary_dk(tasks * C * E), boundary_dv(tasks * C * Ev);
-  std::vector<int64_t> boundary_pos(tasks * C), boundary_rows(tasks);
+  // Left uninitialised (only the rows a task writes are read), not zeroed on every call.
+  const std::unique_ptr<T[]> boundary_dk(new T[tasks * C * E]), boundary_dv(new T[tasks * C * Ev]);
+  const std::unique_ptr<int64_t[]> boundary_pos(new int64_t[tasks * C]);
+  std::vector<int64_t> boundary_rows(tasks);
   const int64_t grain = grain_for(10 * kChunksPerTask * C * C * (E + Ev));
   for (int64_t r = 0; r < p.rounds; ++r) {
     std::fill(boundary_rows.begin(), boundary_rows.end(), 0);
