@@ -123,12 +123,14 @@ inline void copy_row(T* __restrict dst, const T* __restrict src, int64_t n) {
 // Asks the cache for rows (positions[0..count) of a (N, width) array) needed soon: a
 // chunk's rows are scattered over the sequence, so fetching the next chunk's rows while
 // this one computes hides most of the memory latency.
-template <typename T>
+// kWrite asks for the lines with the intent to write: a row written without being read
+// (the output of round 0, a gradient row zeroed) would otherwise cost a miss at the store.
+template <bool kWrite = false, typename T>
 inline void prefetch_rows(const T* base, const int64_t* positions, int64_t count, int64_t width) {
   for (int64_t i = 0; i < count; ++i) {
     const char* row = reinterpret_cast<const char*>(base + positions[i] * width);
     for (int64_t byte = 0; byte < width * static_cast<int64_t>(sizeof(T)); byte += 64)
-      __builtin_prefetch(row + byte);
+      __builtin_prefetch(row + byte, kWrite ? 1 : 0);
   }
 }
 
@@ -471,7 +473,10 @@ void forward_kernel(const LshProblem& p, const T* q, const T* values, T* out, T*
             const int64_t next = (c + 1) * C, count = std::min(C, valid - next);
             prefetch_rows(q + base, order + next, count, E);
             prefetch_rows(values + value_base, order + next, count, Ev);
-            if (r > 0) prefetch_rows(out + value_base, order + next, count, Ev);
+            if (r == 0)
+              prefetch_rows<true>(out + value_base, order + next, count, Ev);
+            else
+              prefetch_rows(out + value_base, order + next, count, Ev);
           }
           const int64_t Q = w.queries, K = w.keys;
           // scores[j][i] = q_i . k_j
@@ -555,19 +560,32 @@ void backward_kernel(const LshProblem& p, const T* grad_out, const T* q, const T
         const int64_t first = group * kChunksPerTask;
         const int64_t last = std::min(first + kChunksPerTask, chunks);
         const int64_t base = bh * N * E, value_base = bh * N * Ev;
-        if (r == 0) {
-          // The gradients start uninitialised: a task zeroes the rows of its chunks before
-          // anything writes them (only their owner writes rows during the region).
+        // The gradients start uninitialised: in round 0 a task zeroes each of its chunks'
+        // rows before anything adds to them (only their owner writes rows during the
+        // region): chunk c just before its own step (its rows were prefetched for writing
+        // during the step before), except that with wrap-around the group's last chunk is
+        // its first chunk's previous one and is zeroed first.
+        const int64_t valid = p.valid(bh / p.heads);
+        const auto zero_rows = [&](int64_t chunk_index) {
           const int64_t* order = p.round_order(bh, 0);
-          const int64_t end_slot = std::min(last * C, p.valid(bh / p.heads));
-          for (int64_t s = first * C; s < end_slot; ++s) {
+          const int64_t end_slot = std::min((chunk_index + 1) * C, valid);
+          for (int64_t s = chunk_index * C; s < end_slot; ++s) {
             std::fill_n(grad_q + base + order[s] * E, E, T(0));
             std::fill_n(grad_values + value_base + order[s] * Ev, Ev, T(0));
           }
+        };
+        int64_t zeroed_ahead = -1;
+        if (r == 0 && chunks > 1) {
+          const int64_t prev = previous_chunk(first, chunks);
+          if (prev > first && prev < last) {
+            zero_rows(prev);
+            zeroed_ahead = prev;
+          }
         }
         for (int64_t c = first; c < last; ++c) {
+          if (r == 0 && c != zeroed_ahead) zero_rows(c);
           w.gather(p, bh, r, c, q + base, values + value_base);
-          const int64_t next = (c + 1) * C, valid = p.valid(bh / p.heads);
+          const int64_t next = (c + 1) * C;
           if (c + 1 < last) {
             const int64_t* next_pos = p.round_order(bh, r) + next;
             const int64_t count = std::min(C, valid - next);
@@ -575,6 +593,8 @@ void backward_kernel(const LshProblem& p, const T* grad_out, const T* q, const T
             prefetch_rows(values + value_base, next_pos, count, Ev);
             prefetch_rows(grad_out + value_base, next_pos, count, Ev);
             prefetch_rows(out + value_base, next_pos, count, Ev);
+            prefetch_rows<true>(grad_q + base, next_pos, count, E);
+            prefetch_rows<true>(grad_values + value_base, next_pos, count, Ev);
           }
           const int64_t Q = w.queries, K = w.keys;
           for (int64_t i = 0; i < Q; ++i) {
@@ -583,13 +603,13 @@ void backward_kernel(const LshProblem& p, const T* grad_out, const T* q, const T
             const T* o = out + value_base + pos * Ev;
             copy_row(&go_rows[i * w.value_pad], go, Ev);
             T dot = 0;
-            for (int64_t e = 0; e < Ev; ++e) {
-              go_t[e * Cp + i] = go[e];
-              dot += go[e] * o[e];
-            }
+#pragma omp simd reduction(+ : dot)
+            for (int64_t e = 0; e < Ev; ++e) dot += go[e] * o[e];
             go_dot_out[i] = dot;
             row_lse[i] = lse[bh * N + pos];
           }
+          for (int64_t e = 0; e < Ev; ++e)  // transposed from the copy in L1
+            for (int64_t i = 0; i < Q; ++i) go_t[e * Cp + i] = go_rows[i * w.value_pad + e];
           for (int64_t e = 0; e < Ev; ++e) std::fill(&go_t[e * Cp + Q], &go_t[(e + 1) * Cp], T(0));
           // prob[j][i] = q_i . k_j for now; dlogit[j][i] = dO_i . v_j
           small_gemm<T>(w.keys_rows.data(), {w.dim_pad, 1}, w.q_t.data(), Cp, prob.data(), Cp, K,
