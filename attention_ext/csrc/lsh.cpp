@@ -805,14 +805,24 @@ struct ProjectionExtremes {
   }
 
   // argmax([x, -x]) over the 2 half columns: the largest x if it is >= -(smallest x).
+  // The lanes' values are never NaN (they start at -inf / +inf and only a larger / smaller
+  // value replaces them), so the extreme value and then the lowest column holding it are
+  // two vectorised reductions, the same lane as a scan with ties to the lower column.
   int64_t bucket(int64_t half) const {
-    int l_up = 0, l_down = 0;
-    for (int l = 1; l < W; ++l) {
-      if (up[l] > up[l_up] || (up[l] == up[l_up] && up_at[l] < up_at[l_up])) l_up = l;
-      if (down[l] < down[l_down] || (down[l] == down[l_down] && down_at[l] < down_at[l_down]))
-        l_down = l;
+    T top = up[0], bottom = down[0];
+#pragma omp simd reduction(max : top) reduction(min : bottom)
+    for (int l = 0; l < W; ++l) {
+      top = std::max(top, up[l]);
+      bottom = std::min(bottom, down[l]);
     }
-    return up[l_up] >= -down[l_down] ? up_at[l_up] : half + down_at[l_down];
+    int32_t top_at = std::numeric_limits<int32_t>::max(), bottom_at = top_at;
+#pragma omp simd reduction(min : top_at, bottom_at)
+    for (int l = 0; l < W; ++l) {
+      top_at = std::min(top_at, up[l] == top ? up_at[l] : std::numeric_limits<int32_t>::max());
+      bottom_at = std::min(bottom_at,
+                           down[l] == bottom ? down_at[l] : std::numeric_limits<int32_t>::max());
+    }
+    return top >= -bottom ? top_at : half + bottom_at;
   }
 };
 
