@@ -768,8 +768,11 @@ std::tuple<at::Tensor, at::Tensor> lsh_attention_backward_cpu(
 // product's N E P multiply-adds (P = n_buckets / 2 grows with N, so the arithmetic of
 // Reformer hashing is quadratic in N; the tiles keep it near the core's peak rate).
 constexpr int64_t kHashBlockRows = 32;  // positions whose extremes are tracked at once
-constexpr int kHashTileRows = 8;        // 8 x 2 vectors: 16 accumulators, as many as fit
-constexpr int kHashTileVectors = 2;     // in the 32 vector registers with the operands
+// 2 vectors of columns per row; rows as small_gemm's tiles (8 on AVX-512: 16 accumulators in
+// its 32 vector registers; on AVX2 each vector is two of its 16 registers, so 3 rows: 8 rows
+// there kept most accumulators on the stack). The rows do not change any sum's order.
+constexpr int kHashTileRows = kGemmRows;
+constexpr int kHashTileVectors = 2;
 
 // The largest and the smallest projection of one position seen so far, per SIMD lane (lane
 // l sees the columns l, l + W, ... in increasing order), with their columns; lane-wise the
