@@ -41,6 +41,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -122,12 +123,14 @@ inline void copy_row(T* __restrict dst, const T* __restrict src, int64_t n) {
 // Asks the cache for rows (positions[0..count) of a (N, width) array) needed soon: a
 // chunk's rows are scattered over the sequence, so fetching the next chunk's rows while
 // this one computes hides most of the memory latency.
-template <typename T>
+// kWrite asks for the lines with the intent to write: a row written without being read
+// (the output of round 0, a gradient row zeroed) would otherwise cost a miss at the store.
+template <bool kWrite = false, typename T>
 inline void prefetch_rows(const T* base, const int64_t* positions, int64_t count, int64_t width) {
   for (int64_t i = 0; i < count; ++i) {
     const char* row = reinterpret_cast<const char*>(base + positions[i] * width);
     for (int64_t byte = 0; byte < width * static_cast<int64_t>(sizeof(T)); byte += 64)
-      __builtin_prefetch(row + byte);
+      __builtin_prefetch(row + byte, kWrite ? 1 : 0);
   }
 }
 
@@ -230,12 +233,28 @@ inline void gemm_tile(const T* __restrict a, Strides as, const T* __restrict b, 
   }
 }
 
+// Rows of small_gemm's register tile. Its 2 x kLanes columns are 2 vectors per row on
+// AVX-512 (32 vector registers: 8 rows give 16 accumulators, and each loaded row of B feeds
+// 8 FMAs per vector instead of 4, which doubles the rate) but 4 on AVX2 (16 registers: 4 rows
+// would already fill them all, so 3 rows, 12 accumulators).
+#if defined(__AVX512F__)
+constexpr int kGemmRows = 8;
+#else
+constexpr int kGemmRows = 3;
+#endif
+
 template <typename T, int COLS>
 inline void gemm_columns(const T* a, Strides as, const T* b, int64_t ldb, T* c, int64_t ldc,
                          int64_t rows, int64_t depth) {
   int64_t r = 0;
-  for (; r + 4 <= rows; r += 4)
-    gemm_tile<T, 4, COLS>(a + r * as.row, as, b, ldb, c + r * ldc, ldc, depth);
+  for (; r + kGemmRows <= rows; r += kGemmRows)
+    gemm_tile<T, kGemmRows, COLS>(a + r * as.row, as, b, ldb, c + r * ldc, ldc, depth);
+  if constexpr (kGemmRows > 4) {
+    if (r + 4 <= rows) {
+      gemm_tile<T, 4, COLS>(a + r * as.row, as, b, ldb, c + r * ldc, ldc, depth);
+      r += 4;
+    }
+  }
   for (; r < rows; ++r)
     gemm_tile<T, 1, COLS>(a + r * as.row, as, b, ldb, c + r * ldc, ldc, depth);
 }
@@ -286,19 +305,60 @@ struct ChunkWindow {
         key_chunks(rounds > 1 ? rounds * 2 * chunk_ : 0),
         query_chunks(rounds > 1 ? rounds * 2 * query_pad : 0), counts(query_pad) {}
 
+  // The chunk whose own rows (keys 0..queries-1) the window holds: the next chunk of the
+  // same (batch, head, round) takes them as its previous chunk's keys, moved within the
+  // buffers instead of gathered from memory and normalised again.
+  int64_t held_bh = -1, held_round = -1, held_chunk = -1;
+
+  // Moves the rows of keys 0..count-1 to keys at..at+count-1 (at >= 0; the ranges may overlap).
+  void move_keys(int64_t count, int64_t at, int64_t rounds) {
+    const auto move = [&](auto& buffer, int64_t width, int64_t offset) {
+      std::copy_backward(buffer.begin() + offset, buffer.begin() + offset + count * width,
+                         buffer.begin() + offset + (at + count) * width);
+    };
+    move(key_pos, 1, 0);
+    move(key_inv_norm, 1, 0);
+    move(key_clamped, 1, 0);
+    move(keys_rows, dim_pad, 0);
+    move(values_rows, value_pad, 0);
+    if (rounds > 1)
+      for (int64_t other = 0; other < rounds; ++other) move(key_chunks, 1, other * 2 * chunk);
+  }
+
+  // Normalises and stores key j (position key_pos[j]) and its value.
+  void load_key(int64_t j, const T* q_bh, const T* values_bh) {
+    const T* q_row = q_bh + key_pos[j] * dim;
+    T squares = 0;
+#pragma omp simd reduction(+ : squares)
+    for (int64_t e = 0; e < dim; ++e) squares += q_row[e] * q_row[e];
+    const T norm = std::sqrt(squares);
+    key_clamped[j] = norm < kNormEps<T>;
+    key_inv_norm[j] = T(1) / (key_clamped[j] ? kNormEps<T> : norm);
+    T* k_row = &keys_rows[j * dim_pad];
+    const T inv = key_inv_norm[j];
+#pragma omp simd
+    for (int64_t e = 0; e < dim; ++e) k_row[e] = q_row[e] * inv;
+    copy_row(&values_rows[j * value_pad], values_bh + key_pos[j] * value_dim, value_dim);
+  }
+
   void gather(const LshProblem& p, int64_t bh, int64_t r, int64_t c, const T* q_bh,
               const T* values_bh) {
     const int64_t valid = p.valid(bh / p.heads);
     const int64_t* order = p.round_order(bh, r);
     chunks = chunk_count(valid, p.chunk);
     const int64_t begin = c * p.chunk, end = std::min(begin + p.chunk, valid);
-    queries = keys = 0;
-    for (int64_t s = begin; s < end; ++s) query_pos[queries++] = key_pos[keys++] = order[s];
+    queries = end - begin;
+    keys = queries;
+    bool reused = false;
+    int64_t prev_begin = 0;
     if (chunks > 1) {
       const int64_t prev = previous_chunk(c, chunks);
-      const int64_t prev_end = std::min(prev * p.chunk + p.chunk, valid);
-      for (int64_t s = prev * p.chunk; s < prev_end; ++s) key_pos[keys++] = order[s];
+      prev_begin = prev * p.chunk;
+      keys += std::min(prev_begin + p.chunk, valid) - prev_begin;
+      reused = held_bh == bh && held_round == r && held_chunk == prev;
+      if (reused) move_keys(keys - queries, queries, p.rounds);
     }
+    for (int64_t i = 0; i < queries; ++i) query_pos[i] = key_pos[i] = order[begin + i];
     for (int64_t i = 0; i < queries; ++i) {
       const T* q_row = q_bh + query_pos[i] * dim;
       for (int64_t e = 0; e < dim; ++e) q_t[e * query_pad + i] = q_row[e];
@@ -307,24 +367,17 @@ struct ChunkWindow {
     // Query columns past the last query must read as zero.
     for (int64_t e = 0; e < dim; ++e)
       std::fill(&q_t[e * query_pad + queries], &q_t[(e + 1) * query_pad], T(0));
-    for (int64_t j = 0; j < keys; ++j) {
-      const T* q_row = q_bh + key_pos[j] * dim;
-      T squares = 0;
-#pragma omp simd reduction(+ : squares)
-      for (int64_t e = 0; e < dim; ++e) squares += q_row[e] * q_row[e];
-      const T norm = std::sqrt(squares);
-      key_clamped[j] = norm < kNormEps<T>;
-      key_inv_norm[j] = T(1) / (key_clamped[j] ? kNormEps<T> : norm);
-      T* k_row = &keys_rows[j * dim_pad];
-      const T inv = key_inv_norm[j];
-#pragma omp simd
-      for (int64_t e = 0; e < dim; ++e) k_row[e] = q_row[e] * inv;
-      copy_row(&values_rows[j * value_pad], values_bh + key_pos[j] * value_dim, value_dim);
-    }
+    for (int64_t j = 0; j < queries; ++j) load_key(j, q_bh, values_bh);
+    if (!reused)
+      for (int64_t j = queries; j < keys; ++j) {
+        key_pos[j] = order[prev_begin + j - queries];
+        load_key(j, q_bh, values_bh);
+      }
     if (p.rounds > 1) {
       for (int64_t other = 0; other < p.rounds; ++other) {
         const int32_t* chunk_of = p.round_chunk_of(bh, other);
-        for (int64_t j = 0; j < keys; ++j) key_chunks[other * 2 * chunk + j] = chunk_of[key_pos[j]];
+        for (int64_t j = 0; j < (reused ? queries : keys); ++j)
+          key_chunks[other * 2 * chunk + j] = chunk_of[key_pos[j]];
         int32_t* own = &query_chunks[(other * 2) * query_pad];
         int32_t* prev = &query_chunks[(other * 2 + 1) * query_pad];
         for (int64_t i = 0; i < queries; ++i) {
@@ -333,6 +386,9 @@ struct ChunkWindow {
         }
       }
     }
+    held_bh = bh;
+    held_round = r;
+    held_chunk = c;
   }
 
   // Turns a gradient g with respect to unit key j into one with respect to its query
@@ -385,8 +441,9 @@ std::vector<T> log_count_table(int64_t rounds) {
 }
 
 // Tasks own groups of this many consecutive chunks of one (batch, head) and round, so a
-// task can prefetch its next chunk's rows.
-constexpr int64_t kChunksPerTask = 4;
+// task can prefetch its next chunk's rows and take each chunk's previous-chunk keys from the
+// window it has just computed (ChunkWindow::gather); only a group's first chunk gathers both.
+constexpr int64_t kChunksPerTask = 8;
 
 template <typename T>
 void forward_kernel(const LshProblem& p, const T* q, const T* values, T* out, T* lse) {
@@ -416,7 +473,10 @@ void forward_kernel(const LshProblem& p, const T* q, const T* values, T* out, T*
             const int64_t next = (c + 1) * C, count = std::min(C, valid - next);
             prefetch_rows(q + base, order + next, count, E);
             prefetch_rows(values + value_base, order + next, count, Ev);
-            if (r > 0) prefetch_rows(out + value_base, order + next, count, Ev);
+            if (r == 0)
+              prefetch_rows<true>(out + value_base, order + next, count, Ev);
+            else
+              prefetch_rows(out + value_base, order + next, count, Ev);
           }
           const int64_t Q = w.queries, K = w.keys;
           // scores[j][i] = q_i . k_j
@@ -480,8 +540,10 @@ void backward_kernel(const LshProblem& p, const T* grad_out, const T* q, const T
   // A group's first chunk also writes key/value gradients into the chunk before it,
   // which another task owns: those rows go to the task's boundary slot and are added
   // after the parallel region.
-  std::vector<T> boundary_dk(tasks * C * E), boundary_dv(tasks * C * Ev);
-  std::vector<int64_t> boundary_pos(tasks * C), boundary_rows(tasks);
+  // Left uninitialised (only the rows a task writes are read), not zeroed on every call.
+  const std::unique_ptr<T[]> boundary_dk(new T[tasks * C * E]), boundary_dv(new T[tasks * C * Ev]);
+  const std::unique_ptr<int64_t[]> boundary_pos(new int64_t[tasks * C]);
+  std::vector<int64_t> boundary_rows(tasks);
   const int64_t grain = grain_for(10 * kChunksPerTask * C * C * (E + Ev));
   for (int64_t r = 0; r < p.rounds; ++r) {
     std::fill(boundary_rows.begin(), boundary_rows.end(), 0);
@@ -498,19 +560,32 @@ void backward_kernel(const LshProblem& p, const T* grad_out, const T* q, const T
         const int64_t first = group * kChunksPerTask;
         const int64_t last = std::min(first + kChunksPerTask, chunks);
         const int64_t base = bh * N * E, value_base = bh * N * Ev;
-        if (r == 0) {
-          // The gradients start uninitialised: a task zeroes the rows of its chunks before
-          // anything writes them (only their owner writes rows during the region).
+        // The gradients start uninitialised: in round 0 a task zeroes each of its chunks'
+        // rows before anything adds to them (only their owner writes rows during the
+        // region): chunk c just before its own step (its rows were prefetched for writing
+        // during the step before), except that with wrap-around the group's last chunk is
+        // its first chunk's previous one and is zeroed first.
+        const int64_t valid = p.valid(bh / p.heads);
+        const auto zero_rows = [&](int64_t chunk_index) {
           const int64_t* order = p.round_order(bh, 0);
-          const int64_t end_slot = std::min(last * C, p.valid(bh / p.heads));
-          for (int64_t s = first * C; s < end_slot; ++s) {
+          const int64_t end_slot = std::min((chunk_index + 1) * C, valid);
+          for (int64_t s = chunk_index * C; s < end_slot; ++s) {
             std::fill_n(grad_q + base + order[s] * E, E, T(0));
             std::fill_n(grad_values + value_base + order[s] * Ev, Ev, T(0));
           }
+        };
+        int64_t zeroed_ahead = -1;
+        if (r == 0 && chunks > 1) {
+          const int64_t prev = previous_chunk(first, chunks);
+          if (prev > first && prev < last) {
+            zero_rows(prev);
+            zeroed_ahead = prev;
+          }
         }
         for (int64_t c = first; c < last; ++c) {
+          if (r == 0 && c != zeroed_ahead) zero_rows(c);
           w.gather(p, bh, r, c, q + base, values + value_base);
-          const int64_t next = (c + 1) * C, valid = p.valid(bh / p.heads);
+          const int64_t next = (c + 1) * C;
           if (c + 1 < last) {
             const int64_t* next_pos = p.round_order(bh, r) + next;
             const int64_t count = std::min(C, valid - next);
@@ -518,6 +593,8 @@ void backward_kernel(const LshProblem& p, const T* grad_out, const T* q, const T
             prefetch_rows(values + value_base, next_pos, count, Ev);
             prefetch_rows(grad_out + value_base, next_pos, count, Ev);
             prefetch_rows(out + value_base, next_pos, count, Ev);
+            prefetch_rows<true>(grad_q + base, next_pos, count, E);
+            prefetch_rows<true>(grad_values + value_base, next_pos, count, Ev);
           }
           const int64_t Q = w.queries, K = w.keys;
           for (int64_t i = 0; i < Q; ++i) {
@@ -526,13 +603,13 @@ void backward_kernel(const LshProblem& p, const T* grad_out, const T* q, const T
             const T* o = out + value_base + pos * Ev;
             copy_row(&go_rows[i * w.value_pad], go, Ev);
             T dot = 0;
-            for (int64_t e = 0; e < Ev; ++e) {
-              go_t[e * Cp + i] = go[e];
-              dot += go[e] * o[e];
-            }
+#pragma omp simd reduction(+ : dot)
+            for (int64_t e = 0; e < Ev; ++e) dot += go[e] * o[e];
             go_dot_out[i] = dot;
             row_lse[i] = lse[bh * N + pos];
           }
+          for (int64_t e = 0; e < Ev; ++e)  // transposed from the copy in L1
+            for (int64_t i = 0; i < Q; ++i) go_t[e * Cp + i] = go_rows[i * w.value_pad + e];
           for (int64_t e = 0; e < Ev; ++e) std::fill(&go_t[e * Cp + Q], &go_t[(e + 1) * Cp], T(0));
           // prob[j][i] = q_i . k_j for now; dlogit[j][i] = dO_i . v_j
           small_gemm<T>(w.keys_rows.data(), {w.dim_pad, 1}, w.q_t.data(), Cp, prob.data(), Cp, K,
@@ -691,8 +768,11 @@ std::tuple<at::Tensor, at::Tensor> lsh_attention_backward_cpu(
 // product's N E P multiply-adds (P = n_buckets / 2 grows with N, so the arithmetic of
 // Reformer hashing is quadratic in N; the tiles keep it near the core's peak rate).
 constexpr int64_t kHashBlockRows = 32;  // positions whose extremes are tracked at once
-constexpr int kHashTileRows = 8;        // 8 x 2 vectors: 16 accumulators, as many as fit
-constexpr int kHashTileVectors = 2;     // in the 32 vector registers with the operands
+// 2 vectors of columns per row; rows as small_gemm's tiles (8 on AVX-512: 16 accumulators in
+// its 32 vector registers; on AVX2 each vector is two of its 16 registers, so 3 rows: 8 rows
+// there kept most accumulators on the stack). The rows do not change any sum's order.
+constexpr int kHashTileRows = kGemmRows;
+constexpr int kHashTileVectors = 2;
 
 // The largest and the smallest projection of one position seen so far, per SIMD lane (lane
 // l sees the columns l, l + W, ... in increasing order), with their columns; lane-wise the
@@ -728,14 +808,24 @@ struct ProjectionExtremes {
   }
 
   // argmax([x, -x]) over the 2 half columns: the largest x if it is >= -(smallest x).
+  // The lanes' values are never NaN (they start at -inf / +inf and only a larger / smaller
+  // value replaces them), so the extreme value and then the lowest column holding it are
+  // two vectorised reductions, the same lane as a scan with ties to the lower column.
   int64_t bucket(int64_t half) const {
-    int l_up = 0, l_down = 0;
-    for (int l = 1; l < W; ++l) {
-      if (up[l] > up[l_up] || (up[l] == up[l_up] && up_at[l] < up_at[l_up])) l_up = l;
-      if (down[l] < down[l_down] || (down[l] == down[l_down] && down_at[l] < down_at[l_down]))
-        l_down = l;
+    T top = up[0], bottom = down[0];
+#pragma omp simd reduction(max : top) reduction(min : bottom)
+    for (int l = 0; l < W; ++l) {
+      top = std::max(top, up[l]);
+      bottom = std::min(bottom, down[l]);
     }
-    return up[l_up] >= -down[l_down] ? up_at[l_up] : half + down_at[l_down];
+    int32_t top_at = std::numeric_limits<int32_t>::max(), bottom_at = top_at;
+#pragma omp simd reduction(min : top_at, bottom_at)
+    for (int l = 0; l < W; ++l) {
+      top_at = std::min(top_at, up[l] == top ? up_at[l] : std::numeric_limits<int32_t>::max());
+      bottom_at = std::min(bottom_at,
+                           down[l] == bottom ? down_at[l] : std::numeric_limits<int32_t>::max());
+    }
+    return top >= -bottom ? top_at : half + bottom_at;
   }
 };
 

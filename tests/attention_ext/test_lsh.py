@@ -334,3 +334,63 @@ def test_many_chunks_in_parallel_match_the_reference():
     grad = torch.randn_like(out)
     for g, w in zip(torch.autograd.grad(out, (q, v), grad), torch.autograd.grad(expected, (q, v), grad)):
         torch.testing.assert_close(g, w)
+
+
+def windows_of_order(order, chunk_size):
+    """(L, L) bool windows of one round given its sorted order (a permutation of 0..L-1):
+    own chunk and previous chunk (cyclic, when there are several), self excluded unless alone."""
+    length = len(order)
+    chunk = torch.empty(length, dtype=torch.long)
+    chunk[order] = torch.arange(length) // chunk_size
+    chunks = -(-length // chunk_size)
+    allowed = chunk[:, None] == chunk[None, :]
+    if chunks > 1:
+        allowed |= chunk[None, :] == (chunk[:, None] - 1) % chunks
+    if length > 1:
+        allowed.fill_diagonal_(False)
+    return allowed
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("rounds,chunk_size,lengths", [
+    (1, 11, [200, 23, 13]),   # 19 chunks: several groups of consecutive chunks, a short last chunk
+    (2, 13, [200, 26, 14]),   # windows of 14..26 keys: every row tail of the register tiles
+    (1, 40, [330, 80, 41]),   # windows wider than a 32-column tile: column tails too
+    (3, 5, [171, 10, 6]),     # 35 chunks; two chunks (each the other's previous); 5 + 1
+])
+def test_chunked_kernel_matches_brute_force_for_any_order(rounds, chunk_size, lengths, dtype):
+    """The chunked attention kernel (forward and gradients) against dense softmax over the
+    windows that random sorted orders define: many chunks per sequence, so a window's
+    previous-chunk keys come from the chunk computed just before it as well as from a fresh
+    gather, window sizes that are not multiples of the kernel's register tiles, two chunks."""
+    generator = torch.Generator().manual_seed(rounds * 1000 + chunk_size)
+    batch, heads, length, dim, value_dim = len(lengths), 2, max(lengths), 20, 36
+    q = torch.randn(batch, heads, length, dim, generator=generator, dtype=torch.float64)
+    v = torch.randn(batch, heads, length, value_dim, generator=generator, dtype=torch.float64)
+    order = torch.empty(batch, heads, rounds, length, dtype=torch.long)
+    for b, valid in enumerate(lengths):
+        for h in range(heads):
+            for r in range(rounds):
+                order[b, h, r] = torch.cat([torch.randperm(valid, generator=generator),
+                                            torch.arange(valid, length)])
+    lengths_t = torch.tensor(lengths)
+    qk, vk = q.to(dtype).requires_grad_(), v.to(dtype).requires_grad_()
+    out = lsh_chunked_attention(qk, vk, order, lengths_t, chunk_size)
+    grad = torch.randn(out.shape, generator=generator, dtype=torch.float64)
+    got = torch.autograd.grad(out, (qk, vk), grad.to(dtype))
+
+    qr, vr = q.clone().requires_grad_(), v.clone().requires_grad_()
+    expected = torch.zeros_like(out, dtype=torch.float64)
+    for b, valid in enumerate(lengths):
+        for h in range(heads):
+            masks = torch.stack([windows_of_order(order[b, h, r, :valid], chunk_size)
+                                 for r in range(rounds)])
+            union = masks.any(0)  # exact softmax over the union of the rounds' windows
+            unit = qr[b, h, :valid] / qr[b, h, :valid].norm(dim=-1, keepdim=True)
+            scores = (qr[b, h, :valid] @ unit.T / math.sqrt(dim)).masked_fill(~union, -math.inf)
+            expected[b, h, :valid] = torch.softmax(scores, dim=-1) @ vr[b, h, :valid]
+    want = torch.autograd.grad(expected, (qr, vr), grad)
+    tolerance = {} if dtype == torch.float64 else {"rtol": 1e-4, "atol": 1e-5}
+    torch.testing.assert_close(out.double(), expected.detach(), **tolerance)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g.double(), w, **tolerance)
