@@ -56,7 +56,8 @@ class StageTimer:
 
 def clustered_pass(timer: StageTimer, q, k, v, grad_out, clusters, bits, iterations, topk=None):
     """One forward+backward of (i-)clustered attention, stage by stage, without autograd
-    (batch without padding, as the benchmark calls it)."""
+    (batch without padding, as the benchmark calls it). Returns the forward's output, which
+    equals the attention module's for the same torch seed (tested)."""
     batch, heads, length, dim = q.shape
     lengths = torch.full((batch,), length, dtype=torch.long)
     slots = cluster_slots(clusters, length)
@@ -76,7 +77,7 @@ def clustered_pass(timer: StageTimer, q, k, v, grad_out, clusters, bits, iterati
     centroids = timer("centroid scale", torch.mul, centroids, scale)
     if topk is None:   # the fused kernel of CentroidValues (csrc/centroid_attention.cpp)
         centroid_values, logsumexp = timer("softmax(Q_c K^T) V", ops.centroid_attention, centroids, k, v, lengths)
-        timer("broadcast", ops.cluster_broadcast, centroid_values, assignment)
+        out = timer("broadcast", ops.cluster_broadcast, centroid_values, assignment)
         grad_values = timer("broadcast bwd", ops.cluster_broadcast_backward, grad_out, offsets, members)
         grad_centroids = timer("softmax(Q_c K^T) V bwd", ops.centroid_attention_backward, grad_values, centroids,
                                k, v, lengths, centroid_values, logsumexp)[0]
@@ -91,7 +92,7 @@ def clustered_pass(timer: StageTimer, q, k, v, grad_out, clusters, bits, iterati
         top_values = timer("sparse weighted sum", ops.clustered_sparse_weighted_sum, weights, v, top, offsets,
                            members)
         bottom_rows = timer("broadcast (V^b)", ops.cluster_broadcast, bottom, assignment)
-        timer("add", torch.add, top_values, bottom_rows)
+        out = timer("add", torch.add, top_values, bottom_rows)
         # -- backward --
         grad_bottom = timer("broadcast bwd (V^b)", ops.cluster_broadcast_backward, grad_out, offsets, members)
         grad_weights, _ = timer("sparse weighted sum bwd", ops.clustered_sparse_weighted_sum_backward,
@@ -109,6 +110,7 @@ def clustered_pass(timer: StageTimer, q, k, v, grad_out, clusters, bits, iterati
                                logsumexp)[0]
     grad_centroids = timer("centroid scale bwd", torch.mul, grad_centroids, scale)
     timer("centroid mean bwd", ops.cluster_mean_backward, grad_centroids, assignment, offsets)
+    return out
 
 
 def main(argv=None):
