@@ -32,6 +32,7 @@
 #include <torch/library.h>
 
 #include "input_checks.h"
+#include "top_k_floor.h"
 
 #include <algorithm>
 #include <cmath>
@@ -165,21 +166,9 @@ void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys
         int64_t& count = pooled[index];
         scalar_t& bar = floor[index];
         if (count == 0 && valid_width > 2 * slots) {
-          // A first floor: split the block's keys into strided classes (l mod classes); the
-          // slots-th largest class maximum t is reached by `slots` keys, so every top key has
-          // a score >= t.
-          const int64_t classes = std::min(valid_width, (std::max<int64_t>(2 * slots, 64) + 15) / 16 * 16);
-          std::vector<scalar_t> class_max(row, row + classes);   // once per row: scratch is allowed here
-          for (int64_t first = classes; first < valid_width; first += classes) {
-            const int64_t count_here = std::min(classes, valid_width - first);
-            const scalar_t* segment = row + first;
-            scalar_t* m = class_max.data();
-#pragma omp simd
-            for (int64_t j = 0; j < count_here; ++j) m[j] = segment[j] > m[j] ? segment[j] : m[j];
-          }
-          std::nth_element(class_max.begin(), class_max.begin() + (slots - 1), class_max.end(),
-                           std::greater<scalar_t>());
-          bar = class_max[slots - 1];
+          // A first floor from the block's strided class maxima (top_k_floor.h).
+          std::vector<scalar_t> class_max;   // once per row: scratch is allowed here
+          bar = strided_class_floor(row, valid_width, slots, class_max);
         }
         for (int64_t chunk = 0; chunk < valid_width; chunk += 16) {
           const int64_t stop = std::min(valid_width, chunk + 16);

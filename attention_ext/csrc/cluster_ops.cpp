@@ -19,6 +19,7 @@
 #include <torch/library.h>
 
 #include "input_checks.h"
+#include "top_k_floor.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -203,7 +204,7 @@ void topk_kernel(const scalar_t* ws, const int64_t* len, int64_t* out, int64_t g
   constexpr int64_t kBlock = 16;
   at::parallel_for(0, groups * rows, 4, [&](int64_t begin, int64_t end) {
     std::vector<Entry> candidates;
-    std::vector<scalar_t> class_max, order;
+    std::vector<scalar_t> class_max;
     for (int64_t index = begin; index < end; ++index) {
       const int64_t b = index / (heads * rows);
       const int64_t valid = std::max<int64_t>(0, std::min(len[b], length));
@@ -212,18 +213,7 @@ void topk_kernel(const scalar_t* ws, const int64_t* len, int64_t* out, int64_t g
       if (kept == 0) continue;
       scalar_t threshold = -std::numeric_limits<scalar_t>::infinity();
       if (valid > 2 * kept) {
-        const int64_t classes = std::min(valid, (std::max<int64_t>(2 * kept, 64) + kBlock - 1) / kBlock * kBlock);
-        class_max.assign(row, row + classes);
-        for (int64_t start = classes; start < valid; start += classes) {
-          const int64_t count = std::min(classes, valid - start);
-          const scalar_t* segment = row + start;
-          scalar_t* m = class_max.data();
-#pragma omp simd
-          for (int64_t j = 0; j < count; ++j) m[j] = segment[j] > m[j] ? segment[j] : m[j];
-        }
-        order.assign(class_max.begin(), class_max.end());
-        std::nth_element(order.begin(), order.begin() + (kept - 1), order.end(), std::greater<scalar_t>());
-        threshold = order[kept - 1];
+        threshold = strided_class_floor(row, valid, kept, class_max);
       }
       candidates.clear();
       for (int64_t start = 0; start < valid; start += kBlock) {
