@@ -126,6 +126,48 @@ struct Before {
   }
 };
 
+// Keys are compared with a row's floor kChunk at a time; a pool always has room for a chunk.
+constexpr int64_t kChunk = 16;
+
+// Adds the keys of one block's row of scores (key positions first, first + 1, ...) that reach
+// the row's floor to its pool of top-k candidates (`count` of `capacity` used), cutting the
+// pool back to the best `slots` whenever a chunk might not fit; the floor is then the
+// slots-th best kept. The first block of a row starts the floor from its strided class
+// maxima (top_k_floor.h).
+template <typename scalar_t>
+void collect_candidates(const scalar_t* row, int64_t width, int64_t first, int64_t slots, int64_t capacity,
+                        Candidate<scalar_t>* candidates, int64_t& pooled, scalar_t& floor) {
+  // Locals, not the references: stores into the pool would otherwise reload them every key.
+  int64_t count = pooled;
+  scalar_t bar = floor;
+  if (count == 0 && width > 2 * slots) {
+    std::vector<scalar_t> class_max;   // once per row: scratch is allowed here
+    bar = strided_class_floor(row, width, slots, class_max);
+  }
+  for (int64_t chunk = 0; chunk < width; chunk += kChunk) {
+    const int64_t stop = std::min(width, chunk + kChunk);
+    const scalar_t current = bar;
+    int reaches = 0;
+#pragma omp simd reduction(| : reaches)
+    for (int64_t j = chunk; j < stop; ++j) reaches |= row[j] >= current;
+    if (!reaches) continue;
+    if (count + kChunk > capacity) {
+      std::nth_element(candidates, candidates + (slots - 1), candidates + count, Before());
+      count = slots;
+      bar = candidates[slots - 1].score;
+    }
+    // Without a branch per key: every key is written, and the count only moves past those
+    // at or above the floor (a branch here was mispredicted so often that the top-k
+    // bookkeeping cost as much as the products).
+    for (int64_t j = chunk; j < stop; ++j) {
+      candidates[count] = Candidate<scalar_t>{row[j], first + j};
+      count += row[j] >= bar;
+    }
+  }
+  pooled = count;
+  floor = bar;
+}
+
 // The forward of both operators. With slots > 0 it also keeps, per row, the candidates for
 // its `slots` largest scores (a pool that is cut back to the best `slots` whenever it is
 // full; a key enters only when its score reaches the pool's floor, the slots-th best kept),
@@ -144,7 +186,7 @@ void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys
   // Running maximum and sum of exp(score - maximum) of each row, and (in `out`) the
   // running sum of exp(score - maximum) v.
   std::vector<scalar_t> maximum(rows, -std::numeric_limits<scalar_t>::infinity()), total(rows, 0);
-  const int64_t capacity = slots > 0 ? std::max<int64_t>(4 * slots, 64) : 0;
+  const int64_t capacity = slots > 0 ? std::max<int64_t>(4 * slots, 4 * kChunk) : 0;
   std::vector<Candidate<scalar_t>> pool(rows * capacity);
   std::vector<int64_t> pooled(slots > 0 ? rows : 0, 0);
   std::vector<scalar_t> floor(slots > 0 ? rows : 0, -std::numeric_limits<scalar_t>::infinity());
@@ -161,34 +203,9 @@ void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys
         std::fill(row, row + width, scalar_t(0));
         return;
       }
-      if (slots > 0) {
-        Candidate<scalar_t>* candidates = pool.data() + index * capacity;
-        int64_t& count = pooled[index];
-        scalar_t& bar = floor[index];
-        if (count == 0 && valid_width > 2 * slots) {
-          // A first floor from the block's strided class maxima (top_k_floor.h).
-          std::vector<scalar_t> class_max;   // once per row: scratch is allowed here
-          bar = strided_class_floor(row, valid_width, slots, class_max);
-        }
-        for (int64_t chunk = 0; chunk < valid_width; chunk += 16) {
-          const int64_t stop = std::min(valid_width, chunk + 16);
-          const scalar_t current = bar;
-          int reaches = 0;
-#pragma omp simd reduction(| : reaches)
-          for (int64_t j = chunk; j < stop; ++j) reaches |= row[j] >= current;
-          if (!reaches) continue;
-          for (int64_t j = chunk; j < stop; ++j) {
-            if (!(row[j] >= bar)) continue;
-            if (count == capacity) {
-              std::nth_element(candidates, candidates + (slots - 1), candidates + count, Before());
-              count = slots;
-              bar = candidates[slots - 1].score;
-              if (!(row[j] >= bar)) continue;
-            }
-            candidates[count++] = Candidate<scalar_t>{row[j], start + j};
-          }
-        }
-      }
+      if (slots > 0)
+        collect_candidates(row, valid_width, start, slots, capacity, pool.data() + index * capacity, pooled[index],
+                           floor[index]);
       scalar_t block_max = -std::numeric_limits<scalar_t>::infinity();
 #pragma omp simd reduction(max : block_max)
       for (int64_t j = 0; j < valid_width; ++j) block_max = row[j] > block_max ? row[j] : block_max;
