@@ -16,8 +16,11 @@
 
 #include "input_checks.h"
 
+#include <immintrin.h>
+
 #include <algorithm>
 #include <cstdint>
+#include <type_traits>
 #include <memory>
 #include <vector>
 
@@ -56,6 +59,9 @@ inline void product_tile(int64_t depth, const scalar_t* A, int64_t a_row, int64_
 // C (rows x columns) = A (rows x depth) @ B (depth x columns) for the small per-cluster
 // products; B and C are row-major with strides ldb, ldc, and columns, ldb and ldc are
 // multiples of kLanes (the callers pad with zeros).
+// The rows left after the tiles of 8 go in one tile of their own size: each row of a tile
+// is an independent chain of multiply-adds, and tiles of one row would wait on their own
+// chain's latency (a cluster's member count is rarely a multiple of 8).
 template <typename scalar_t>
 void small_product(int64_t rows, int64_t columns, int64_t depth, const scalar_t* A, int64_t a_row,
                    int64_t a_col, const scalar_t* B, int64_t ldb, scalar_t* C, int64_t ldc) {
@@ -63,16 +69,24 @@ void small_product(int64_t rows, int64_t columns, int64_t depth, const scalar_t*
     int64_t m = 0;
     for (; m + 8 <= rows; m += 8)
       product_tile<scalar_t, 8>(depth, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc);
-    for (; m + 4 <= rows; m += 4)
-      product_tile<scalar_t, 4>(depth, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc);
-    for (; m < rows; ++m)
-      product_tile<scalar_t, 1>(depth, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc);
+    const scalar_t* a = A + m * a_row;
+    scalar_t* c = C + m * ldc + n;
+    switch (rows - m) {
+      case 7: product_tile<scalar_t, 7>(depth, a, a_row, a_col, B + n, ldb, c, ldc); break;
+      case 6: product_tile<scalar_t, 6>(depth, a, a_row, a_col, B + n, ldb, c, ldc); break;
+      case 5: product_tile<scalar_t, 5>(depth, a, a_row, a_col, B + n, ldb, c, ldc); break;
+      case 4: product_tile<scalar_t, 4>(depth, a, a_row, a_col, B + n, ldb, c, ldc); break;
+      case 3: product_tile<scalar_t, 3>(depth, a, a_row, a_col, B + n, ldb, c, ldc); break;
+      case 2: product_tile<scalar_t, 2>(depth, a, a_row, a_col, B + n, ldb, c, ldc); break;
+      case 1: product_tile<scalar_t, 1>(depth, a, a_row, a_col, B + n, ldb, c, ldc); break;
+      default: break;
+    }
   }
 }
 
 // The gathers below read rows at scattered positions; asking for a row a few steps ahead
 // hides most of the memory latency, which otherwise dominates these kernels.
-constexpr int64_t kPrefetchRows = 4;
+constexpr int64_t kPrefetchRows = 8;
 
 template <typename scalar_t>
 inline void prefetch_row(const scalar_t* rows, int64_t index, int64_t dim) {
@@ -82,11 +96,59 @@ inline void prefetch_row(const scalar_t* rows, int64_t index, int64_t dim) {
   for (const char* line = start; line < stop; line += 64) __builtin_prefetch(line);
 }
 
+// Asks for the first rows a gather will read (the gathers ask for the later ones as they go).
+template <typename scalar_t>
+inline void prefetch_first_rows(const scalar_t* rows, const int64_t* index, int64_t count, int64_t dim) {
+  for (int64_t m = 0; m < std::min(count, kPrefetchRows); ++m) prefetch_row(rows, index[m], dim);
+}
+
+// dst[0, n) = src[0, n), with non-temporal (streaming) stores where the target allows: a row
+// written once at a scattered position otherwise costs a read of its lines first (they are
+// rarely in cache), and evicts lines the next clusters need. The caller issues
+// finish_streaming_stores() before the region ends (streaming stores are weakly ordered).
+template <typename scalar_t>
+inline void store_row_streaming(scalar_t* dst, const scalar_t* src, int64_t n) {
+#if defined(__AVX512F__) || defined(__AVX__)
+#if defined(__AVX512F__)
+  constexpr int64_t kBytes = 64;
+#else
+  constexpr int64_t kBytes = 32;
+#endif
+  constexpr int64_t kWidth = kBytes / static_cast<int64_t>(sizeof(scalar_t));
+  if (reinterpret_cast<uintptr_t>(dst) % kBytes == 0 && n % kWidth == 0) {
+    for (int64_t j = 0; j < n; j += kWidth) {
+      if constexpr (std::is_same_v<scalar_t, float>) {
+#if defined(__AVX512F__)
+        _mm512_stream_ps(dst + j, _mm512_loadu_ps(src + j));
+#else
+        _mm256_stream_ps(dst + j, _mm256_loadu_ps(src + j));
+#endif
+      } else {
+#if defined(__AVX512F__)
+        _mm512_stream_pd(dst + j, _mm512_loadu_pd(src + j));
+#else
+        _mm256_stream_pd(dst + j, _mm256_loadu_pd(src + j));
+#endif
+      }
+    }
+    return;
+  }
+#endif
+  std::copy(src, src + n, dst);
+}
+
+inline void finish_streaming_stores() {
+#if defined(__AVX512F__) || defined(__AVX__)
+  _mm_sfence();
+#endif
+}
+
 // out (count x stride) = the rows `index` of rows (. x dim), zero-padded to `stride`
 // columns, times `factor`; an index < 0 gives a zero row.
 template <typename scalar_t>
 void gather_rows(const scalar_t* rows, const int64_t* index, int64_t count, int64_t dim, int64_t stride,
                  scalar_t factor, scalar_t* out) {
+  prefetch_first_rows(rows, index, count, dim);
   for (int64_t m = 0; m < count; ++m) {
     if (m + kPrefetchRows < count) prefetch_row(rows, index[m + kPrefetchRows], dim);
     scalar_t* dst = out + m * stride;
@@ -102,6 +164,7 @@ void gather_rows(const scalar_t* rows, const int64_t* index, int64_t count, int6
 template <typename scalar_t>
 void gather_columns(const scalar_t* rows, const int64_t* index, int64_t count, int64_t dim, int64_t stride,
                     scalar_t* out) {
+  prefetch_first_rows(rows, index, count, dim);
   std::fill(out, out + dim * stride, scalar_t(0));
   for (int64_t m = 0; m < count; ++m) {
     if (m + kPrefetchRows < count) prefetch_row(rows, index[m + kPrefetchRows], dim);
@@ -118,6 +181,7 @@ void gather_columns(const scalar_t* rows, const int64_t* index, int64_t count, i
 template <typename scalar_t>
 void gather_coefficients(const scalar_t* coefficients, const int64_t* query, int64_t count,
                          const int64_t* keys, int64_t slots, scalar_t factor, scalar_t* out) {
+  prefetch_first_rows(coefficients, query, count, slots);
   for (int64_t m = 0; m < count; ++m) {
     if (m + kPrefetchRows < count) prefetch_row(coefficients, query[m + kPrefetchRows], slots);
     const scalar_t* src = coefficients + query[m] * slots;
@@ -172,6 +236,7 @@ void for_each_cluster(const SparseShape& s, const int64_t* topk, const int64_t* 
 // rows[keys[slot]] += block[slot] for the S (slots, dim) rows of a cluster's block.
 template <typename scalar_t>
 void add_block(const scalar_t* block, const int64_t* keys, int64_t slots, int64_t dim, scalar_t* rows) {
+  prefetch_first_rows(rows, keys, slots, dim);
   for (int64_t slot = 0; slot < slots; ++slot) {
     if (slot + kPrefetchRows < slots) prefetch_row(rows, keys[slot + kPrefetchRows], dim);  // scattered rows
     if (keys[slot] < 0) continue;
@@ -182,13 +247,35 @@ void add_block(const scalar_t* block, const int64_t* keys, int64_t slots, int64_
   }
 }
 
-// Where a backward body's per-cluster key (or value) gradients go: the (B, H, N, dim) rows
-// of a gradient tensor.
+// The data of a contiguous (B, H, N, dim) tensor and its row width.
 template <typename scalar_t>
-struct KeyGradients {
+struct Rows {
   scalar_t* rows;
   int64_t dim;
 };
+
+// Zeroes the rows of the positions that are in no cluster (padded queries) in each target, for
+// outputs whose member rows a kernel writes: cheaper than zero-filling a whole output first (a
+// pass over memory that is then written again).
+template <typename scalar_t>
+void zero_rows_outside_clusters(const SparseShape& s, const int64_t* offsets, const int64_t* members,
+                                const std::vector<Rows<scalar_t>>& targets) {
+  at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
+    std::vector<char> in_cluster(s.length);
+    for (int64_t g = begin; g < end; ++g) {
+      std::fill(in_cluster.begin(), in_cluster.end(), 0);
+      const int64_t* member = members + g * s.length;
+      for (int64_t i = 0; i < offsets[g * (s.clusters + 1) + s.clusters]; ++i) in_cluster[member[i]] = 1;
+      for (int64_t position = 0; position < s.length; ++position) {
+        if (in_cluster[position]) continue;
+        for (const Rows<scalar_t>& target : targets) {
+          scalar_t* row = target.rows + (g * s.length + position) * target.dim;
+          std::fill(row, row + target.dim, scalar_t(0));
+        }
+      }
+    }
+  });
+}
 
 // As for_each_cluster, for backward bodies that also compute gradients of the cluster's S
 // key (and value) rows: body(scratch, cluster, block) writes, for each target t in order,
@@ -203,17 +290,17 @@ struct KeyGradients {
 // depend on the thread count.
 template <typename scalar_t, typename Body>
 void for_each_cluster_adding_key_gradients(const SparseShape& s, const int64_t* topk, const int64_t* offsets,
-                                           const int64_t* members, const std::vector<KeyGradients<scalar_t>>& targets,
+                                           const int64_t* members, const std::vector<Rows<scalar_t>>& targets,
                                            const Body& body) {
   const int64_t groups = s.batch * s.heads;
   int64_t block_size = 0;
-  for (const KeyGradients<scalar_t>& target : targets) block_size += s.slots * target.dim;
+  for (const Rows<scalar_t>& target : targets) block_size += s.slots * target.dim;
   auto nonempty = [&](int64_t g, int64_t c) {
     const int64_t* offset = offsets + g * (s.clusters + 1);
     return offset[c + 1] > offset[c];
   };
   auto add_blocks = [&](const scalar_t* block, const int64_t* keys, int64_t g) {
-    for (const KeyGradients<scalar_t>& target : targets) {
+    for (const Rows<scalar_t>& target : targets) {
       add_block(block, keys, s.slots, target.dim, target.rows + g * s.length * target.dim);
       block += s.slots * target.dim;
     }
