@@ -7,8 +7,9 @@
 // `for_each_cluster_adding_key_gradients`) share the clusters out over the threads so that
 // the results do not depend on the thread count.
 //
-// Everything here runs inside parallel regions: nothing may throw (input_checks.h); the
-// only allocations are a worker's own scratch vectors.
+// The helpers run inside parallel regions (the loops over clusters and
+// `zero_rows_outside_clusters` open them): nothing here may throw (input_checks.h); the only
+// allocations are a worker's own scratch vectors.
 #pragma once
 
 #include <ATen/ATen.h>
@@ -16,12 +17,14 @@
 
 #include "input_checks.h"
 
+#if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>
+#endif
 
 #include <algorithm>
 #include <cstdint>
-#include <type_traits>
 #include <memory>
+#include <type_traits>
 #include <vector>
 
 namespace cluster_blocks {
