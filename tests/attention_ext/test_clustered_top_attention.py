@@ -35,11 +35,11 @@ def dense_top_attention(q, k, v, topk, assignment, mass, rest, scale):
     return out * in_cluster, weights * in_cluster
 
 
-def sparse_case(dtype=torch.float64, seed=0):
-    """Batch 2 of lengths 13 and 8 (padded queries), 2 heads, E = 5, D = 7, 4 clusters of which
-    the last is empty, 5 slots with -1 slots, one cluster whose slots are all -1."""
+def sparse_case(dtype=torch.float64, seed=0, dim=5, value_dim=7, slots=5):
+    """Batch 2 of lengths 13 and 8 (padded queries), 2 heads, 4 clusters of which the last is
+    empty, slots of -1, one cluster whose slots are all -1."""
     generator = torch.Generator().manual_seed(seed)
-    batch, heads, length, dim, value_dim, clusters, slots = 2, 2, 13, 5, 7, 4, 5
+    batch, heads, length, clusters = 2, 2, 13, 4
     lengths = torch.tensor([13, 8])
     assignment = torch.randint(0, clusters - 1, (batch, heads, length), generator=generator)
     assignment[1, :, 8:] = -1
@@ -60,9 +60,12 @@ def sparse_case(dtype=torch.float64, seed=0):
     return q, k, v, topk, clusters_, mass, rest, grad
 
 
-@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
-def test_operators_match_the_dense_formula_with_gradients(dtype):
-    q, k, v, topk, clusters, mass, rest, grad = sparse_case(dtype)
+# Rows whose width is a multiple of a vector (16 float32, 8 float64 elements) are written with
+# streaming stores, other widths with plain ones: both kinds for both dtypes.
+@pytest.mark.parametrize("dtype, dims", [(torch.float64, (5, 7, 5)), (torch.float32, (5, 7, 5)),
+                                         (torch.float64, (8, 16, 8)), (torch.float32, (16, 32, 5))])
+def test_operators_match_the_dense_formula_with_gradients(dtype, dims):
+    q, k, v, topk, clusters, mass, rest, grad = sparse_case(dtype, 0, *dims)
     scale = 0.7
     out, weights = ops.clustered_top_attention(q, k, v, topk, clusters.offsets, clusters.members, mass, rest, scale)
     leaves = [x.double().requires_grad_() for x in (q, k, v, mass, rest)]
@@ -72,7 +75,8 @@ def test_operators_match_the_dense_formula_with_gradients(dtype):
     torch.testing.assert_close(weights.double(), expected_weights, **tolerance)
     assert torch.all(out[1, :, 8:] == 0) and torch.all(weights[1, :, 8:] == 0)        # padded queries
     no_key = clusters.assignment[0, 0] == 0
-    assert torch.all(weights[0, 0][no_key] == 0) and torch.equal(out[0, 0][no_key], rest[0, 0, 0].expand(int(no_key.sum()), 7))
+    assert torch.all(weights[0, 0][no_key] == 0)
+    assert torch.equal(out[0, 0][no_key], rest[0, 0, 0].expand(int(no_key.sum()), rest.shape[-1]))
 
     grads = ops.clustered_top_attention_backward(grad, q, k, v, topk, clusters.offsets, clusters.members, mass,
                                                  weights, scale)
