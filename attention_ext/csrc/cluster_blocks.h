@@ -263,7 +263,9 @@ struct Rows {
 template <typename scalar_t>
 void zero_rows_outside_clusters(const SparseShape& s, const int64_t* offsets, const int64_t* members,
                                 const std::vector<Rows<scalar_t>>& targets) {
-  at::parallel_for(0, s.batch * s.heads, 1, [&](int64_t begin, int64_t end) {
+  // A pass over the member lists: short sequences go to one task together.
+  const int64_t grain = std::max<int64_t>(1, 16384 / std::max<int64_t>(s.length, 1));
+  at::parallel_for(0, s.batch * s.heads, grain, [&](int64_t begin, int64_t end) {
     std::vector<char> in_cluster(s.length);
     for (int64_t g = begin; g < end; ++g) {
       std::fill(in_cluster.begin(), in_cluster.end(), 0);

@@ -89,8 +89,10 @@ def test_operators_match_the_dense_formula_with_gradients(dtype, dims):
 def test_function_gradcheck():
     q, k, v, topk, clusters, mass, rest, _ = sparse_case(seed=1)
     inputs = [x.requires_grad_() for x in (q, k, v, mass, rest)]
+    # fast mode (random projections of the Jacobian): the full check takes about 2000 calls here,
+    # and the test above already compares every gradient with the dense formula's
     assert torch.autograd.gradcheck(
-        lambda *x: ClusteredTopAttention.apply(*x, topk, clusters, 0.6), inputs)
+        lambda *x: ClusteredTopAttention.apply(*x, topk, clusters, 0.6), inputs, fast_mode=True)
 
 
 @pytest.fixture
