@@ -133,6 +133,23 @@ def _clustered_sparse_weighted_sum_backward(grad, weights, v, topk, offsets, mem
     return _empty(weights, *weights.shape), _empty(v, *v.shape)               # grad_weights, grad_v
 
 
+# --- clustered_top_attention.cpp ----------------------------------------------------------------
+
+@_fake("clustered_top_attention")
+def _clustered_top_attention(q, k, v, topk, offsets, members, mass, rest, scale):
+    batch, heads, length, _ = q.shape
+    return (_empty(v, batch, heads, length, v.shape[3]),                    # out
+            _empty(q, batch, heads, length, topk.shape[3]))                 # weights
+
+
+@_fake("clustered_top_attention_backward")
+def _clustered_top_attention_backward(grad_out, q, k, v, topk, offsets, members, mass, weights, scale):
+    batch, heads, clusters = mass.shape
+    return (_empty(q, *q.shape), _empty(k, *k.shape), _empty(v, *v.shape),  # grad_q, grad_k, grad_v
+            _empty(mass, *mass.shape),                                       # grad_mass
+            _empty(v, batch, heads, clusters, v.shape[3]))                   # grad_rest
+
+
 # --- lsh.cpp ------------------------------------------------------------------------------------
 
 @_fake("lsh_hash")

@@ -3,6 +3,9 @@
     python -m attention_ext.clustered_profile --lengths 4096 32768
     python -m attention_ext.clustered_profile --attentions iclustered --threads 1 --clock cpu
 
+The i-clustered stages are those of its CPU route: the fused centroid pass (T, m, V^b) and the
+fused top-key attention (V^t + V^b), each with its backward.
+
 Runs the stages of `ClusteredAttention` / `ImprovedClusteredAttention` (forward, then the
 backward of each stage in reverse order) as separate calls on the benchmark's shapes
 (batch 1, 6 heads x 64, float32, random normal inputs) and prints the median milliseconds of
@@ -84,30 +87,14 @@ def clustered_pass(timer: StageTimer, q, k, v, grad_out, clusters, bits, iterati
     else:   # the fused kernel of CentroidTopSplit: T, m and V^b
         bottom, mass, top, logsumexp = timer("top-k, m, V^b", ops.centroid_attention_top, centroids, k, v, lengths,
                                              topk)
-        mass = mass.unsqueeze(-1)
-        dots = timer("sparse dot", ops.clustered_sparse_dot, q, k, top, offsets, members, scale)
-        probabilities = timer("sparse softmax", torch.softmax, dots, -1)
-        mass_rows = timer("broadcast (mass)", ops.cluster_broadcast, mass, assignment)
-        weights = timer("weights", torch.mul, probabilities, mass_rows)
-        top_values = timer("sparse weighted sum", ops.clustered_sparse_weighted_sum, weights, v, top, offsets,
-                           members)
-        bottom_rows = timer("broadcast (V^b)", ops.cluster_broadcast, bottom, assignment)
-        out = timer("add", torch.add, top_values, bottom_rows)
+        # the fused top-key part of ClusteredTopAttention (csrc/clustered_top_attention.cpp)
+        out, weights = timer("top-key attention", ops.clustered_top_attention, q, k, v, top, offsets, members,
+                             mass, bottom, scale)
         # -- backward --
-        grad_bottom = timer("broadcast bwd (V^b)", ops.cluster_broadcast_backward, grad_out, offsets, members)
-        grad_weights, _ = timer("sparse weighted sum bwd", ops.clustered_sparse_weighted_sum_backward,
-                                grad_out, weights, v, top, offsets, members)
-        grad_probabilities = timer("weights bwd", torch.mul, grad_weights, mass_rows)
-        grad_mass_rows = timer("weights bwd", lambda a, b: (a * b).sum(-1, keepdim=True),
-                               grad_weights, probabilities)
-        grad_mass = timer("broadcast bwd (mass)", ops.cluster_broadcast_backward, grad_mass_rows, offsets,
-                          members)
-        grad_dots = timer("sparse softmax bwd", torch._softmax_backward_data, grad_probabilities, probabilities,
-                          -1, probabilities.dtype)
-        timer("sparse dot bwd", ops.clustered_sparse_dot_backward, grad_dots, q, k, top, offsets, members, scale)
+        _, _, _, grad_mass, grad_bottom = timer("top-key attention bwd", ops.clustered_top_attention_backward,
+                                                grad_out, q, k, v, top, offsets, members, mass, weights, scale)
         grad_centroids = timer("top-k, m, V^b bwd", ops.centroid_attention_top_backward, grad_bottom,
-                               grad_mass.squeeze(-1), centroids, k, v, lengths, bottom, mass.squeeze(-1), top,
-                               logsumexp)[0]
+                               grad_mass, centroids, k, v, lengths, bottom, mass, top, logsumexp)[0]
     grad_centroids = timer("centroid scale bwd", torch.mul, grad_centroids, scale)
     timer("centroid mean bwd", ops.cluster_mean_backward, grad_centroids, assignment, offsets)
     return out

@@ -11,9 +11,14 @@ query i of cluster j attends as (eq. 10-11, 15-17)
     V_i = m_j * sum_{l in T_j} softmax_{T_j}(q_i . k_l / sqrt(E)) v_l      (V^t_i)
         + sum_{l not in T_j} A^c_jl v_l                                   (V^b_j)
 
-V^t needs two sparse products per query (csrc/sparse_product.cpp); V^b is one dense
-product per cluster. Gradients flow into q (through the centroids and the sparse dot
-products), k, v, and into m_j through A^c; only the choice of T_j is not differentiable.
+On the CPU, T, m and V^b come from one fused pass over the keys (`CentroidTopSplit`,
+csrc/centroid_attention.cpp) and V^t + V^b from one fused operator pair that works cluster
+by cluster (`ClusteredTopAttention`, csrc/clustered_top_attention.cpp). On CUDA, A^c is
+formed, T is taken by `top_keys`, and V^t takes two sparse products per query
+(`ClusteredSparseDot`, `ClusteredSparseWeightedSum`, csrc/sparse_product_cuda.cu) around a
+softmax; V^b is one dense product per cluster. Gradients flow into q (through the centroids
+and the exact top-k products), k, v, and into m_j through A^c; only the choice of T_j is not
+differentiable.
 
 Dtypes and autocast as in `attention_ext.clustered`. Decisions: the top-k are taken among the valid keys, largest first, ties to the lower
 position; `topk` larger than a sequence's valid length keeps all its valid keys (then
@@ -125,6 +130,30 @@ class CentroidTopSplit(torch.autograd.Function):
         return grad_centroids, grad_k, grad_v, None, None
 
 
+class ClusteredTopAttention(torch.autograd.Function):
+    """V^t + V^b of eq. 15-17 in one operator pair (csrc/clustered_top_attention.cpp, CPU):
+    query i of cluster j gets m_j * softmax_s(scale <q_i, k_{T_j[s]}>) V_{T_j} + rest_j, with
+    mass m (B, H, C) and rest = V^b (B, H, C, D). Slots of -1 hold no key; padded queries get 0.
+    The forward also returns the softmax weights (B, H, N, S), saved for the backward, which
+    works cluster by cluster on the members' rows gathered once."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, mass, rest, topk, clusters: QueryClusters, scale: float):
+        out, weights = ops.clustered_top_attention(q, k, v, topk, clusters.offsets, clusters.members, mass, rest,
+                                                   scale)
+        ctx.save_for_backward(q, k, v, mass, topk, weights)
+        ctx.clusters, ctx.scale = clusters, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, mass, topk, weights = ctx.saved_tensors
+        clusters = ctx.clusters
+        grad_q, grad_k, grad_v, grad_mass, grad_rest = ops.clustered_top_attention_backward(
+            grad, q, k, v, topk, clusters.offsets, clusters.members, mass, weights, ctx.scale)
+        return grad_q, grad_k, grad_v, grad_mass, grad_rest, None, None, None
+
+
 def top_keys(attention: torch.Tensor, lengths: torch.Tensor, topk: int) -> torch.Tensor:
     """(B, H, C, min(topk, N)) int64: each cluster's keys with the largest attention among
     the valid ones, largest first; slots past a sequence's valid length are -1."""
@@ -160,15 +189,18 @@ class ImprovedClusteredAttention(torch.nn.Module):
         dtype = kernel_dtype(q.dtype, q.device)
         q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
         clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
+        scale = 1.0 / math.sqrt(q.shape[-1])
         if q.device.type == "cpu":   # the (C, N) weights A^c are never needed whole
-            centroids = ClusterMean.apply(q, clusters) * (1.0 / math.sqrt(q.shape[-1]))
+            centroids = ClusterMean.apply(q, clusters) * scale
             bottom_values, mass, topk = CentroidTopSplit.apply(centroids, k, v, lengths, self.topk)  # eq. 4, 9, 17
-        else:
-            attention = centroid_attention(q, k, lengths, clusters, padded)      # A^c, eq. 4
-            topk = top_keys(attention, lengths, self.topk)                       # T
-            mass, attention_rest = SplitTopMass.apply(attention, topk)           # m_j, eq. 9
-            bottom_values = torch.matmul(attention_rest, v)                      # V^b_j, eq. 17
-        dots = ClusteredSparseDot.apply(q, k, topk, clusters, 1.0 / math.sqrt(q.shape[-1]))
+            out = ClusteredTopAttention.apply(q, k, v, mass.squeeze(-1), bottom_values, topk, clusters,
+                                              scale)                             # eq. 15-17
+            return out.to(input_dtype)
+        attention = centroid_attention(q, k, lengths, clusters, padded)          # A^c, eq. 4
+        topk = top_keys(attention, lengths, self.topk)                           # T
+        mass, attention_rest = SplitTopMass.apply(attention, topk)               # m_j, eq. 9
+        bottom_values = torch.matmul(attention_rest, v)                          # V^b_j, eq. 17
+        dots = ClusteredSparseDot.apply(q, k, topk, clusters, scale)
         weights = torch.softmax(dots, dim=-1) * ClusterBroadcast.apply(mass, clusters)
         top_values = ClusteredSparseWeightedSum.apply(weights, v, topk, clusters)  # V^t_i, eq. 16
         return (top_values + ClusterBroadcast.apply(bottom_values, clusters)).to(input_dtype)  # eq. 15

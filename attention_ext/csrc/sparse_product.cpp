@@ -18,11 +18,15 @@
 // contiguous blocks, and every product is a small dense matrix product computed in
 // register tiles (`small_product`). Key and value gradients are summed per cluster into
 // an (S, E) block that is added into the rows of its keys without two threads ever
-// writing the same row (`for_each_cluster_adding_key_gradients`).
+// writing the same row (`for_each_cluster_adding_key_gradients`). These helpers live in
+// cluster_blocks.h, shared with the fused kernels of clustered_top_attention.cpp, which
+// the CPU route of ImprovedClusteredAttention uses instead of these four operators (they
+// stay for experiments and as the CPU twins of the CUDA kernels).
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "cluster_blocks.h"
 #include "input_checks.h"
 
 #include <algorithm>
@@ -38,208 +42,16 @@ using attention_ext_checks::SparseShape;
 using attention_ext_checks::check_sparse;
 using attention_ext_checks::check_sparse_keys;
 using attention_ext_checks::check_sparse_scores;
-
-// Elements of one 512-bit vector: the width of a column tile of the small products.
-template <typename scalar_t>
-constexpr int64_t kLanes = 64 / static_cast<int64_t>(sizeof(scalar_t));
-
-inline int64_t round_up(int64_t value, int64_t multiple) { return (value + multiple - 1) / multiple * multiple; }
-
-// One R x kLanes tile of C = A @ B, held in registers over the whole sum over k (a
-// running sum kept in memory would make every step wait for the previous store).
-// A(r, k) = A[r * a_row + k * a_col], so a transposed A is a_row = 1, a_col = lda.
-template <typename scalar_t, int R>
-inline void product_tile(int64_t depth, const scalar_t* A, int64_t a_row, int64_t a_col,
-                         const scalar_t* B, int64_t ldb, scalar_t* C, int64_t ldc) {
-  constexpr int64_t W = kLanes<scalar_t>;
-  scalar_t acc[R][W];
-  for (int r = 0; r < R; ++r)
-    for (int64_t j = 0; j < W; ++j) acc[r][j] = 0;
-  for (int64_t k = 0; k < depth; ++k) {
-    const scalar_t* b = B + k * ldb;
-    for (int r = 0; r < R; ++r) {
-      const scalar_t a = A[r * a_row + k * a_col];
-#pragma omp simd
-      for (int64_t j = 0; j < W; ++j) acc[r][j] += a * b[j];
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int64_t j = 0; j < W; ++j) C[r * ldc + j] = acc[r][j];
-}
-
-// C (rows x columns) = A (rows x depth) @ B (depth x columns) for the small per-cluster
-// products; B and C are row-major with strides ldb, ldc, and columns, ldb and ldc are
-// multiples of kLanes (the callers pad with zeros).
-template <typename scalar_t>
-void small_product(int64_t rows, int64_t columns, int64_t depth, const scalar_t* A, int64_t a_row,
-                   int64_t a_col, const scalar_t* B, int64_t ldb, scalar_t* C, int64_t ldc) {
-  for (int64_t n = 0; n < columns; n += kLanes<scalar_t>) {
-    int64_t m = 0;
-    for (; m + 8 <= rows; m += 8)
-      product_tile<scalar_t, 8>(depth, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc);
-    for (; m + 4 <= rows; m += 4)
-      product_tile<scalar_t, 4>(depth, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc);
-    for (; m < rows; ++m)
-      product_tile<scalar_t, 1>(depth, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc);
-  }
-}
-
-// The gathers below read rows at scattered positions; asking for a row a few steps ahead
-// hides most of the memory latency, which otherwise dominates these kernels.
-constexpr int64_t kPrefetchRows = 4;
-
-template <typename scalar_t>
-inline void prefetch_row(const scalar_t* rows, int64_t index, int64_t dim) {
-  if (index < 0) return;
-  const char* start = reinterpret_cast<const char*>(rows + index * dim);
-  const char* stop = reinterpret_cast<const char*>(rows + (index + 1) * dim);
-  for (const char* line = start; line < stop; line += 64) __builtin_prefetch(line);
-}
-
-// out (count x stride) = the rows `index` of rows (. x dim), zero-padded to `stride`
-// columns, times `factor`; an index < 0 gives a zero row.
-template <typename scalar_t>
-void gather_rows(const scalar_t* rows, const int64_t* index, int64_t count, int64_t dim, int64_t stride,
-                 scalar_t factor, scalar_t* out) {
-  for (int64_t m = 0; m < count; ++m) {
-    if (m + kPrefetchRows < count) prefetch_row(rows, index[m + kPrefetchRows], dim);
-    scalar_t* dst = out + m * stride;
-    std::fill(dst, dst + stride, scalar_t(0));
-    if (index[m] < 0) continue;
-    const scalar_t* src = rows + index[m] * dim;
-    for (int64_t d = 0; d < dim; ++d) dst[d] = factor * src[d];
-  }
-}
-
-// out (dim x stride) = the transposed rows `index` of rows (. x dim), zero-padded to
-// `stride` columns; an index < 0 gives a zero column.
-template <typename scalar_t>
-void gather_columns(const scalar_t* rows, const int64_t* index, int64_t count, int64_t dim, int64_t stride,
-                    scalar_t* out) {
-  std::fill(out, out + dim * stride, scalar_t(0));
-  for (int64_t m = 0; m < count; ++m) {
-    if (m + kPrefetchRows < count) prefetch_row(rows, index[m + kPrefetchRows], dim);
-    if (index[m] < 0) continue;
-    const scalar_t* src = rows + index[m] * dim;
-    for (int64_t d = 0; d < dim; ++d) out[d * stride + m] = src[d];
-  }
-}
-
-// The cluster's slot coefficients of its members, (count x slots), zero on empty slots.
-// The members' rows lie anywhere in the sequence: their loads missed the caches one after
-// the other (most of the time of the three kernels that call this), so rows are asked for
-// a few members ahead, and a row is copied with one vector select instead of a branch per slot.
-template <typename scalar_t>
-void gather_coefficients(const scalar_t* coefficients, const int64_t* query, int64_t count,
-                         const int64_t* keys, int64_t slots, scalar_t factor, scalar_t* out) {
-  for (int64_t m = 0; m < count; ++m) {
-    if (m + kPrefetchRows < count) prefetch_row(coefficients, query[m + kPrefetchRows], slots);
-    const scalar_t* src = coefficients + query[m] * slots;
-    scalar_t* dst = out + m * slots;
-#pragma omp simd
-    for (int64_t slot = 0; slot < slots; ++slot) dst[slot] = keys[slot] < 0 ? scalar_t(0) : factor * src[slot];
-  }
-}
-
-// Per-thread buffers of the cluster bodies, reused from cluster to cluster (a body
-// resizes them to what it needs; they only grow, so allocation stops after the first
-// clusters).
-template <typename scalar_t>
-struct Scratch {
-  std::vector<int64_t> rows;  // flat (batch-head, position) row of each member
-  std::vector<scalar_t> a, b, c, d;
-};
-
-// One cluster with members: its (batch-head) group g, flat index g * clusters + c, its S
-// key positions and the flat rows of its `count` member queries (scratch.rows).
-struct Cluster {
-  int64_t index, g;
-  const int64_t* keys;
-  int64_t count;
-};
-
-template <typename scalar_t, typename Body>
-void run_cluster(const SparseShape& s, const int64_t* topk, const int64_t* offsets, const int64_t* members,
-                 int64_t index, Scratch<scalar_t>& scratch, const Body& body) {
-  const int64_t g = index / s.clusters, c = index % s.clusters;
-  const int64_t* offset = offsets + g * (s.clusters + 1);
-  const int64_t count = offset[c + 1] - offset[c];
-  if (count == 0) return;
-  const int64_t* member = members + g * s.length + offset[c];
-  scratch.rows.resize(count);
-  for (int64_t m = 0; m < count; ++m) scratch.rows[m] = g * s.length + member[m];
-  body(scratch, Cluster{index, g, topk + index * s.slots, count});
-}
-
-// Calls body(scratch, cluster) for every cluster with members, shared out over all
-// (batch, head, cluster)s.
-template <typename scalar_t, typename Body>
-void for_each_cluster(const SparseShape& s, const int64_t* topk, const int64_t* offsets,
-                      const int64_t* members, const Body& body) {
-  at::parallel_for(0, s.batch * s.heads * s.clusters, 4, [&](int64_t begin, int64_t end) {
-    Scratch<scalar_t> scratch;
-    for (int64_t index = begin; index < end; ++index)
-      run_cluster(s, topk, offsets, members, index, scratch, body);
-  });
-}
-
-// rows[keys[slot]] += block[slot] for the S (slots, dim) rows of a cluster's block.
-template <typename scalar_t>
-void add_block(const scalar_t* block, const int64_t* keys, int64_t slots, int64_t dim, scalar_t* rows) {
-  for (int64_t slot = 0; slot < slots; ++slot) {
-    if (slot + kPrefetchRows < slots) prefetch_row(rows, keys[slot + kPrefetchRows], dim);  // scattered rows
-    if (keys[slot] < 0) continue;
-    const scalar_t* src = block + slot * dim;
-    scalar_t* dst = rows + keys[slot] * dim;
-#pragma omp simd
-    for (int64_t d = 0; d < dim; ++d) dst[d] += src[d];
-  }
-}
-
-// As for_each_cluster, for backward bodies that also compute the gradient of the
-// cluster's S key (or value) rows: body(scratch, cluster, block) writes that (S, dim)
-// block, which is added into grad_rows (B, H, N, dim) at the cluster's keys. Clusters of
-// one (batch, head) share keys, so their additions must not run concurrently:
-// - with at least as many (batch, head)s as threads, a task takes whole (batch, head)s
-//   and adds each block right away, while it is in cache;
-// - otherwise (batch 1, few heads) the clusters are shared out, every block is kept, and
-//   the blocks are added afterwards, one (batch, head) per task.
-// Either way the additions into a row happen in cluster order, so the result does not
-// depend on the thread count.
-template <typename scalar_t, typename Body>
-void for_each_cluster_adding_key_gradients(const SparseShape& s, const int64_t* topk, const int64_t* offsets,
-                                           const int64_t* members, int64_t dim, scalar_t* grad_rows,
-                                           const Body& body) {
-  const int64_t groups = s.batch * s.heads, block_size = s.slots * dim;
-  auto nonempty = [&](int64_t g, int64_t c) {
-    const int64_t* offset = offsets + g * (s.clusters + 1);
-    return offset[c + 1] > offset[c];
-  };
-  if (groups >= at::get_num_threads()) {
-    at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-      Scratch<scalar_t> scratch;
-      std::vector<scalar_t> block(block_size);
-      for (int64_t index = begin * s.clusters; index < end * s.clusters; ++index)
-        run_cluster(s, topk, offsets, members, index, scratch, [&](Scratch<scalar_t>& sc, const Cluster& cluster) {
-          body(sc, cluster, block.data());
-          add_block(block.data(), cluster.keys, s.slots, dim, grad_rows + cluster.g * s.length * dim);
-        });
-    });
-    return;
-  }
-  // Uninitialised on purpose: only the blocks of clusters with members are written and read.
-  std::unique_ptr<scalar_t[]> blocks(new scalar_t[groups * s.clusters * block_size]);
-  for_each_cluster<scalar_t>(s, topk, offsets, members, [&](Scratch<scalar_t>& sc, const Cluster& cluster) {
-    body(sc, cluster, blocks.get() + cluster.index * block_size);
-  });
-  at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
-    for (int64_t g = begin; g < end; ++g)
-      for (int64_t c = 0; c < s.clusters; ++c)
-        if (nonempty(g, c))
-          add_block(blocks.get() + (g * s.clusters + c) * block_size, topk + (g * s.clusters + c) * s.slots,
-                    s.slots, dim, grad_rows + g * s.length * dim);
-  });
-}
+using cluster_blocks::Cluster;
+using cluster_blocks::Scratch;
+using cluster_blocks::for_each_cluster;
+using cluster_blocks::for_each_cluster_adding_key_gradients;
+using cluster_blocks::gather_coefficients;
+using cluster_blocks::gather_columns;
+using cluster_blocks::gather_rows;
+using cluster_blocks::kLanes;
+using cluster_blocks::round_up;
+using cluster_blocks::small_product;
 
 template <typename scalar_t>
 void sparse_dot_kernel(const scalar_t* q, const scalar_t* k, const int64_t* topk, const int64_t* offsets,
@@ -274,7 +86,7 @@ void sparse_dot_backward_kernel(const scalar_t* grad, const scalar_t* q, const s
                                 scalar_t factor) {
   const int64_t padded_dim = round_up(dim, kLanes<scalar_t>);
   for_each_cluster_adding_key_gradients<scalar_t>(
-      s, topk, offsets, members, dim, grad_k,
+      s, topk, offsets, members, {{grad_k, dim}},
       [&](Scratch<scalar_t>& sc, const Cluster& cluster, scalar_t* key_grad) {
     const int64_t count = cluster.count;
     const int64_t* rows = sc.rows.data();
@@ -326,7 +138,7 @@ void sparse_weighted_sum_backward_kernel(const scalar_t* grad, const scalar_t* w
   const int64_t padded_dim = round_up(dim, kLanes<scalar_t>);
   const int64_t padded_slots = round_up(s.slots, kLanes<scalar_t>);
   for_each_cluster_adding_key_gradients<scalar_t>(
-      s, topk, offsets, members, dim, grad_v,
+      s, topk, offsets, members, {{grad_v, dim}},
       [&](Scratch<scalar_t>& sc, const Cluster& cluster, scalar_t* value_grad) {
     const int64_t count = cluster.count;
     const int64_t* rows = sc.rows.data();

@@ -264,7 +264,7 @@ CLUSTER_TOPK_CASES = [
 ]
 
 
-# --- sparse products: the four operators share check_sparse (input_checks.h) ----------------
+# --- sparse products and the fused top-key attention: all share check_sparse (input_checks.h) ---
 
 def sparse_inputs():
     offsets, members = grouping()
@@ -296,8 +296,39 @@ def clustered_sparse_weighted_sum_backward(rows, topk, offsets, members, grad=No
     return ops.clustered_sparse_weighted_sum_backward(grad, weights, rows, topk, offsets, members)
 
 
+def top_mass():
+    return torch.rand(BATCH, HEADS, CLUSTERS)
+
+
+def clustered_top_attention(rows, topk, offsets, members, k=None, v=None, mass=None, rest=None):
+    rest = torch.zeros(BATCH, HEADS, CLUSTERS, DIM) if rest is None else rest
+    return ops.clustered_top_attention(rows, rows if k is None else k, rows if v is None else v, topk, offsets,
+                                       members, top_mass() if mass is None else mass, rest, 0.5)
+
+
+def clustered_top_attention_backward(rows, topk, offsets, members, k=None, v=None, mass=None, grad_out=None,
+                                     weights=None):
+    v = rows if v is None else v
+    return ops.clustered_top_attention_backward(
+        torch.zeros_like(v) if grad_out is None else grad_out, rows, rows if k is None else k, v, topk, offsets,
+        members, top_mass() if mass is None else mass, sparse_coefficients() if weights is None else weights, 0.5)
+
+
 SPARSE_OPERATORS = [clustered_sparse_dot, clustered_sparse_dot_backward, clustered_sparse_weighted_sum,
-                    clustered_sparse_weighted_sum_backward]
+                    clustered_sparse_weighted_sum_backward, clustered_top_attention,
+                    clustered_top_attention_backward]
+
+# What both operators of clustered_top_attention.cpp check besides the sparse inputs.
+TOP_ATTENTION_CASES = [
+    ("k-shape", lambda x: dict(k=x["rows"][:, :, :5]), "k must match q"),
+    ("v-length", lambda x: dict(v=x["rows"][:, :, :5]), r"v must have shape \(2, 2, 8, dim\) and q's dtype"),
+    ("v-dtype", lambda x: dict(v=x["rows"].double()), r"v must have shape \(2, 2, 8, dim\) and q's dtype"),
+    ("mass-4d", lambda x: dict(mass=top_mass()[..., None]), r"mass must have shape \(2, 2, 4\) and q's dtype"),
+    ("topk-past-the-length", lambda x: dict(topk=with_entry(x["topk"], (1, 0, 2, 1), LENGTH)),
+     r"topk holds positions outside \[-1, 8\)"),
+    ("topk-below-minus-one", lambda x: dict(topk=with_entry(x["topk"], (0, 1, 0, 0), -2)),
+     r"topk holds positions outside \[-1, 8\)"),
+]
 
 SHARED_SPARSE_CASES = [
     ("rows-3d", lambda x: dict(rows=x["rows"][0]),
@@ -327,6 +358,12 @@ OWN_SPARSE_CASES = [
      "clustered_sparse_weighted_sum_backward: grad must match v"),
     (clustered_sparse_weighted_sum_backward, "weights-heads", lambda x: dict(weights=sparse_coefficients()[:, :1]),
      r"clustered_sparse_weighted_sum_backward: weights must have shape \(2, 2, 8, 3\) and the rows' dtype"),
+    (clustered_top_attention, "rest-dim", lambda x: dict(rest=torch.zeros(BATCH, HEADS, CLUSTERS, DIM + 1)),
+     r"clustered_top_attention: rest must have shape \(2, 2, 4, 4\) and q's dtype"),
+    (clustered_top_attention_backward, "grad-shape", lambda x: dict(grad_out=x["rows"][:, :1]),
+     "clustered_top_attention_backward: grad_out must match v"),
+    (clustered_top_attention_backward, "weights-slots", lambda x: dict(weights=sparse_coefficients()[..., :2]),
+     r"clustered_top_attention_backward: weights must have shape \(2, 2, 8, 3\) and the rows' dtype"),
 ]
 
 
@@ -356,6 +393,8 @@ def cases():
           for case in of(operator, sparse_inputs, SHARED_SPARSE_CASES)),
         *(case for operator, name, changes, message in OWN_SPARSE_CASES
           for case in of(operator, sparse_inputs, [(name, changes, message)])),
+        *(case for operator in (clustered_top_attention, clustered_top_attention_backward)
+          for case in of(operator, sparse_inputs, TOP_ATTENTION_CASES)),
     ]
 
 

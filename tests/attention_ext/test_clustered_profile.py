@@ -28,4 +28,4 @@ def test_the_command_prints_a_row_per_stage_and_a_total(capsys):
           "--repeats", "1", "--threads", "1", "--topk", "4"])
     lines = capsys.readouterr().out.splitlines()
     stages = [line.split()[0] for line in lines if line and not line.startswith(("iclustered", "stage"))]
-    assert {"hash", "kmeans", "sparse", "total", "us/element"} <= set(stages)
+    assert {"hash", "kmeans", "top-key", "total", "us/element"} <= set(stages)

@@ -161,6 +161,7 @@ def operator_samples():
     out, lse = ops.lsh_attention_forward(q, v, order, lengths, 2)
     centroid_values, logsumexp = ops.centroid_attention(centroid_rows, k, v, lengths)
     rest, mass, top, top_logsumexp = ops.centroid_attention_top(centroid_rows, k, v, lengths, slots)
+    _, top_weights = ops.clustered_top_attention(q, k, v, topk, offsets, members, mass, rest, 0.5)
     zeros = torch.zeros_like(q)   # equal codes and buckets whatever the random draws: a deterministic result
     return [
         ("hyperplane_hash", (q, planes, plane_offsets, lengths)),
@@ -182,6 +183,9 @@ def operator_samples():
         ("clustered_sparse_dot_backward", (scores, q, k, topk, offsets, members, 0.5)),
         ("clustered_sparse_weighted_sum", (scores, v, topk, offsets, members)),
         ("clustered_sparse_weighted_sum_backward", (q, scores, v, topk, offsets, members)),
+        ("clustered_top_attention", (q, k, v, topk, offsets, members, mass, rest, 0.5)),
+        ("clustered_top_attention_backward", (torch.randn_like(v), q, k, v, topk, offsets, members, mass,
+                                              top_weights, 0.5)),
         ("lsh_hash", (q, torch.randn(batch, heads, dim, 2, 16, **f64), lengths, torch.tensor([2, 1]))),
         ("lsh_attention_forward", (q, v, order, lengths, 2)),
         ("lsh_attention_backward", (torch.randn_like(v), q, v, order, lengths, out, lse, 2)),
@@ -194,7 +198,9 @@ SAMPLES = operator_samples()
 
 
 def test_every_operator_has_a_sample():
-    registered = {name for name in dir(ops) if isinstance(getattr(ops, name), torch._ops.OpOverloadPacket)}
+    # From the dispatcher: dir(ops) lists only the operators some earlier code has looked up.
+    registered = {name.removeprefix("attention_ext::") for name in torch._C._dispatch_get_all_op_names()
+                  if name.startswith("attention_ext::")}
     assert registered == {name for name, _ in SAMPLES}
 
 

@@ -59,8 +59,9 @@ def nvcc_command(source: Path, output: Path) -> list[str]:
 
 
 # Operator families with no CUDA twin on purpose: the fused CPU kernels of the clustered
-# attentions' dense part; on CUDA that part runs as torch products (clustered.py, iclustered.py).
-CPU_ONLY_FAMILIES = {"centroid_attention"}
+# attentions' dense part and of i-clustered's top-key part; on CUDA those parts run as torch
+# products and the sparse products of sparse_product_cuda.cu (clustered.py, iclustered.py).
+CPU_ONLY_FAMILIES = {"centroid_attention", "clustered_top_attention"}
 
 
 def test_every_operator_family_has_a_cuda_source():
