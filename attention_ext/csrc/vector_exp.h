@@ -1,6 +1,6 @@
 // exp for the softmax loops of the CPU kernels, written so that the compiler vectorises the
-// loops that call it (the libm call would stay scalar). The same function as
-// centroid_attention.cpp's own copy, which is to include this header instead.
+// loops that call it (the libm call would stay scalar). Used by centroid_attention.cpp and
+// clustered_top_attention.cpp.
 #pragma once
 
 #include <algorithm>
