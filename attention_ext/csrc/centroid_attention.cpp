@@ -41,6 +41,7 @@
 #include <cstring>
 #include <functional>
 #include <limits>
+#include <memory>
 #include <vector>
 
 namespace {
@@ -160,7 +161,9 @@ void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys
   // running sum of exp(score - maximum) v.
   std::vector<scalar_t> maximum(rows, -std::numeric_limits<scalar_t>::infinity()), total(rows, 0);
   const int64_t capacity = slots > 0 ? std::max<int64_t>(4 * slots, 4 * kChunk) : 0;
-  std::vector<Candidate<scalar_t>> pool(rows * capacity);
+  // Not value-initialised (a zero-filled vector would write every slot once more): only
+  // the first pooled[row] slots of a row are ever read.
+  std::unique_ptr<Candidate<scalar_t>[]> pool(new Candidate<scalar_t>[slots > 0 ? rows * capacity : 0]);
   std::vector<int64_t> pooled(slots > 0 ? rows : 0, 0);
   std::vector<scalar_t> floor(slots > 0 ? rows : 0, -std::numeric_limits<scalar_t>::infinity());
   at::Tensor scores = at::empty({groups, clusters, std::min(block, longest)}, options);
@@ -177,7 +180,7 @@ void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys
         return;
       }
       if (slots > 0)
-        collect_candidates(row, valid_width, start, slots, capacity, pool.data() + index * capacity, pooled[index],
+        collect_candidates(row, valid_width, start, slots, capacity, pool.get() + index * capacity, pooled[index],
                            floor[index]);
       scalar_t block_max = -std::numeric_limits<scalar_t>::infinity();
 #pragma omp simd reduction(max : block_max)
@@ -214,11 +217,14 @@ void centroid_attention_kernel(const at::Tensor& queries, const at::Tensor& keys
       for (int64_t d = 0; d < value_dim; ++d) acc[d] *= inverse;
       lse[index] = maximum[index] + std::log(total[index]);
       if (slots == 0) continue;
-      Candidate<scalar_t>* candidates = pool.data() + index * capacity;
+      Candidate<scalar_t>* candidates = pool.get() + index * capacity;
       const int64_t g = index / clusters;
       const int64_t kept = std::min(slots, lengths[g / heads]);   // 0 for a sequence of length 0
       const int64_t found = std::min(kept, pooled[index]);
-      std::partial_sort(candidates, candidates + found, candidates + pooled[index], Before());
+      // The best `found` first (linear), then only those sorted.
+      if (found < pooled[index])
+        std::nth_element(candidates, candidates + found, candidates + pooled[index], Before());
+      std::sort(candidates, candidates + found, Before());
       scalar_t top_mass = 0;
       const scalar_t* group_values = value_rows + g * length * value_dim;
       for (int64_t s = 0; s < std::min<int64_t>(found, 4); ++s)   // scattered rows: ask early
