@@ -95,20 +95,6 @@ def test_function_gradcheck():
         lambda *x: ClusteredTopAttention.apply(*x, topk, clusters, 0.6), inputs, fast_mode=True)
 
 
-@pytest.fixture
-def threads():
-    previous = torch.get_num_threads()
-
-    def run(count, function):
-        torch.set_num_threads(count)
-        try:
-            return function()
-        finally:
-            torch.set_num_threads(previous)
-    yield run
-    torch.set_num_threads(previous)
-
-
 # (1, 1): fewer (batch, head)s than threads, the key gradients kept per cluster and added after;
 # (2, 3): whole heads per task.
 @pytest.mark.parametrize("batch,heads", [(1, 1), (2, 3)])

@@ -15,21 +15,6 @@ from attention_ext.iclustered import top_keys
 from attention_ext.lsh import lsh_hash
 
 
-@pytest.fixture
-def threads():
-    """Runs a callable under a given torch thread count and restores the previous one."""
-    previous = torch.get_num_threads()
-
-    def run(count, function):
-        torch.set_num_threads(count)
-        try:
-            return function()
-        finally:
-            torch.set_num_threads(previous)
-    yield run
-    torch.set_num_threads(previous)
-
-
 def test_kernels_run_on_torchs_threads(threads):
     # 1 here means the extension was built without OpenMP: every kernel would run serially.
     assert threads(2, _C.parallel_for_threads) == 2
