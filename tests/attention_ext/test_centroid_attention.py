@@ -198,12 +198,14 @@ def test_top_split_ties_go_to_the_lower_position():
     assert torch.equal(top, expected)
 
 
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
 @pytest.mark.parametrize("order", ["ascending", "descending", "random"])
-def test_top_split_keeps_the_top_keys_when_every_key_enters_the_pool(order):
+def test_top_split_keeps_the_top_keys_when_every_key_enters_the_pool(order, dtype):
     # Scores that grow along the sequence put every key above the floor of the candidates
     # kept so far, so the pool of top-k candidates fills and is cut back many times within
-    # each block of keys (4 clusters take blocks of 2048 keys in float64); the other orders
-    # are the easy case and the usual one.
+    # each block of keys (4 clusters take blocks of 2048 keys); the other orders are the
+    # easy case and the usual one. float32 takes the vector path where the CPU has AVX-512
+    # (16 keys per compare), float64 the scalar one.
     generator = torch.Generator().manual_seed(5)
     length, topk = 5000, 3
     position = torch.arange(length, dtype=torch.float64)
@@ -215,6 +217,6 @@ def test_top_split_keeps_the_top_keys_when_every_key_enters_the_pool(order):
     centroids[..., 0] = torch.tensor([4.0, 1.0, -2.0, 0.5])
     v = torch.randn(1, 1, length, 2, dtype=torch.float64, generator=generator)
     lengths = torch.tensor([length - 7])
-    _, _, top = CentroidTopSplit.apply(centroids, k, v, lengths, topk)
+    _, _, top = CentroidTopSplit.apply(centroids.to(dtype), k.to(dtype), v.to(dtype), lengths, topk)
     scores = (centroids @ k.transpose(-1, -2))[..., :length - 7]
     assert torch.equal(top, scores.topk(topk, dim=-1).indices)
