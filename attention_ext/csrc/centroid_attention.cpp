@@ -123,6 +123,15 @@ void collect_candidates(const scalar_t* row, int64_t width, int64_t first, int64
     std::vector<scalar_t> class_max;   // once per row: scratch is allowed here
     bar = strided_class_floor(row, width, slots, class_max);
   }
+  // Before a chunk that reaches the floor: if the chunk might not fit, cuts the pool back to
+  // its best `slots` and raises the floor to the last of them (true when it did).
+  auto make_room = [&] {
+    if (count + kChunk <= capacity) return false;
+    std::nth_element(candidates, candidates + (slots - 1), candidates + count, Before());
+    count = slots;
+    bar = candidates[slots - 1].score;
+    return true;
+  };
 #if defined(__AVX512F__)
   if constexpr (std::is_same_v<scalar_t, float>) {
     // One compare per chunk of 16 keys; the keys that reach the floor (about 2 per chunk
@@ -137,12 +146,7 @@ void collect_candidates(const scalar_t* row, int64_t width, int64_t first, int64
       const __m512 x = _mm512_maskz_loadu_ps(present, row + chunk);
       __mmask16 reach = _mm512_mask_cmp_ps_mask(present, x, _mm512_set1_ps(bar), _CMP_GE_OQ);
       if (!reach) continue;
-      if (count + kChunk > capacity) {
-        std::nth_element(candidates, candidates + (slots - 1), candidates + count, Before());
-        count = slots;
-        bar = candidates[slots - 1].score;
-        reach = _mm512_mask_cmp_ps_mask(present, x, _mm512_set1_ps(bar), _CMP_GE_OQ);
-      }
+      if (make_room()) reach = _mm512_mask_cmp_ps_mask(present, x, _mm512_set1_ps(bar), _CMP_GE_OQ);
       // Compressed in registers, then stored whole: a compressing store to memory is
       // microcoded on AMD Zen 4 and measured slower than the scalar loop.
       _mm512_store_ps(scores, _mm512_maskz_compress_ps(reach, x));
@@ -163,11 +167,7 @@ void collect_candidates(const scalar_t* row, int64_t width, int64_t first, int64
 #pragma omp simd reduction(| : reaches)
     for (int64_t j = chunk; j < stop; ++j) reaches |= row[j] >= current;
     if (!reaches) continue;
-    if (count + kChunk > capacity) {
-      std::nth_element(candidates, candidates + (slots - 1), candidates + count, Before());
-      count = slots;
-      bar = candidates[slots - 1].score;
-    }
+    make_room();
     // Without a branch per key: every key is written, and the count only moves past those
     // at or above the floor (a branch here was mispredicted so often that the top-k
     // bookkeeping cost as much as the products).
