@@ -50,7 +50,7 @@ import numpy as np
 
 from asr.exit_status import run_command
 from recipes.synth.lexicon_lm import write_lexicon_and_lm
-from recipes.synth.phonemes import UnmappablePhonemeError
+from asr.data.synthesiser_phonemes import UnmappablePhonemeError
 from recipes.synth.sentences import load_sentences, normalise_text
 from recipes.synth.voices import (
     ESPEAK_PITCH, ESPEAK_RATE_WPM, FLITE_DURATION_STRETCH, FLITE_F0_FACTOR, FLITE_VOICES, GAIN_DB,
@@ -356,7 +356,7 @@ def _generate_split(out_dir: Path, planner: SplitPlanner, count: int, pool: _Wor
         if len(dropped) > max(50, count):
             raise RuntimeError(f"{len(dropped)} {planner.split} utterances dropped for "
                                f"{Counter(d['phoneme'] for d in dropped).most_common(5)}: the phoneme "
-                               f"mapping (recipes/synth/phonemes.py) does not fit this synthesiser version")
+                               f"mapping (asr/data/synthesiser_phonemes.py) does not fit this synthesiser version")
     bar.close()
     return kept, dropped
 

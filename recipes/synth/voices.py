@@ -22,7 +22,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from recipes.synth.phonemes import espeak_to_arpabet, flite_to_arpabet
+from asr.data.synthesiser_phonemes import espeak_to_arpabet, flite_to_arpabet
 
 SAMPLING_RATE = 16000
 

@@ -13,7 +13,7 @@ import pytest
 import soundfile
 
 from asr.data.phones import ARPABET_39
-from recipes.synth.phonemes import UnmappablePhonemeError, espeak_to_arpabet, flite_to_arpabet
+from asr.data.synthesiser_phonemes import UnmappablePhonemeError, espeak_to_arpabet, flite_to_arpabet
 from recipes.synth.prepare import (
     HELD_OUT_SPEAKER_IDS, SPLITS, UtterancePlan, generate_corpus, plan_utterances, prepare_synth,
     split_sentence_pools, synthesise_plan,
