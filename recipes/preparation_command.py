@@ -29,14 +29,22 @@ def add_preparation_arguments(parser, lexicon: str | None = None, lexicon_help: 
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def run_preparation(command: str, prepare: Callable[[], dict], layout_errors: tuple[type[Exception], ...] = ()
+def run_preparation(command: str, prepare: Callable[[], dict], layout_errors: tuple[type[Exception], ...] = (),
+                    failures: tuple[type[Exception], ...] = (), after: Callable[[dict], None] | None = None,
+                    resume_hint: str = "run the same command again: it continues from the audio converted so far"
                     ) -> int:
     """Runs a recipe's preparation for its command line (`command`, e.g. recipes.wsj.prepare) and
-    returns its exit status (asr.exit_status): 0 after printing the report table; USAGE_ERROR for a
-    corpus folder or lexicon that is not what the recipe reads (layout_errors, LexiconError, a folder
-    with no utterances) and
-    FAILURE for a preparation that stopped on problems in the corpus, each with its message and
-    no traceback; INTERRUPTED after Ctrl-C (a re-run continues from the audio converted so far)."""
-    return run_command(command, lambda: print(format_report(prepare())),
-                       usage_errors=(LexiconError, NoUtterancesError, *layout_errors), failures=(PreparationError,),
-                       resume_hint="run the same command again: it continues from the audio converted so far")
+    returns its exit status (asr.exit_status): 0 after printing the report table (and whatever
+    `after(report)` prints); USAGE_ERROR for a corpus folder or lexicon that is not what the recipe
+    reads (layout_errors, LexiconError, a folder with no utterances) and
+    FAILURE for a preparation that stopped on problems in the corpus (or on `failures`, e.g. a
+    download that failed), each with its message and no traceback; INTERRUPTED after Ctrl-C, saying
+    how to continue (resume_hint)."""
+    def body():
+        report = prepare()
+        print(format_report(report))
+        if after is not None:
+            after(report)
+    return run_command(command, body,
+                       usage_errors=(LexiconError, NoUtterancesError, *layout_errors),
+                       failures=(PreparationError, *failures), resume_hint=resume_hint)

@@ -36,7 +36,7 @@ PREPARE_COMMANDS = {
     "synth": "python -m recipes.synth.prepare --out {root}",
     "wsj": "python -m recipes.wsj.prepare --corpus-dir WSJ0_DIR WSJ1_DIR --lexicon cmudict-0.7b --out {root}",
     "timit": "python -m recipes.timit.prepare --corpus-dir TIMIT_DIR --out {root}",
-    "librispeech": "python -m recipes.librispeech.prepare --corpus-dir LIBRISPEECH_DIR --out {root}",
+    "librispeech": "python -m recipes.librispeech.prepare --corpus-dir LIBRISPEECH_DIR (or --download mini|all) --out {root}",
     "switchboard": ("python -m recipes.switchboard.prepare --corpus-dir LDC97S62_DIR "
                     "--transcripts-dir swb_ms98_transcriptions --out {root}"),
 }

@@ -1,5 +1,6 @@
 """The corpus presets (conf/conf/{wsj,timit,librispeech,switchboard}_*.yaml): they compose and validate,
-the WSJ ones carry the paper's numbers, and one preset per corpus trains on that recipe's fixture tree
+the WSJ ones carry the paper's numbers, the mini LibriSpeech one is small (it trains on the corpus
+of test_librispeech_download.py), and one preset per corpus trains on that recipe's fixture tree
 (built by the recipe tests, prepared by the recipe) - WSJ through the documented command line.
 
 The training runs keep each preset as it is - model (9 or 12 layers), attention with its options,
@@ -24,7 +25,7 @@ from asr.config import ConfigError, attention_settings, validate_config
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError
 from asr.train import train
-from recipes.librispeech.prepare import prepare_librispeech
+from recipes.librispeech.prepare import MINI_OUT, prepare_librispeech
 from recipes.switchboard.prepare import prepare_switchboard
 from recipes.timit.prepare import prepare_timit
 from recipes.wsj.prepare import prepare_wsj
@@ -38,6 +39,7 @@ ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 PRESETS = sorted(p.stem for p in (CONF / "conf").glob("*.yaml"))
 CORPORA = ("wsj", "timit", "librispeech", "switchboard")
+SMALL_PRESETS = ("librispeech_mini_iclustered",)   # sized for a CPU or one GPU, not the paper's setups
 ATTENTIONS = ("full", "shared_full", "lsh1", "lsh4", "clustered", "iclustered", "linear", "agglomerative")
 # What a short CPU run needs; the preset's model, attention, optimiser and data stay as they are.
 TINY = ["trainer.max_steps=2", "trainer.enable_progress_bar=false", "trainer.log_every_n_steps=1",
@@ -65,10 +67,24 @@ def test_every_preset_composes_and_validates(preset):
     validate_config(cfg)
     corpus = preset.split("_")[0]
     assert cfg.data.corpus == corpus
-    if corpus != "synth":   # real corpora train whole epochs on a GPU, not for a wall-clock budget
+    if corpus != "synth":   # real corpora train whole epochs, not for a wall-clock budget
         assert cfg.trainer.max_minutes is None and cfg.trainer.max_epochs >= 50
+    if corpus != "synth" and preset not in SMALL_PRESETS:   # the paper's setups, on GPUs
         assert cfg.data.root == f"data/{corpus}"        # the recipes' default --out
         assert cfg.model.subsampling == 1                # the paper: no subsampling
+
+
+def test_mini_librispeech_preset_is_sized_for_one_machine():
+    """librispeech_mini_iclustered: the paper's i-clustered options on the synth presets' smaller
+    encoder and optimiser, word pieces from 80 fbank, reading what `--download mini` writes."""
+    cfg = compose_config("conf=librispeech_mini_iclustered")
+    assert cfg.data.root == MINI_OUT == "data/librispeech_mini"
+    assert attention_settings(cfg.attention) == EXPECTED_ATTENTION["iclustered"][:2]
+    model = cfg.model
+    assert (model.layers, model.heads, model.head_dim, model.ff_dim, model.subsampling) == (6, 4, 32, 512, 2)
+    assert list(cfg.data.targets) == ["sentencepiece"] and cfg.data.num_mel_bins == 80
+    assert cfg.data.max_duration >= 35.0   # LibriSpeech's longest utterances
+    assert cfg.trainer.accelerator == "auto" and cfg.trainer.early_stopping_patience is not None
 
 
 EXPECTED_ATTENTION = {   # preset suffix -> (name, options after the registry's defaults, shared_qk)

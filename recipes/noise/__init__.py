@@ -1,0 +1,1 @@
+"""MUSAN and OpenSLR 28 room responses and noises, for augmentation: README.md."""
