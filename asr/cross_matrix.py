@@ -268,21 +268,49 @@ def plot(rows: list[dict], columns: list[Column], metric: str, out: Path) -> Non
     figure.savefig(out / "matrix_heatmap.png", dpi=120)
     plt.close(figure)
 
-    figure, axis = plt.subplots(figsize=(7, 4.5))
-    for column in columns:
-        points = [(row["cells"][column.label]["forward_ms_per_utterance"], 100 * row["cells"][column.label][metric],
-                   row["evaluate_with"]) for row in rows
-                  if row["cells"][column.label]["valid"] and row["cells"][column.label][metric] is not None]
-        if not points:
+    plot_speed_accuracy(rows, columns, metric, out / "speed_accuracy.png")
+
+
+def plot_speed_accuracy(rows: list[dict], columns: list[Column], metric: str, path: Path) -> None:
+    """Error against forward time: one panel per training attention (a shared time axis, each panel's
+    error axis its own, so close rows stay apart; the heatmap compares across columns), each
+    evaluate-with row one colour and marker in every panel, named once in a shared legend; the
+    training attention's own point is ringed. Text labels beside the points ran into one unreadable
+    band where many rows score alike, so the legend names them instead."""
+    import matplotlib.pyplot as plt
+    markers = "osD^v<>phX*P"
+    colours = plt.get_cmap("tab20").colors
+    style = {row["evaluate_with"]: (colours[i % len(colours)], markers[i % len(markers)])
+             for i, row in enumerate(rows)}
+    panels = max(1, len(columns))
+    width = min(3, panels)
+    height = math.ceil(panels / width)
+    figure, axes = plt.subplots(height, width, figsize=(3.6 * width + 2.2, 3.0 * height + 0.6),
+                                sharex=True, squeeze=False)
+    for index, axis in enumerate(axes.flat):
+        if index >= len(columns):
+            axis.set_visible(False)
             continue
-        axis.scatter([p[0] for p in points], [p[1] for p in points], label=f"trained with {column.label}")
-        for x, y, name in points:
-            axis.annotate(name, (x, y), fontsize=6, xytext=(3, 2), textcoords="offset points")
-    axis.set_xlabel("forward time per utterance (ms)")
-    axis.set_ylabel(f"{metric.upper()} (%)")
-    axis.legend(fontsize=7)
-    figure.tight_layout()
-    figure.savefig(out / "speed_accuracy.png", dpi=120)
+        column = columns[index]
+        for row in rows:
+            cell = row["cells"][column.label]
+            if not cell["valid"] or cell[metric] is None or cell["forward_ms_per_utterance"] is None:
+                continue
+            colour, marker = style[row["evaluate_with"]]
+            axis.scatter(cell["forward_ms_per_utterance"], 100 * cell[metric], color=colour, marker=marker, s=36,
+                         edgecolors="black" if cell["same_as_training"] else "none", linewidths=1.2)
+        axis.set_title(f"trained with {column.label}", fontsize=9)
+        axis.grid(alpha=0.3)
+        axis.set_ylabel(f"{metric.upper()} (%)")
+        if index // width == height - 1 or index + width >= len(columns):
+            axis.set_xlabel("forward ms per utterance")
+    handles = [plt.Line2D([], [], linestyle="", marker=marker, color=colour, label=spec)
+               for spec, (colour, marker) in style.items()]
+    handles.append(plt.Line2D([], [], linestyle="", marker="o", markerfacecolor="white", markeredgecolor="black",
+                              label="(ringed: the training attention)"))
+    figure.legend(handles=handles, title="evaluated with", loc="center right", fontsize=8, title_fontsize=8)
+    figure.tight_layout(rect=(0, 0, 1 - 2.3 / (3.6 * width + 2.2), 1))
+    figure.savefig(path, dpi=120)
     plt.close(figure)
 
 
