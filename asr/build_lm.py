@@ -3,7 +3,7 @@
     python -m asr.build_lm domain_text.txt --lexicon lexicon.txt --order 3 --out lm.arpa.gz
     python -m asr.build_lm a.txt b.txt.gz --lexicon lexicon.txt --order 4 --out lm/4gram.arpa
 
-Reads UTF-8 text (plain or .gz), one sentence per line, normalised as training transcripts are
+Reads UTF-8 text (plain or .gz; `-` is stdin), one sentence per line, normalised as training transcripts are
 (asr.data.text_normalisation: lowercase a-z and apostrophes), and estimates an interpolated
 modified Kneser-Ney LM of `--order` (1-4; the decoder needs 2 or more) with the project's
 estimator (asr.decoding.ngram.estimate_arpa), written as ARPA (gzipped when --out ends in .gz),
@@ -38,7 +38,8 @@ COMMAND = "asr.build_lm"
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m {COMMAND}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("texts", nargs="+", metavar="TEXT", help="text files, one sentence per line, UTF-8 (.gz too)")
+    parser.add_argument("texts", nargs="+", metavar="TEXT",
+                        help="text files, one sentence per line, UTF-8 (.gz too; - reads stdin)")
     parser.add_argument("--out", required=True, type=Path, help="the ARPA file to write (.arpa or .arpa.gz)")
     parser.add_argument("--lexicon", type=Path, default=None,
                         help="the decoding lexicon: its words join the LM's vocabulary (recommended)")

@@ -4,11 +4,11 @@
     python -m asr.lexicon domain_text.txt --base runs/<preset>/<time>/decoding/lexicon.txt --out lexicon.txt
     python -m asr.lexicon a.txt b.txt.gz --base cmudict.dict --out lexicon.txt --weak-forms 0
 
-Reads word lists or running text (UTF-8, plain or .gz; any mix), normalised as training
+Reads word lists or running text (UTF-8, plain or .gz, `-` for stdin; any mix), normalised as training
 transcripts are (asr.data.text_normalisation: lowercase a-z and apostrophes, so "One-time" is the
 two words "one time", digits and punctuation go), and writes a lexicon (`word PH ON ES` lines) with
-every word of `--base` (if given: our lexicon.txt or CMUdict format, kept as it is) and every
-word of the text the base lacks, pronounced with the tools and the phone set of the built-in
+every word of `--base` (if given: our lexicon.txt or CMUdict format; its pronunciations kept, written
+in our form: lowercase words, no stress digits) and every word of the text the base lacks, pronounced with the tools and the phone set of the built-in
 corpus's training (asr.decoding.pronunciation): each word said alone by espeak-ng en-us and
 en-us-nyc and by flite, mapped to ARPABET_39, every distinct pronunciation kept. As in the synth
 recipe's lexicon, the `--weak-forms` (100) most frequent one-vowel new words of the text get
@@ -36,7 +36,7 @@ from asr.data.text_normalisation import TextFileError, read_normalised_lines
 from asr.decoding.lexicon import LexiconFileError, _examples, read_lexicon, write_lexicon
 from asr.decoding.pronunciation import (WEAK_FORM_WORDS, PronunciationError, add_weak_forms,
                                         check_pronouncing_programs, synthesiser_pronunciations)
-from asr.exit_status import SUCCESS, run_command
+from asr.exit_status import USAGE_ERROR, run_command
 
 COMMAND = "asr.lexicon"
 CHUNK_WORDS = 200            # words per call of the synthesisers (one progress step)
@@ -47,7 +47,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog=f"python -m {COMMAND}", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("texts", nargs="+", metavar="WORDS_OR_TEXT",
-                        help="word lists or running text, UTF-8 (.gz too)")
+                        help="word lists or running text, UTF-8 (.gz too; - reads stdin)")
     parser.add_argument("--out", required=True, type=Path, help="the lexicon to write (word PH ON ES lines)")
     parser.add_argument("--base", type=Path, default=None,
                         help="a lexicon whose words are kept as they are (e.g. the model's decoding/lexicon.txt)")
@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)   # bad options: argparse, exit 2
     if args.weak_forms < 0:
         print(f"{COMMAND}: error: --weak-forms {args.weak_forms} must be 0 or more", file=sys.stderr)
-        return 2
+        return USAGE_ERROR
 
     def build_and_report() -> None:
         summary = build_lexicon([Path(p) for p in args.texts], args.out, args.base, args.weak_forms,

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import gzip
 import re
+import sys
 from pathlib import Path
 
 _NOT_WORD_CHARACTER = re.compile(r"[^a-z']+")
@@ -37,7 +38,9 @@ def read_normalised_lines(path: str | Path) -> list[str]:
     """The lines of a UTF-8 text file (plain, or gzipped when it ends in .gz), each normalised as
     transcripts are (normalise_transcript of its white-space-separated tokens), lines left
     without words dropped: 'The U.S. one-time fee, 2024!' -> 'the u s one time fee'. One line is
-    one sentence for an LM, so running text is best given one sentence per line."""
+    one sentence for an LM, so running text is best given one sentence per line. '-' reads stdin."""
+    if str(path) == "-":
+        return [line for line in (normalise_transcript(raw.split()) for raw in sys.stdin) if line]
     path = Path(path)
     if path.is_dir():
         raise TextFileError(f"{path} is a folder; give text files (one sentence or word per line)")

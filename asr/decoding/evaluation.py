@@ -6,9 +6,10 @@ Where a model's lexicon and LM come from (`model_decoding_files`), decided so th
 finds the same files from any working folder, also after the run folder was moved:
 
 1. `<run folder>/decoding/lexicon.txt` and `<run folder>/decoding/lm/3gram.arpa.gz`: asr.train
-   puts the corpus's two files there when a run starts (`keep_decoding_files_in_run`; a hard
-   link where the file system allows, else a copy), so the run folder carries the lexicon and LM
-   its model was tested with, wherever it goes and whatever later happens to the corpus folder.
+   copies the corpus's two files there when a run starts (`keep_decoding_files_in_run`), so the
+   run folder carries the lexicon and LM its model was tested with, wherever it goes and whatever
+   later happens to the corpus folder (a copy, not a link: an edit of the corpus's lexicon in place
+   must not change what a finished run decodes with; the synth corpus's pair is 1.7 MB).
 2. For run folders made before that: the corpus folder of the run's `config.yaml` (`data.root`),
    which asr.train stored as given, usually relative to the folder training ran in. It is
    tried as an absolute path, relative to the folder Hydra recorded as the working folder of the
@@ -109,10 +110,9 @@ def model_decoding_files(checkpoint: str | Path) -> DecodingFiles:
 
 
 def keep_decoding_files_in_run(run_dir: str | Path, data_root: str | Path) -> DecodingFiles:
-    """Puts the corpus folder's lexicon and LM into <run_dir>/decoding/ (hard links where the
-    file system allows, else copies; each written under a temporary name and renamed), unless
-    the run folder has them already (a resumed run keeps what it started with). Returns what
-    the run folder holds now."""
+    """Copies the corpus folder's lexicon and LM into <run_dir>/decoding/ (each under a temporary
+    name, then renamed), unless the run folder has them already (a resumed run keeps what it
+    started with). Returns what the run folder holds now."""
     target = Path(run_dir) / RUN_DECODING_FOLDER
     source = corpus_decoding_files(data_root)
     for name, path in ((LEXICON_FILE, source.lexicon), (LM_FILE, source.lm)):
@@ -121,11 +121,7 @@ def keep_decoding_files_in_run(run_dir: str | Path, data_root: str | Path) -> De
             continue
         destination.parent.mkdir(parents=True, exist_ok=True)
         partial = destination.with_name(destination.name + ".partial")
-        partial.unlink(missing_ok=True)
-        try:
-            os.link(path, partial)
-        except OSError:                      # another file system, or links not allowed
-            shutil.copyfile(path, partial)
+        shutil.copyfile(path, partial)
         os.replace(partial, destination)
         log.info("decoding: %s -> %s", path, destination)
     return corpus_decoding_files(target)

@@ -47,6 +47,14 @@ def test_without_a_lexicon_the_vocabulary_is_the_texts(tmp_path):
     assert (tmp_path / "lm.arpa").read_text() == expected.read_text()
 
 
+def test_text_from_stdin(tmp_path, monkeypatch):
+    import io
+    monkeypatch.setattr("sys.stdin", io.StringIO("One two.\nTwo, three!\n"))
+    assert main(["-", "--order", "2", "--out", str(tmp_path / "lm.arpa"), "--no-progress"]) == 0
+    expected = estimate_arpa(["one two", "two three"], tmp_path / "expected.arpa", order=2)
+    assert (tmp_path / "lm.arpa").read_text() == expected.read_text()
+
+
 @pytest.mark.parametrize("case", ["empty text", "order 1", "order 5", "missing text", "missing lexicon",
                                   "text is a folder", "out is a folder"])
 def test_bad_input_is_one_line_and_exit_status_2(case, tmp_path, capsys):
