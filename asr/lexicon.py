@@ -100,7 +100,10 @@ def build_lexicon(texts: list[Path], out: Path, base: Path | None = None, weak_f
                                "new words are pronounced in ARPABET_39 (CMUdict's 39 phones, the synth corpus's), "
                                "so the lexicon would mix two phone sets")
     counts = text_words(texts)
-    new = [word for word in counts if word not in base_lexicon]
+    # sorted, as the synth recipe pronounces its vocabulary: the synthesisers' choice between
+    # homographs ("read" R IY D / R EH D) can depend on the neighbouring words of a run, so the
+    # same set of words gets the same pronunciations whatever the order of the text
+    new = sorted(word for word in counts if word not in base_lexicon)
     if new:
         check_pronouncing_programs()
     pronounced, unpronounceable = pronounce(new, progress)
