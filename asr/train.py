@@ -476,8 +476,8 @@ def _preset_name() -> str | None:
 # ---- the command: exit statuses (asr.exit_status), the run folder of a run that never started --------
 USAGE_ERRORS = (ConfigError, AttentionConfigError, CheckpointError, CheckpointMismatchError, ManifestError)
 # What a run folder holds before the run has produced anything: Hydra's record (.hydra/), the log,
-# the resolved config and the data-preparation lock.
-BOOKKEEPING = {".hydra", "train.log", "config.yaml", ".data_preparation.lock"}
+# the resolved config, the data-preparation lock and the copies of the corpus's lexicon and LM.
+BOOKKEEPING = {".hydra", "train.log", "config.yaml", ".data_preparation.lock", "decoding"}
 _task_started = False   # set by the Hydra task; before it, a failure is Hydra's composition of the config
 
 
