@@ -106,6 +106,8 @@ def evaluation_settings(args: argparse.Namespace) -> dict:
                 "beam_size": args.beam_size, "seed": args.seed, "limit": args.limit}
     if args.decoder == "lexicon":
         settings.update(lexicon=args.lexicon, lm=args.lm, lm_weight=args.lm_weight, word_score=args.word_score)
+        if args.extra_lexicon:     # only then: cells computed before the option existed stay valid
+            settings["extra_lexicon"] = args.extra_lexicon
     return settings
 
 
@@ -151,7 +153,7 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
         if args.decoder == "lexicon":
             from asr.decoding.evaluation import model_decoding_files, resolve_settings, start_word_decoder
             word_decoder = start_word_decoder(model.tokenizers, resolve_settings(
-                args.lexicon, args.lm, model_decoding_files(column.checkpoint), dashes=True,
+                args.lexicon, args.lm, model_decoding_files(column.checkpoint), args.extra_lexicon, dashes=True,
                 lm_weight=args.lm_weight, word_score=args.word_score))
         try:
             result = decode_split(model, data, args.decoder, args.beam_size, args.seed, args.limit,
@@ -303,6 +305,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lexicon", default=None,
                         help="--decoder lexicon: lexicon file (default: each model's; needs --lm)")
     parser.add_argument("--lm", default=None, help="--decoder lexicon: ARPA LM (default: each model's; none: no LM)")
+    parser.add_argument("--extra-lexicon", default=None, help="--decoder lexicon: entries added on top of the lexicon")
     parser.add_argument("--lm-weight", type=float, default=1.0)
     parser.add_argument("--word-score", type=float, default=0.0)
     parser.add_argument("--beam-size", type=int, default=8)
@@ -329,7 +332,7 @@ def run(args: argparse.Namespace, progress=print) -> dict:
     """Computes the missing cells and writes the tables; returns the matrix as JSON-ready dict."""
     check_device(args.device)
     from asr.decoding.evaluation import check_lexicon_options
-    check_lexicon_options(args.decoder, args.lexicon, args.lm, dashes=True)
+    check_lexicon_options(args.decoder, args.lexicon, args.lm, args.extra_lexicon, dashes=True)
     columns = parse_columns(args.checkpoints)
     specs = list(dict.fromkeys(args.specs))
     from attention_ext import parse_attention_spec
