@@ -17,7 +17,7 @@ Writes to --out (default: cross_matrix/):
                                  them (and recomputes a cell whose checkpoint changed)
     matrix.md, matrix.csv, matrix.json   PER (and WER) per cell, forward time per row; with
                                  --decoder lexicon the WER table is the lexicon + LM decoder's
-                                 (asr.decoding; lexicon and LM default to the corpus folder's)
+                                 (asr.decoding; lexicon and LM default to each model's own)
     matrix_heatmap.png           PER per cell
     speed_accuracy.png           per column: error against forward time of each row (Fig. 1)
 """
@@ -106,6 +106,8 @@ def evaluation_settings(args: argparse.Namespace) -> dict:
                 "beam_size": args.beam_size, "seed": args.seed, "limit": args.limit}
     if args.decoder == "lexicon":
         settings.update(lexicon=args.lexicon, lm=args.lm, lm_weight=args.lm_weight, word_score=args.word_score)
+        if args.extra_lexicon:     # only then: cells computed before the option existed stay valid
+            settings["extra_lexicon"] = args.extra_lexicon
     return settings
 
 
@@ -149,10 +151,10 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
         pause_point("cross_matrix_cell")   # the fault suite kills here (asr.fault_injection)
         word_decoder = None
         if args.decoder == "lexicon":
-            from asr.decoding.evaluation import resolve_settings, start_word_decoder
+            from asr.decoding.evaluation import model_decoding_files, resolve_settings, start_word_decoder
             word_decoder = start_word_decoder(model.tokenizers, resolve_settings(
-                args.lexicon, args.lm, data.datamodule.cfg.root, lm_weight=args.lm_weight,
-                word_score=args.word_score))
+                args.lexicon, args.lm, model_decoding_files(column.checkpoint), args.extra_lexicon, dashes=True,
+                lm_weight=args.lm_weight, word_score=args.word_score))
         try:
             result = decode_split(model, data, args.decoder, args.beam_size, args.seed, args.limit,
                                   progress=sys.stderr.isatty(), word_decoder=word_decoder)
@@ -328,8 +330,10 @@ def build_parser() -> argparse.ArgumentParser:
                         help="data option overrides, e.g. --data root=data/synth max_duration=100")
     parser.add_argument("--decoder", choices=("greedy", "beam", "lexicon"), default="greedy",
                         help="lexicon: words through a lexicon and an n-gram LM (an extra WER table)")
-    parser.add_argument("--lexicon", default=None, help="--decoder lexicon: lexicon file (default: the corpus's)")
-    parser.add_argument("--lm", default=None, help="--decoder lexicon: ARPA LM (default: the corpus's; none: no LM)")
+    parser.add_argument("--lexicon", default=None,
+                        help="--decoder lexicon: lexicon file (default: each model's; needs --lm)")
+    parser.add_argument("--lm", default=None, help="--decoder lexicon: ARPA LM (default: each model's; none: no LM)")
+    parser.add_argument("--extra-lexicon", default=None, help="--decoder lexicon: entries added on top of the lexicon")
     parser.add_argument("--lm-weight", type=float, default=1.0)
     parser.add_argument("--word-score", type=float, default=0.0)
     parser.add_argument("--beam-size", type=int, default=8)
@@ -355,6 +359,8 @@ def parse_data_overrides(items: list[str]) -> dict:
 def run(args: argparse.Namespace, progress=print) -> dict:
     """Computes the missing cells and writes the tables; returns the matrix as JSON-ready dict."""
     check_device(args.device)
+    from asr.decoding.evaluation import check_lexicon_options
+    check_lexicon_options(args.decoder, args.lexicon, args.lm, args.extra_lexicon, dashes=True)
     columns = parse_columns(args.checkpoints)
     specs = list(dict.fromkeys(args.specs))
     from attention_ext import parse_attention_spec

@@ -6,8 +6,10 @@
     python -m asr.evaluate checkpoint=best.ckpt attention=lsh-4          # refused unless shared QK
     python -m asr.evaluate checkpoint=best.ckpt data_dir=my_audio/       # a Kaldi-style folder
     python -m asr.evaluate checkpoint=best.ckpt decoder=beam beam_size=16
-    python -m asr.evaluate checkpoint=best.ckpt decoder=lexicon [lexicon=PATH lm=PATH lm_weight=1 word_score=0 beam=50]
-    python -m asr.evaluate checkpoint=best.ckpt data_dir=my_audio/ lexicon=cmudict.dict   # PER too
+    python -m asr.evaluate checkpoint=best.ckpt decoder=lexicon [lm_weight=1 word_score=0 beam=50]
+    python -m asr.evaluate checkpoint=best.ckpt data_dir=my_audio/ decoder=lexicon lexicon=my.txt lm=my.arpa.gz
+    python -m asr.evaluate checkpoint=best.ckpt data_dir=my_audio/ decoder=lexicon extra_lexicon=new_words.txt
+    python -m asr.evaluate checkpoint=best.ckpt data_dir=my_audio/ reference_lexicon=cmudict.dict   # PER too
 
 Arguments are key=value (see `EvaluateConfig` below, or `python -m asr.evaluate --help`):
 `attention` is an attention spec (a registry name such as `iclustered`, or a short form such as
@@ -21,10 +23,17 @@ decodes, unscored).
 
 decoder=lexicon decodes words through a pronunciation lexicon and a word n-gram LM
 (asr.decoding, flashlight-text) on the phone head (or the first word head without one): WER/CER
-come from it, PER still from the phone head. lexicon/lm default to the corpus folder's
-lexicon.txt and lm/3gram.arpa.gz (the synth recipe writes them); lm=none decodes with the lexicon
-only. With data_dir, lexicon=PATH also turns the word transcripts into phone references, so the
-phone head gets a PER (words missing from the lexicon are listed).
+come from it, PER still from the phone head. Without lexicon= and lm= they are the model's
+(asr.decoding.evaluation.model_decoding_files: the run folder's decoding/, which asr.train fills
+from the corpus, else the corpus folder of its config.yaml), whatever data is scored and from any
+working folder. lexicon= needs lm= too (a path, or lm=none for the lexicon alone);
+extra_lexicon=PATH adds entries on top of the lexicon and keeps the LM. Lexicon words the LM lacks
+get its <unk> probability; the printed line and results.json give the share of reference words
+the LM (and the lexicon) does not know.
+
+PER references never depend on the decoding lexicon: a split's manifests carry phones, and
+reference_lexicon=PATH turns the word transcripts of data sources without phones (data_dir) into
+phone references (each word's first pronunciation; words missing from it are listed).
 
 Writes to `out` (default: <run folder>/evaluations/<name>/, the name made of every option that
 changes the numbers: split, attention and options, decoder, seed, device, limit, data source;
@@ -85,12 +94,14 @@ class EvaluateConfig:
     data: dict = field(default_factory=dict)   # data.<key>=... overrides of the run's data config
     decoder: str = "greedy"              # greedy | beam (CTC prefix beam search, no LM) | lexicon (+ LM)
     beam_size: int = 8
-    lexicon: Optional[str] = None        # decoder=lexicon: word -> phones file; None: <data root>/lexicon.txt
-    lm: Optional[str] = None             # ARPA (.arpa/.arpa.gz); None: <data root>/lm/3gram.arpa.gz; none: no LM
+    lexicon: Optional[str] = None        # decoder=lexicon: word -> phones file (needs lm=); None: the model's
+    lm: Optional[str] = None             # ARPA (.arpa/.arpa.gz); None: the model's; none: no LM
+    extra_lexicon: Optional[str] = None  # decoder=lexicon: entries added on top of the lexicon
+    reference_lexicon: Optional[str] = None  # word -> phones: phone references for word-only data (data_dir)
     lm_weight: float = 1.0
     word_score: float = 0.0
     beam: int = 50                       # the lexicon decoder's beam
-    restrict_lexicon: bool = False       # decode only the lexicon words the LM knows
+    restrict_lexicon: bool = False       # decode only the lexicon words the LM knows (else: <unk> probability)
     decode_workers: Optional[int] = None  # lexicon decoding processes; None: min(4, CPUs)
     seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention
     device: str = "cpu"                  # cpu | cuda | cuda:N
@@ -129,6 +140,15 @@ def parse_arguments(argv: list[str]) -> tuple[EvaluateConfig, dict[str, str]]:
         raise EvaluationError(f"beam_size={config.beam_size} must be >= 1")
     if config.limit is not None and config.limit < 1:
         raise EvaluationError(f"limit={config.limit} must be >= 1 batches")
+    if config.lexicon is not None and config.decoder != "lexicon":
+        raise EvaluationError(f"lexicon={config.lexicon} is the decoding lexicon of decoder=lexicon; phone "
+                              f"references for word transcripts come from reference_lexicon={config.lexicon}")
+    from asr.decoding.evaluation import check_lexicon_options
+    from asr.decoding.lexicon import LexiconFileError
+    try:
+        check_lexicon_options(config.decoder, config.lexicon, config.lm, config.extra_lexicon)
+    except LexiconFileError as error:
+        raise EvaluationError(str(error)) from None
     check_device(config.device)
     return config, attention_options
 
@@ -310,7 +330,8 @@ class EvaluationResult:
     encoder_frames: int
     audio_seconds: float
     decode_seconds: float = 0.0     # wall time of the whole split: forward, decoding, scoring
-    missing_words: list = field(default_factory=list)   # transcript words the phone lexicon lacks
+    missing_words: list = field(default_factory=list)   # transcript words the reference lexicon lacks
+    out_of_vocabulary: Optional[dict] = None   # decoder=lexicon: reference words the LM / lexicon lack
 
     def timing(self) -> dict[str, float]:
         count = max(1, len(self.utterances))
@@ -329,12 +350,13 @@ def _synchronize(device: torch.device) -> None:
 @torch.no_grad()
 def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "greedy", beam_size: int = 8,
                  seed: int = EVALUATION_SEED, limit: int | None = None, progress: bool = True,
-                 word_decoder=None, phone_lexicon: dict | None = None) -> EvaluationResult:
+                 word_decoder=None, reference_lexicon: dict | None = None) -> EvaluationResult:
     """Decodes every utterance of the split; times the model's forward pass (not the decoding).
 
     word_decoder: (head, ParallelLexiconDecoder) of decoder=lexicon; its workers decode while the
-    model computes the next batch. phone_lexicon: word -> pronunciations, to score an unscored
-    phone head against the word transcripts' pronunciations (a Kaldi directory)."""
+    model computes the next batch. reference_lexicon: word -> pronunciations, to score a phone
+    head the data has no phones for (a Kaldi directory) against the word transcripts'
+    pronunciations; never the decoding lexicon, so PER does not change with it."""
     from tqdm.auto import tqdm
     from asr.decoding.lexicon import words_to_phones
     model.eval()
@@ -363,12 +385,12 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
         hypotheses = {kind: decode_transcripts(scores, out_lengths, model.tokenizers[kind], word_heads, beam_size)
                       for kind, scores in log_probs.items()}
         references = batch_references(batch, {kind: model.tokenizers[kind].field for kind in data.scored})
-        if phone_lexicon is not None:   # an unscored phone head against the transcripts' pronunciations
+        if reference_lexicon is not None:   # an unscored phone head against the transcripts' pronunciations
             for kind, tokenizer in model.tokenizers.items():
                 if tokenizer.field == "phones" and kind not in references:
                     references[kind] = []
                     for text in batch["texts"]:
-                        phones, missing = words_to_phones(text, phone_lexicon)
+                        phones, missing = words_to_phones(text, reference_lexicon)
                         references[kind].append(phones)
                         for word in missing:
                             missing_words[word] = missing_words.get(word, 0) + 1
@@ -388,8 +410,9 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
         raise EvaluationError(f"split {data.split!r} of {data.source} has no utterances")
     scored_tokenizers = {kind: model.tokenizers[kind] for kind in tally.references}
     rates = tally.error_rates(scored_tokenizers)
+    out_of_vocabulary = None
     if pending:
-        from asr.decoding.evaluation import word_rates
+        from asr.decoding.evaluation import out_of_vocabulary_report, word_rates
         words = tqdm(pending, desc="lexicon decoding", unit="utt", disable=not progress, leave=False)
         for record, _, result in words:
             record["lexicon"] = {"hypothesis": result.get()}
@@ -398,13 +421,14 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
         for record, reference, _ in pending:
             record["lexicon"]["reference"] = reference
         rates["wer"], rates["cer"] = rates["wer_lexicon"], rates["cer_lexicon"]
+        out_of_vocabulary = out_of_vocabulary_report(references, word_decoder[1].local)
     if missing_words:
         shown = ", ".join(sorted(missing_words, key=missing_words.get, reverse=True)[:10])
-        log.warning("%d words of the transcripts are not in the lexicon (phone references lack them): %s",
-                    len(missing_words), shown)
+        log.warning("%d words of the transcripts are not in the reference lexicon (phone references lack "
+                    "them): %s", len(missing_words), shown)
     audio_seconds = input_frames * 0.01          # 10 ms frame shift
     return EvaluationResult(rates, records, forward_seconds, input_frames, tally.encoder_frames, audio_seconds,
-                            time.perf_counter() - started, sorted(missing_words))
+                            time.perf_counter() - started, sorted(missing_words), out_of_vocabulary)
 
 
 # ---- the command ------------------------------------------------------------------------------------
@@ -425,15 +449,18 @@ def default_out_dir(config: EvaluateConfig, split: str, label: str) -> Path:
     if config.limit is not None:
         parts.append(f"limit{config.limit}")
     data = {key: value for key, value in config.data.items() if key not in DATA_OPTIONS_WITHOUT_EFFECT}
-    if config.data_dir or data:
+    if config.data_dir or data or config.reference_lexicon:
         source = {"data_dir": str(Path(config.data_dir).resolve()) if config.data_dir else None, "data": data}
+        if config.reference_lexicon:       # (only then: the names of earlier evaluations stay as they were)
+            source["reference_lexicon"] = str(Path(config.reference_lexicon).resolve())
         parts.append("data" + hashlib.sha1(json.dumps(source, sort_keys=True).encode()).hexdigest()[:8])
     return base / "_".join(parts)
 
 
 def lexicon_label(config: EvaluateConfig) -> str:
     """lexicon_lmw1.0_ws0.0_beam50_<hash of the lexicon and LM paths>: a folder-name part."""
-    files = json.dumps([config.lexicon, config.lm, config.restrict_lexicon])
+    files = [config.lexicon, config.lm, config.restrict_lexicon] + ([config.extra_lexicon] if config.extra_lexicon else [])
+    files = json.dumps(files)
     return (f"lexicon_lmw{config.lm_weight}_ws{config.word_score}_beam{config.beam}_"
             + hashlib.sha1(files.encode()).hexdigest()[:6])
 
@@ -459,33 +486,41 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
     attention = evaluation_attention(model, config.attention, attention_options)
     model.set_attention(attention)          # refuses lsh / shared_full without shared QK
     label = attention_label(attention.name, attention.options)
+    lexicon_settings = None
+    if config.decoder == "lexicon":         # the model's files unless given, checked before any data work
+        from asr.decoding.evaluation import model_decoding_files, settings_from_command
+        lexicon_settings = settings_from_command(config, model_decoding_files(config.checkpoint))
+    reference_lexicon = (read_reference_lexicon(config.reference_lexicon, model)
+                         if config.reference_lexicon else None)
     split_name = KALDI_SPLIT if config.data_dir else config.split
     out = Path(config.out) if config.out else None
     data = evaluation_data(model, config.checkpoint, split_name, config.data_dir, dict(config.data),
                            progress=config.progress)
     out = out or default_out_dir(config, data.split, label)
-    word_decoder, phone_lexicon, lexicon_settings = None, None, None
-    if config.decoder == "lexicon":
-        from asr.decoding.evaluation import settings_from_command, start_word_decoder
-        lexicon_settings = settings_from_command(config, data.datamodule.cfg.root)
+    word_decoder = None
+    if lexicon_settings is not None:
+        from asr.decoding.evaluation import start_word_decoder
         word_decoder = start_word_decoder(model.tokenizers, lexicon_settings, config.decode_workers)
-    if config.lexicon and config.data_dir:
-        from asr.decoding.lexicon import read_lexicon
-        phone_lexicon = read_lexicon(config.lexicon)
     try:
         result = decode_split(model, data, config.decoder, config.beam_size, config.seed, config.limit,
-                              config.progress, word_decoder, phone_lexicon)
+                              config.progress, word_decoder, reference_lexicon)
     finally:
         if word_decoder is not None:
             word_decoder[1].close()
+    lexicon_decoder = None
+    if word_decoder is not None:
+        decoder = word_decoder[1].local
+        lexicon_decoder = dict(lexicon_settings.describe(), head=word_decoder[0],
+                               lexicon_words=len(decoder.lexicon_words),
+                               lexicon_words_outside_lm=len(decoder.words_outside_lm))
     report = {
         "checkpoint": str(config.checkpoint), "data": data.source, "split": data.split,
         "trained_with": trained, "evaluated_with": attention.as_config(),
         "same_as_training": attention.as_config() == trained,
         "decoder": {"greedy": "greedy", "beam": f"beam (size {config.beam_size})"}.get(config.decoder, "lexicon"),
-        "lexicon_decoder": (dict(lexicon_settings.describe(), head=word_decoder[0])
-                            if lexicon_settings is not None else None),
-        "decode_seconds": result.decode_seconds, "words_missing_from_lexicon": result.missing_words,
+        "lexicon_decoder": lexicon_decoder, "out_of_vocabulary": result.out_of_vocabulary,
+        "reference_lexicon": config.reference_lexicon,
+        "decode_seconds": result.decode_seconds, "words_missing_from_reference_lexicon": result.missing_words,
         "seed": config.seed, "limit": config.limit, "data_overrides": dict(config.data),
         "utterances": len(result.utterances), "scored_heads": data.scored,
         "error_rates": result.rates, **result.timing(),
@@ -496,23 +531,35 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
     return report
 
 
-def lexicon_test_rates(checkpoint: str | Path, data_root: str | Path, progress: bool = True) -> dict | None:
+def read_reference_lexicon(path: str, model: SpeechRecognizer) -> dict:
+    """reference_lexicon=PATH: word -> pronunciations, checked against the model's phone head."""
+    from asr.decoding.lexicon import check_lexicon_phones, read_lexicon
+    phone_heads = [tokenizer for tokenizer in model.tokenizers.values() if tokenizer.kind == "phones"]
+    if not phone_heads:
+        raise EvaluationError(f"reference_lexicon={path} gives phone references, but this model has no phone "
+                              f"head (its heads: {', '.join(model.tokenizers)})")
+    lexicon = read_lexicon(path)
+    check_lexicon_phones(lexicon, phone_heads[0].symbols, path)
+    return lexicon
+
+
+def lexicon_test_rates(checkpoint: str | Path, progress: bool = True) -> dict | None:
     """asr.train's closing lexicon evaluation: the test split of `checkpoint` decoded with the
-    corpus folder's lexicon and LM (default settings), or None when the folder has neither."""
-    from asr.decoding.evaluation import corpus_lexicon_and_lm
+    model's lexicon and LM (asr.decoding.evaluation.model_decoding_files; default settings),
+    or None when it has not both."""
+    from asr.decoding.evaluation import model_decoding_files
     from asr.decoding.lexicon import LexiconFileError
     from asr.decoding.ngram import LanguageModelError
-    lexicon, lm = corpus_lexicon_and_lm(data_root)
-    if lexicon is None or lm is None:
+    files = model_decoding_files(checkpoint)
+    if files.lexicon is None or files.lm is None:
         return None
     try:
-        report = evaluate(EvaluateConfig(checkpoint=str(checkpoint), decoder="lexicon", lexicon=str(lexicon),
-                                         lm=str(lm), progress=progress))
+        report = evaluate(EvaluateConfig(checkpoint=str(checkpoint), decoder="lexicon", progress=progress))
     except (LexiconFileError, LanguageModelError) as error:   # the training itself went well: say, go on
         logging.getLogger("asr.decoding").warning("no lexicon decoding of the test split: %s", error)
         return None
     return {"wer_lexicon": report["error_rates"]["wer_lexicon"], "cer_lexicon": report["error_rates"]["cer_lexicon"],
-            "lexicon_evaluation": report["out"]}
+            "oov_lm": report["out_of_vocabulary"]["lm"], "lexicon_evaluation": report["out"]}
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -539,14 +586,29 @@ def _evaluate_and_print(argv: list[str]) -> None:
           f"{' (as trained)' if report['same_as_training'] else ''}, {report['decoder']} decoding")
     if report["lexicon_decoder"]:
         settings = report["lexicon_decoder"]
-        print(f"lexicon {settings['lexicon']}, LM {settings['lm']}, lm_weight {settings['lm_weight']}, "
-              f"word_score {settings['word_score']}, beam {settings['beam']} on the {settings['head']} head")
-    print(f"PER {percent(rates.get('per'))}  WER {percent(rates.get('wer'))}  CER {percent(rates.get('cer'))}")
+        extra = f" + {settings['extra_lexicon']}" if settings["extra_lexicon"] else ""
+        outside = (f", {settings['lexicon_words_outside_lm']} with the LM's <unk> probability"
+                   if settings["lexicon_words_outside_lm"] else "")
+        print(f"lexicon {settings['lexicon']}{extra} ({settings['lexicon_words']} words{outside}), "
+              f"LM {settings['lm']}, lm_weight {settings['lm_weight']}, word_score {settings['word_score']}, "
+              f"beam {settings['beam']} on the {settings['head']} head")
+    print(f"PER {percent(rates.get('per'))}  WER {percent(rates.get('wer'))}  CER {percent(rates.get('cer'))}"
+          + out_of_vocabulary_text(report))
     print(f"forward: {report['forward_ms_per_utterance']:.1f} ms per utterance, "
           f"{report['forward_us_per_frame']:.1f} us per 10 ms frame (real-time factor "
           f"{report['real_time_factor']:.3f}) on {report['device']} with {report['threads']} threads")
     print(f"decoding took {report['decode_seconds']:.1f} s in all")
     print(f"wrote {report['out']}/results.json and hypotheses.jsonl")
+
+
+def out_of_vocabulary_text(report: dict) -> str:
+    """decoder=lexicon: '  OOV 2.10% (reference words not in the LM; 0.50% not in the lexicon)'."""
+    oov = report["out_of_vocabulary"]
+    if not oov:
+        return ""
+    if report["lexicon_decoder"]["lm"] is None:
+        return f"  OOV {percent(oov['lexicon'])} (reference words not in the lexicon; no LM)"
+    return f"  OOV {percent(oov['lm'])} (reference words not in the LM; {percent(oov['lexicon'])} not in the lexicon)"
 
 
 if __name__ == "__main__":

@@ -95,3 +95,12 @@ def char_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> flo
     output = jiwer.process_characters([r for r, _ in kept], [h for _, h in kept])
     output.insertions += insertions
     return _rate(output, "character")
+
+
+def out_of_vocabulary_rate(references: Sequence[str], vocabulary) -> float | None:
+    """The share of reference word tokens (space-separated) outside `vocabulary` (a set of
+    words): 'the cat' against {'the'} is 0.5. None when the references hold no words."""
+    words = [word for reference in references for word in reference.split()]
+    if not words:
+        return None
+    return sum(word not in vocabulary for word in words) / len(words)

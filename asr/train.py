@@ -15,6 +15,8 @@ One run = one folder (<run_root>/<preset>/<timestamp>, or run_dir=...):
                             of a multi-device run that Lightning started itself)
     batches/rankN.jsonl     with trainer.record_batches=true: the utterance ids of every batch
                             process N ran (BatchRecorder)
+    decoding/               the corpus's lexicon.txt and lm/3gram.arpa.gz, when it has them: what
+                            decoder=lexicon uses for this model from any folder (asr.decoding.evaluation)
 
 Several devices or machines (trainer.devices, trainer.num_nodes; Lightning's DDP): every process
 runs this module; the data module gives each its share of every split, the recognizer gathers
@@ -56,6 +58,7 @@ from asr.config_help import schema_help
 from asr.data.corpus_preparers import corpus_preparer, unregistered_note
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError, preparation_hint
+from asr.decoding.evaluation import keep_decoding_files_in_run
 from asr.fault_injection import pause_point
 from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
 from asr.metrics import percent
@@ -365,6 +368,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
     with one_process_at_a_time(run_dir / ".data_preparation.lock"):
         ensure_corpus(cfg)
+        # the corpus's lexicon and LM travel with the run folder (asr.decoding.evaluation.model_decoding_files)
+        keep_decoding_files_in_run(run_dir, cfg.data.root)
         datamodule.setup("fit")
         if cfg.test:   # the test split's features too, now, not concurrently by every process later
             datamodule.setup("test")
@@ -410,9 +415,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         for name, value in sorted((metrics or [{}])[0].items()):   # Lightning printed them as a table
             file_log.info("%-24s %s", name, value)
         results["test"] = model.last_error_rates.get("test", {})
-        if trainer.is_global_zero:   # words through the corpus's lexicon and LM, when it ships them
+        if trainer.is_global_zero:   # words through the run's lexicon and LM, when the corpus shipped them
             from asr.evaluate import lexicon_test_rates
-            results["test"].update(lexicon_test_rates(best_path, cfg.data.root, bool(cfg.data.progress)) or {})
+            results["test"].update(lexicon_test_rates(best_path, bool(cfg.data.progress)) or {})
     results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
     if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them
         (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -471,8 +476,8 @@ def _preset_name() -> str | None:
 # ---- the command: exit statuses (asr.exit_status), the run folder of a run that never started --------
 USAGE_ERRORS = (ConfigError, AttentionConfigError, CheckpointError, CheckpointMismatchError, ManifestError)
 # What a run folder holds before the run has produced anything: Hydra's record (.hydra/), the log,
-# the resolved config and the data-preparation lock.
-BOOKKEEPING = {".hydra", "train.log", "config.yaml", ".data_preparation.lock"}
+# the resolved config, the data-preparation lock and the copies of the corpus's lexicon and LM.
+BOOKKEEPING = {".hydra", "train.log", "config.yaml", ".data_preparation.lock", "decoding"}
 _task_started = False   # set by the Hydra task; before it, a failure is Hydra's composition of the config
 
 

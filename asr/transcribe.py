@@ -4,14 +4,16 @@
     python -m asr.transcribe checkpoint=best.ckpt recordings/ more.flac out=transcripts.jsonl
     python -m asr.transcribe checkpoint=best.ckpt a.mp3 attention=i-clustered-100 decoder=beam device=cuda
     python -m asr.transcribe checkpoint=best.ckpt talk.wav decoder=lexicon [lexicon=PATH lm=PATH|none]
+    python -m asr.transcribe checkpoint=best.ckpt talk.wav decoder=lexicon extra_lexicon=new_words.txt
 
 Arguments: audio files and folders (walked for audio files, see AUDIO_EXTENSIONS), and key=value
 options (see `TranscribeConfig` below): `attention` (a spec as in asr.evaluate; default the one the
 model was trained with) and `attention.<option>=<value>`, `decoder` (greedy | beam | lexicon, as in
 asr.evaluate), `beam_size`, `out` (JSON lines), `device`, `seed`, `window`, `overlap`,
 `batch_seconds`, `threads`, `progress`; for decoder=lexicon also `lexicon`, `lm` (default: the
-lexicon.txt and lm/3gram.arpa.gz of the corpus folder the model was trained on; lm=none: lexicon
-only), `lm_weight`, `word_score`, `beam`, `restrict_lexicon`.
+model's, found as asr.evaluate finds them, from any working folder; lexicon= needs lm=, a path or
+none for the lexicon alone), `extra_lexicon` (entries on top of the lexicon), `lm_weight`,
+`word_score`, `beam`, `restrict_lexicon`.
 
 Audio: whatever soundfile reads (wav, flac, ogg, mp3 with libsndfile >= 1.1, ...), else whatever
 ffmpeg reads (m4a, ...), at any sample rate: resampled to the model's (polyphase filter,
@@ -87,12 +89,13 @@ class TranscribeConfig:
     attention: Optional[str] = None      # attention spec; None: the one the model was trained with
     decoder: str = "greedy"              # greedy | beam (CTC prefix beam search, no LM) | lexicon (+ LM)
     beam_size: int = 8
-    lexicon: Optional[str] = None        # decoder=lexicon: word -> phones file; None: the training corpus's
-    lm: Optional[str] = None             # ARPA (.arpa/.arpa.gz); None: the training corpus's; none: no LM
+    lexicon: Optional[str] = None        # decoder=lexicon: word -> phones file (needs lm=); None: the model's
+    lm: Optional[str] = None             # ARPA (.arpa/.arpa.gz); None: the model's; none: no LM
+    extra_lexicon: Optional[str] = None  # decoder=lexicon: entries added on top of the lexicon
     lm_weight: float = 1.0
     word_score: float = 0.0
     beam: int = 50                       # the lexicon decoder's beam
-    restrict_lexicon: bool = False       # decode only the lexicon words the LM knows
+    restrict_lexicon: bool = False       # decode only the lexicon words the LM knows (else: <unk> probability)
     out: Optional[str] = None            # JSON lines file
     device: str = "cpu"                  # cpu | cuda | cuda:N
     seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention
@@ -147,6 +150,12 @@ def parse_arguments(argv: list[str]) -> tuple[TranscribeConfig, dict[str, str]]:
     try:
         check_device(config.device)
     except EvaluationError as error:
+        raise TranscriptionError(str(error)) from None
+    from asr.decoding.evaluation import check_lexicon_options
+    from asr.decoding.lexicon import LexiconFileError
+    try:
+        check_lexicon_options(config.decoder, config.lexicon, config.lm, config.extra_lexicon)
+    except LexiconFileError as error:
         raise TranscriptionError(str(error)) from None
     return config, attention_options
 
@@ -425,13 +434,12 @@ def format_line(record: dict, kinds: list[str]) -> str:
 
 
 def start_lexicon_decoder(model: SpeechRecognizer, config: TranscribeConfig):
-    """decoder=lexicon: (head, ParallelLexiconDecoder) with the lexicon and LM given, or else those of
-    the corpus folder the checkpoint was trained on; None for the other decoders."""
+    """decoder=lexicon: (head, ParallelLexiconDecoder) with the lexicon and LM given, or else the
+    model's (asr.decoding.evaluation.model_decoding_files); None for the other decoders."""
     if config.decoder != "lexicon":
         return None
-    from asr.decoding.evaluation import settings_from_command, start_word_decoder
-    from asr.evaluate import trained_data_config
-    settings = settings_from_command(config, trained_data_config(config.checkpoint).get("root"))
+    from asr.decoding.evaluation import model_decoding_files, settings_from_command, start_word_decoder
+    settings = settings_from_command(config, model_decoding_files(config.checkpoint))
     return start_word_decoder(model.tokenizers, settings, workers=1)
 
 

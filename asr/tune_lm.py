@@ -3,6 +3,9 @@
     python -m asr.tune_lm checkpoint=runs/.../best.ckpt split=dev
     python -m asr.tune_lm checkpoint=best.ckpt lm_weights=[0,0.5,1,2] word_scores=[-1,0,1] lexicon=L lm=LM
 
+The lexicon and LM are the model's unless given (found as asr.evaluate finds them); lexicon= needs
+lm= (a path, or none), extra_lexicon= adds entries on top of the lexicon.
+
 The model runs once over the split; the saved log-probabilities are then decoded with every
 (lm_weight, word_score) pair of the grid (asr.decoding, in worker processes). Prints a WER
 table and the best pair, to pass to `python -m asr.evaluate ... decoder=lexicon lm_weight=...
@@ -22,7 +25,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from asr.data.manifests import ManifestError
-from asr.decoding.evaluation import resolve_settings, start_word_decoder, word_head
+from asr.decoding.evaluation import model_decoding_files, resolve_settings, start_word_decoder, word_head
 from asr.decoding.lexicon import LexiconFileError
 from asr.decoding.ngram import LanguageModelError
 from asr.evaluate import EvaluationError, evaluation_data, load_model, run_folder_of, trained_data_config
@@ -38,8 +41,9 @@ class TuneConfig:
     split: str = "dev"
     lm_weights: List[float] = field(default_factory=lambda: [0.0, 0.5, 1.0, 1.5, 2.0])
     word_scores: List[float] = field(default_factory=lambda: [-1.0, 0.0, 1.0, 2.0])
-    lexicon: Optional[str] = None
-    lm: Optional[str] = None
+    lexicon: Optional[str] = None        # None: the model's (needs lm= when given)
+    lm: Optional[str] = None             # None: the model's; none: no LM
+    extra_lexicon: Optional[str] = None  # entries added on top of the lexicon
     beam: int = 50
     decode_workers: Optional[int] = None
     data: dict = field(default_factory=dict)
@@ -81,13 +85,15 @@ def tune(config: TuneConfig) -> dict:
         raise EvaluationError(f"split={config.split!r} is the corpus's test split; tune on dev "
                               "(a test WER from tuned weights would be optimistic)")
     model = load_model(config.checkpoint)
+    files = model_decoding_files(config.checkpoint)
+    resolve_settings(config.lexicon, config.lm, files, config.extra_lexicon)   # option errors before any work
     data = evaluation_data(model, config.checkpoint, config.split, None, dict(config.data), config.progress)
     head = word_head(model.tokenizers)
     rows, references = split_log_probs(model, data, head, config.progress)
     table = []
     for lm_weight in config.lm_weights:
         for word_score in config.word_scores:
-            settings = resolve_settings(config.lexicon, config.lm, data.datamodule.cfg.root, lm_weight=lm_weight,
+            settings = resolve_settings(config.lexicon, config.lm, files, config.extra_lexicon, lm_weight=lm_weight,
                                         word_score=word_score, beam=config.beam)
             started = time.perf_counter()
             _, decoder = start_word_decoder(model.tokenizers, settings, config.decode_workers)

@@ -1,7 +1,8 @@
-"""A corpus's lexicon and n-gram LM for lexicon decoding, put where asr.evaluate looks for them.
+"""A corpus's lexicon and n-gram LM for lexicon decoding, put where asr.train finds them.
 
-`asr.evaluate decoder=lexicon` (and asr.train's closing test line) read `<data.root>/lexicon.txt`
-and `<data.root>/lm/3gram.arpa.gz` unless told otherwise. Corpora that ship an LM (WSJ's 20k
+asr.train keeps `<data.root>/lexicon.txt` and `<data.root>/lm/3gram.arpa.gz` in each run folder
+(`decoding/`), and `asr.evaluate decoder=lexicon` (and asr.train's closing test line) decode with
+them unless told otherwise. Corpora that ship an LM (WSJ's 20k
 trigram, LibriSpeech's OpenSLR 11 ARPA files) give them to their recipe by path; this module
 writes the two files from them:
 

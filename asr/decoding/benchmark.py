@@ -26,7 +26,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
-from asr.decoding.evaluation import resolve_settings, word_head
+from asr.decoding.evaluation import corpus_decoding_files, model_decoding_files, resolve_settings, word_head
 from asr.decoding.lexicon_decoder import ParallelLexiconDecoder
 from asr.metrics import phone_error_rate, word_error_rate
 
@@ -36,7 +36,7 @@ class BenchmarkConfig:
     checkpoint: Optional[str] = None
     split: str = "test"
     data_root: Optional[str] = None       # the corpus folder (default: the checkpoint's)
-    lexicon: Optional[str] = None
+    lexicon: Optional[str] = None         # default: the model's (simulate_per: data_root's); needs lm=
     lm: Optional[str] = None
     lm_weight: float = 1.0
     word_score: float = 0.0
@@ -103,10 +103,12 @@ def run(config: BenchmarkConfig) -> list[dict]:
         rows, references, phone_refs, tokenizer, greedy_phones = simulated_emissions(
             root, config.split, config.simulate_per, config.seed)
         forward, text = 0.0, None
+        files = corpus_decoding_files(root)
         print(f"simulated emissions: greedy PER {100 * phone_error_rate(phone_refs, greedy_phones):.2f}% "
               f"on {len(rows)} utterances of {config.split}")
     else:
         rows, references, tokenizer, forward, root, text = model_emissions(config)
+        files = model_decoding_files(config.checkpoint)
         print(f"forward pass: {forward:.1f} s for {len(rows)} utterances of {config.split}")
     from asr.model.ctc import greedy_decode, prefix_beam_search
     results = []
@@ -127,7 +129,7 @@ def run(config: BenchmarkConfig) -> list[dict]:
     record(f"prefix beam {config.beam_size} ({text_tokenizer.kind})", beam if text else None,
            time.perf_counter() - started)
     for name, lm, weight in (("lexicon only", "none", 0.0), ("lexicon + LM", config.lm, config.lm_weight)):
-        settings = resolve_settings(config.lexicon, lm, root, lm_weight=weight, word_score=config.word_score,
+        settings = resolve_settings(config.lexicon, lm, files, lm_weight=weight, word_score=config.word_score,
                                     beam=config.beam)
         started = time.perf_counter()
         with ParallelLexiconDecoder(tokenizer, settings, config.workers) as decoder:

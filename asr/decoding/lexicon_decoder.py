@@ -11,12 +11,23 @@ word with its pieces; chars spell it letter by letter followed by the space toke
 boundary). Phone and piece heads have no boundary token, so the blank stands in for it.
 
 Everything that can be wrong with the inputs (a missing or malformed lexicon or ARPA file,
-lexicon phones the model lacks, lexicon words the LM does not know) is checked when the decoder
-is built, before any decoding, each with one message saying how many and the first few.
-`decode_in_workers` spreads utterances over worker processes, each building its own decoder.
+lexicon phones the model lacks, an LM that knows none of the lexicon's words) is checked when the
+decoder is built, before any decoding, each with one message saying how many and the first few.
+
+Lexicon words the LM does not know are decoded, not refused: flashlight-text's KenLM wrapper maps
+every word of the decoder's dictionary to KenLM's vocabulary, and a word KenLM lacks becomes its
+<unk> (index 0), so such a word is scored with the LM's <unk> probability in every context (the
+history after it backs off as after <unk>). Our ARPA files (asr.decoding.ngram) give <unk> the
+interpolated unigram share of a word never seen in the text, which is what a lexicon word absent
+from the LM's text gets anyway. An ARPA file without a <unk> unigram makes KenLM substitute
+log10 p = -100, so its missing words are never chosen in practice: a warning says so.
+`restrict_lexicon=True` drops those words instead. `extra_lexicon` adds entries on top of the
+lexicon (a word in it replaces that word's pronunciations in the lexicon).
+`ParallelLexiconDecoder` spreads utterances over worker processes, each with its own decoder.
 """
 from __future__ import annotations
 
+import logging
 import math
 import os
 from contextlib import contextmanager
@@ -29,18 +40,22 @@ import numpy as np
 from asr.decoding.lexicon import LexiconFileError, _examples, check_lexicon_phones, read_lexicon
 from asr.decoding.ngram import UNKNOWN_WORD, LanguageModelError, read_arpa_vocabulary
 
+log = logging.getLogger("asr.decoding")
+KENLM_MISSING_UNK_LOG10 = -100.0     # what KenLM gives <unk> when the ARPA file has no <unk> unigram
+
 
 @dataclass
 class LexiconDecoderSettings:
     lexicon: str                     # word -> spellings file (phones); for chars/pieces only its words count
     lm: Optional[str] = None         # ARPA file (.arpa or .arpa.gz); None: no LM (lexicon only)
+    extra_lexicon: Optional[str] = None  # entries on top of `lexicon` (a word here replaces its spellings there)
     lm_weight: float = 1.0           # times the LM's log10 probability
     word_score: float = 0.0          # added per word (positive: more words)
     unk_score: float = -math.inf     # words outside the lexicon are never emitted
     sil_score: float = 0.0           # per boundary token (chars' space)
     beam: int = 50                   # hypotheses kept per frame
     beam_threshold: float = 25.0     # drop hypotheses this far below the best
-    restrict_lexicon: bool = False   # drop lexicon words the LM does not know instead of refusing
+    restrict_lexicon: bool = False   # drop lexicon words the LM does not know (else: its <unk> probability)
 
     def describe(self) -> dict:
         settings = asdict(self)
@@ -98,22 +113,31 @@ def head_spellings(tokenizer, lexicon: dict[str, list[tuple[str, ...]]], lexicon
     raise LexiconFileError(f"a {kind} head cannot be decoded with a lexicon")
 
 
-def check_lm(lm_path: str | Path, words: Iterable[str], restrict: bool) -> set[str]:
-    """The lexicon words the LM knows; LanguageModelError when the file is not ARPA, or when it
-    misses lexicon words and `restrict` is off."""
+def check_lm(lm_path: str | Path, words: Iterable[str]) -> tuple[set[str], list[str]]:
+    """(the LM's unigram words, the lexicon words it lacks); LanguageModelError when the file is not
+    ARPA, is a unigram model, or knows none of the lexicon's words (uppercase words: how to fix)."""
     vocabulary, counts = read_arpa_vocabulary(lm_path)
     if len(counts) < 2:
         raise LanguageModelError(f"LM file {lm_path} is a unigram model; the decoder (KenLM) needs order 2 or more")
     words = list(words)
     missing = [word for word in words if word not in vocabulary]
-    if missing and not restrict:
+    if words and len(missing) == len(words):
         upper = sum(word.isupper() for word in vocabulary) > len(vocabulary) // 2
         raise LanguageModelError(
-            f"LM file {lm_path} lacks {len(missing)} of the lexicon's {len(words)} words ({_examples(missing)})"
+            f"LM file {lm_path} knows none of the lexicon's {len(words)} words ({_examples(missing)})"
             + ("; its words are uppercase: lowercase it (zcat LM | tr A-Z a-z | gzip > lm.arpa.gz)" if upper
-               else "; use an LM over the lexicon's vocabulary, or restrict_lexicon=true to decode only "
-                    "the words the LM knows"))
-    return set(words) - set(missing)
+               else "; use an LM over the lexicon's vocabulary (python -m asr.build_lm TEXT --lexicon LEXICON)"))
+    return vocabulary, missing
+
+
+def read_lexicons(settings: LexiconDecoderSettings, tokenizer) -> tuple[dict, int]:
+    """(word -> spellings as token ids, the boundary token id) of the lexicon with the extra
+    lexicon's entries on top; each file's problems are reported with its own name."""
+    spellings, boundary = head_spellings(tokenizer, read_lexicon(settings.lexicon), settings.lexicon)
+    if settings.extra_lexicon is not None:
+        extra, _ = head_spellings(tokenizer, read_lexicon(settings.extra_lexicon), settings.extra_lexicon)
+        spellings.update(extra)
+    return spellings, boundary
 
 
 class LexiconDecoder:
@@ -125,13 +149,22 @@ class LexiconDecoder:
         from flashlight.lib.text.dictionary import Dictionary
 
         self.settings = settings
-        lexicon = read_lexicon(settings.lexicon)
-        spellings, boundary = head_spellings(tokenizer, lexicon, settings.lexicon)
+        spellings, boundary = read_lexicons(settings, tokenizer)
+        self.lm_vocabulary: set[str] | None = None      # the LM's words (None: no LM)
+        self.words_outside_lm: list[str] = []           # decoded with the LM's <unk> probability
         if settings.lm is not None:
-            known = check_lm(settings.lm, spellings, settings.restrict_lexicon)
-            spellings = {word: s for word, s in spellings.items() if word in known}
-            if not spellings:
-                raise LexiconFileError(f"no word of lexicon {settings.lexicon} is in LM {settings.lm}")
+            self.lm_vocabulary, missing = check_lm(settings.lm, spellings)
+            if settings.restrict_lexicon:
+                spellings = {word: s for word, s in spellings.items() if word in self.lm_vocabulary}
+            else:
+                self.words_outside_lm = missing
+                if missing and UNKNOWN_WORD not in self.lm_vocabulary:
+                    log.warning("LM file %s has no %s unigram, so KenLM gives the %d lexicon words it lacks (%s) "
+                                "log10 p = %g: they will hardly ever be decoded; add <unk> to the LM (asr.build_lm "
+                                "writes it) or give restrict_lexicon=true", settings.lm, UNKNOWN_WORD, len(missing),
+                                _examples(missing), KENLM_MISSING_UNK_LOG10)
+        spellings.pop(UNKNOWN_WORD, None)                 # the decoder's own unknown-word entry
+        self.lexicon_words = set(spellings)
         self.words = list(spellings) + [UNKNOWN_WORD]
         dictionary = Dictionary()
         for word in self.words:

@@ -189,7 +189,8 @@ def test_a_lexicon_turns_word_references_into_phone_references(tmp_path):
 def bad_inputs(folder: Path) -> dict[str, tuple[dict, type, list[str]]]:
     good_lexicon = write(folder / "good.txt", "cat K AE T\ndog D AO G\nbird B ER D\n")
     good_lm = estimate_arpa(["cat dog", "dog bird"], folder / "good.arpa", order=2)
-    lm_without_bird = estimate_arpa(["cat dog"], folder / "small.arpa", order=2)
+    lm_of_other_words = estimate_arpa(["fish fowl"], folder / "other.arpa", order=2)
+    uppercase = estimate_arpa(["CAT DOG", "DOG BIRD", "FISH"], folder / "upper.arpa", order=2)
     unigram = estimate_arpa(["cat dog bird"], folder / "unigram.arpa", order=1)
     broken = write(folder / "broken.arpa", good_lm.read_text().replace("\\2-grams:", "\\2-grams:\nnot a line"))
     truncated = write(folder / "truncated.arpa", "\n".join(good_lm.read_text().splitlines()[:8]))
@@ -207,8 +208,14 @@ def bad_inputs(folder: Path) -> dict[str, tuple[dict, type, list[str]]]:
         "malformed ARPA body": ({"lexicon": str(good_lexicon), "lm": str(broken)}, LanguageModelError,
                                 ["broken.arpa", "KenLM"]),
         "unigram LM": ({"lexicon": str(good_lexicon), "lm": str(unigram)}, LanguageModelError, ["order 2"]),
-        "LM missing lexicon words": ({"lexicon": str(good_lexicon), "lm": str(lm_without_bird)}, LanguageModelError,
-                                     ["lacks 1 of the lexicon's 3 words", "'bird'", "restrict_lexicon=true"]),
+        "LM knowing none of the lexicon's words": ({"lexicon": str(good_lexicon), "lm": str(lm_of_other_words)},
+                                                   LanguageModelError, ["knows none of the lexicon's 3 words", "'cat'",
+                                                                        "asr.build_lm"]),
+        "uppercase LM": ({"lexicon": str(good_lexicon), "lm": str(uppercase)}, LanguageModelError,
+                         ["uppercase", "tr A-Z a-z"]),
+        "extra lexicon with phones outside the model's set": (
+            {"lexicon": str(good_lexicon), "extra_lexicon": str(write(folder / "extra.txt", "ox AA KS\n"))},
+            LexiconFileError, ["extra.txt", "'KS'", "'ox'"]),
     }
 
 
@@ -222,10 +229,74 @@ def test_each_bad_input_is_one_clear_message(tmp_path):
             assert part in message, (name, part, message)
 
 
-def test_restrict_lexicon_decodes_only_the_words_the_lm_knows(tmp_path):
-    settings, _, _ = bad_inputs(tmp_path)["LM missing lexicon words"]
-    decoder = LexiconDecoder(PHONES, LexiconDecoderSettings(**settings, restrict_lexicon=True))
-    assert "bird" not in decoder.words and "cat" in decoder.words
+# ---- lexicon words the LM lacks: decoded with the LM's <unk> probability ---------------------------------
+SPOKEN_I_RED = [{"AY": 0.9}, {"-": 0.9}, {"R": 0.9}, {"EH": 0.9}, {"D": 0.9}, {"-": 0.9}]   # "i read" = "i red"
+SPOKEN_I_CAT = [{"AY": 0.9}, {"-": 0.9}, {"K": 0.9}, {"AE": 0.9}, {"T": 0.9}, {"-": 0.9}]
+
+
+def lexicon_beyond_the_lm(folder: Path) -> tuple[Path, Path]:
+    """A lexicon of i, read, red, cat and an LM of "i read" only: red and cat are not in the LM."""
+    lexicon = write(folder / "lexicon.txt", "i AY\nread R EH D\nred R EH D\ncat K AE T\n")
+    return lexicon, estimate_arpa(["i read", "i read"], folder / "lm.arpa", order=2)
+
+
+def test_a_lexicon_word_the_lm_lacks_is_decoded_with_the_lms_unk_probability(tmp_path):
+    lexicon, lm = lexicon_beyond_the_lm(tmp_path)
+    decoder = LexiconDecoder(PHONES, LexiconDecoderSettings(lexicon=str(lexicon), lm=str(lm)))
+    assert sorted(decoder.words_outside_lm) == ["cat", "red"] and decoder.lexicon_words == {"i", "read", "red", "cat"}
+    assert decoder.decode(emissions(SPOKEN_I_CAT)) == "i cat"          # a word the LM lacks can be output
+    assert decoder.decode(emissions(SPOKEN_I_RED)) == "i read"         # where the acoustics tie, the LM's word wins
+    # the score KenLM gives "cat" after <s> is the ARPA file's p(<unk> | <s>): <s> has no <unk> bigram,
+    # so it is backoff(<s>) * p(<unk>), from the estimator's own tables
+    model = estimate_ngram_probabilities(["i read", "i read"], order=2)
+    expected = math.log10(model[0][("<s>",)][1] * model[0][("<unk>",)][0])
+    _, score = decoder.lm.score(decoder.lm.start(False), decoder.words.index("cat"))
+    assert score == pytest.approx(expected, abs=1e-5)
+    # restrict_lexicon keeps its meaning: the words the LM lacks are dropped
+    restricted = LexiconDecoder(PHONES, LexiconDecoderSettings(lexicon=str(lexicon), lm=str(lm), restrict_lexicon=True))
+    assert restricted.lexicon_words == {"i", "read"} and restricted.decode(emissions(SPOKEN_I_CAT)) != "i cat"
+
+
+def test_an_lm_without_unk_is_named_in_a_warning(tmp_path, caplog):
+    lexicon, lm = lexicon_beyond_the_lm(tmp_path)
+    text = lm.read_text()
+    unk = next(line for line in text.splitlines() if line.split("\t")[1:2] == ["<unk>"])
+    no_unk = write(tmp_path / "no_unk.arpa", text.replace(unk + "\n", "").replace("ngram 1=5", "ngram 1=4"))
+    with caplog.at_level("WARNING", logger="asr.decoding"):
+        LexiconDecoder(PHONES, LexiconDecoderSettings(lexicon=str(lexicon), lm=str(no_unk)))
+    assert "no <unk> unigram" in caplog.text and "2 lexicon words" in caplog.text and "-100" in caplog.text
+
+
+def test_an_extra_lexicon_adds_words_and_replaces_a_words_pronunciations(tmp_path):
+    from asr.decoding.lexicon_decoder import read_lexicons
+    lexicon = write(tmp_path / "lexicon.txt", "cat K AE T\ncut K AH T\nbat B AE T\n")
+    extra = write(tmp_path / "extra.txt", "zebra Z IY B R AH\ncat K AA T\n")
+    settings = LexiconDecoderSettings(lexicon=str(lexicon), extra_lexicon=str(extra))
+    spellings, _ = read_lexicons(settings, PHONES)
+    assert {word: [PHONES.decode(list(s)) for s in ss] for word, ss in spellings.items()} == {
+        "cat": ["K AA T"], "cut": ["K AH T"], "bat": ["B AE T"], "zebra": ["Z IY B R AH"]}
+    decoder = LexiconDecoder(PHONES, settings)
+    zebra = [{"Z": 0.9}, {"IY": 0.9}, {"B": 0.9}, {"R": 0.9}, {"AH": 0.9}, {"-": 0.9}]
+    assert decoder.decode(emissions(zebra)) == "zebra"
+
+
+def test_the_out_of_vocabulary_rate_counted_by_hand(tmp_path):
+    from asr.decoding.evaluation import out_of_vocabulary_report
+    from asr.metrics import out_of_vocabulary_rate
+    # 6 reference words: i red a cat / the cat. The LM knows i and read: red, a, cat, the, cat are
+    # outside it, 5 of 6. The lexicon has i, read, red, cat: a and the are outside it, 2 of 6.
+    references = ["i red a cat", "the cat"]
+    assert out_of_vocabulary_rate(references, {"i", "read"}) == pytest.approx(5 / 6)
+    assert out_of_vocabulary_rate([""], {"i"}) is None
+    lexicon, lm = lexicon_beyond_the_lm(tmp_path)
+    decoder = LexiconDecoder(PHONES, LexiconDecoderSettings(lexicon=str(lexicon), lm=str(lm)))
+    report = out_of_vocabulary_report(references, decoder)
+    assert report["reference_words"] == 6
+    assert report["lm"] == pytest.approx(5 / 6) and report["lexicon"] == pytest.approx(2 / 6)
+    assert report["words_outside_lm"][0] == "cat" and set(report["words_outside_lm"]) == {"red", "a", "cat", "the"}
+    assert set(report["words_outside_lexicon"]) == {"a", "the"}
+    without_lm = LexiconDecoder(PHONES, LexiconDecoderSettings(lexicon=str(lexicon)))
+    assert out_of_vocabulary_report(references, without_lm)["lm"] is None
 
 
 # ---- where it is used: asr.train's test line, asr.evaluate, asr.tune_lm, asr.cross_matrix -------------
@@ -257,7 +328,9 @@ def test_evaluate_with_the_lexicon_decoder_records_its_settings_and_scores_its_w
                                      decode_workers=2, out=str(tmp_path / "e"), progress=False))
     settings = report["lexicon_decoder"]
     assert (settings["lm_weight"], settings["word_score"]) == (0.5, 1.0)
-    assert settings["lexicon"] == str(tiny_synth / "lexicon.txt") and settings["lm"].endswith("3gram.arpa.gz")
+    # the model's own files: the copies asr.train keeps in the run folder
+    assert settings["lexicon"] == str(run / "decoding" / "lexicon.txt")
+    assert settings["lm"] == str(run / "decoding" / "lm" / "3gram.arpa.gz")
     records = [json.loads(line) for line in (tmp_path / "e" / "hypotheses.jsonl").read_text().splitlines()]
     words = [r["lexicon"] for r in records]
     assert report["error_rates"]["wer"] == pytest.approx(
@@ -267,26 +340,176 @@ def test_evaluate_with_the_lexicon_decoder_records_its_settings_and_scores_its_w
     assert "per" in report["error_rates"]                              # still from the phone head
 
 
-def test_a_kaldi_directory_gets_a_per_from_the_lexicon(trained_run, tiny_synth, tmp_path):
-    from asr.evaluate import EvaluateConfig, evaluate
-    from asr.metrics import phone_error_rate
-    run, _ = trained_run
-    folder = tmp_path / "kaldi"
+def kaldi_folder(tiny_synth: Path, folder: Path, added_word: str = "") -> tuple[Path, list[dict]]:
+    """The tiny corpus's test utterances as a Kaldi data directory (wav.scp, text), each transcript
+    followed by `added_word`; returns the folder and the cuts."""
     folder.mkdir()
     with gzip.open(tiny_synth / "synth_cuts_test.jsonl.gz", "rt") as handle:
         cuts = [json.loads(line) for line in handle]
     (folder / "wav.scp").write_text("".join(f"{c['id']} {tiny_synth / c['recording']['sources'][0]['source']}\n"
                                             for c in cuts))
-    (folder / "text").write_text("".join(f"{c['id']} {c['supervisions'][0]['text']} zyzzyva\n" for c in cuts))
+    (folder / "text").write_text("".join(f"{c['id']} {c['supervisions'][0]['text']} {added_word}\n" for c in cuts))
+    return folder, cuts
+
+
+def test_a_kaldi_directory_gets_a_per_from_the_reference_lexicon(trained_run, tiny_synth, tmp_path):
+    from asr.evaluate import EvaluateConfig, evaluate
+    from asr.metrics import phone_error_rate
+    run, _ = trained_run
+    folder, cuts = kaldi_folder(tiny_synth, tmp_path / "kaldi", "zyzzyva")
     lexicon_path = tiny_synth / "lexicon.txt"
     report = evaluate(EvaluateConfig(checkpoint=str(run / "checkpoints" / "best.ckpt"), data_dir=str(folder),
-                                     lexicon=str(lexicon_path), out=str(tmp_path / "k"), progress=False))
-    assert report["words_missing_from_lexicon"] == ["zyzzyva"]
+                                     reference_lexicon=str(lexicon_path), out=str(tmp_path / "k"), progress=False))
+    assert report["words_missing_from_reference_lexicon"] == ["zyzzyva"]
     records = [json.loads(line) for line in (tmp_path / "k" / "hypotheses.jsonl").read_text().splitlines()]
     lexicon = read_lexicon(lexicon_path)
     references = [words_to_phones(c["supervisions"][0]["text"], lexicon)[0] for c in cuts]
     by_id = {r["id"]: r["phones"]["hypothesis"] for r in records}
     assert report["error_rates"]["per"] == pytest.approx(phone_error_rate(references, [by_id[c["id"]] for c in cuts]))
+
+
+def test_per_never_depends_on_the_decoding_lexicon_and_data_dir_keeps_the_models_files(trained_run, tiny_synth,
+                                                                                       tmp_path):
+    from asr.evaluate import EvaluateConfig, evaluate
+    run, _ = trained_run
+    checkpoint = str(run / "checkpoints" / "best.ckpt")
+    folder, cuts = kaldi_folder(tiny_synth, tmp_path / "kaldi")
+    # a decoding lexicon of the first utterance's words only, with its own LM: most words drop out
+    first = cuts[0]["supervisions"][0]["text"]
+    full = read_lexicon(tiny_synth / "lexicon.txt")
+    small = write(tmp_path / "small.txt", "".join(f"{w} {' '.join(full[w][0])}\n" for w in sorted(set(first.split()))))
+    small_lm = estimate_arpa([first], tmp_path / "small.arpa", order=2)
+    common = dict(checkpoint=checkpoint, data_dir=str(folder), reference_lexicon=str(tiny_synth / "lexicon.txt"),
+                  progress=False, decode_workers=1)
+    greedy = evaluate(EvaluateConfig(**common, out=str(tmp_path / "g")))
+    model_files = evaluate(EvaluateConfig(**common, decoder="lexicon", out=str(tmp_path / "m")))
+    own_files = evaluate(EvaluateConfig(**common, decoder="lexicon", lexicon=str(small), lm=str(small_lm),
+                                        out=str(tmp_path / "o")))
+    assert greedy["error_rates"]["per"] == model_files["error_rates"]["per"] == own_files["error_rates"]["per"]
+    assert own_files["out_of_vocabulary"]["lexicon"] > 0 == model_files["out_of_vocabulary"]["lexicon"]
+    # data_dir scores other data, but the lexicon and LM stay the model's (not <data_dir>/asr_manifests')
+    assert model_files["lexicon_decoder"]["lexicon"] == str(run / "decoding" / "lexicon.txt")
+    assert model_files["lexicon_decoder"]["lm"] == str(run / "decoding" / "lm" / "3gram.arpa.gz")
+
+
+def test_the_oov_rate_of_new_words_and_an_extra_lexicon_with_the_models_lm(trained_run, tiny_synth, tmp_path, capsys):
+    from asr.evaluate import main
+    run, _ = trained_run
+    folder, cuts = kaldi_folder(tiny_synth, tmp_path / "kaldi", "zyzzyva")
+    # counted by hand: every transcript gains one word the model's LM (and lexicon) lacks
+    words = sum(len(c["supervisions"][0]["text"].split()) + 1 for c in cuts)
+    extra = write(tmp_path / "extra.txt", "zyzzyva Z IH Z IY V AH\n")
+    common = [f"checkpoint={run / 'checkpoints' / 'best.ckpt'}", f"data_dir={folder}", "decoder=lexicon",
+              "progress=false", "decode_workers=1"]
+    assert main(common + [f"out={tmp_path / 'plain'}"]) == 0
+    plain = json.loads((tmp_path / "plain" / "results.json").read_text())
+    assert plain["out_of_vocabulary"]["lm"] == pytest.approx(len(cuts) / words)
+    assert plain["out_of_vocabulary"]["lexicon"] == pytest.approx(len(cuts) / words)
+    assert plain["out_of_vocabulary"]["words_outside_lm"] == ["zyzzyva"]
+    assert f"OOV {100 * len(cuts) / words:.2f}% (reference words not in the LM" in capsys.readouterr().out
+    assert main(common + [f"extra_lexicon={extra}", f"out={tmp_path / 'extra'}"]) == 0
+    added = json.loads((tmp_path / "extra" / "results.json").read_text())
+    assert added["out_of_vocabulary"]["lm"] == pytest.approx(len(cuts) / words)
+    assert added["out_of_vocabulary"]["lexicon"] == 0
+    decoder = added["lexicon_decoder"]
+    assert decoder["lexicon"] == str(run / "decoding" / "lexicon.txt") and decoder["extra_lexicon"] == str(extra)
+    assert decoder["lexicon_words_outside_lm"] == 1
+    assert decoder["lexicon_words"] == len(read_lexicon(tiny_synth / "lexicon.txt")) + 1
+    assert "1 with the LM's <unk> probability" in capsys.readouterr().out
+
+
+def test_a_lexicon_without_an_lm_is_a_usage_error_naming_both_fixes(trained_run, tiny_synth, tmp_path, capsys):
+    from asr.evaluate import EvaluateConfig, evaluate, main as evaluate_main
+    from asr.transcribe import main as transcribe_main
+    from asr.tune_lm import main as tune_main
+    run, _ = trained_run
+    checkpoint = f"checkpoint={run / 'checkpoints' / 'best.ckpt'}"
+    lexicon = f"lexicon={tiny_synth / 'lexicon.txt'}"
+    for command, extra in ((evaluate_main, ["decoder=lexicon"]), (transcribe_main, ["decoder=lexicon", str(tmp_path)]),
+                           (tune_main, [])):
+        assert command([checkpoint, lexicon, "progress=false", *extra]) == 2
+        error = capsys.readouterr().err.strip().splitlines()
+        assert len(error) == 1 and "lm=PATH" in error[0] and "lm=none" in error[0], error
+    # lexicon= is no longer a way to phone references: decoder=greedy with it says where they come from
+    assert evaluate_main([checkpoint, lexicon, "progress=false"]) == 2
+    assert "reference_lexicon=" in capsys.readouterr().err
+    # lm=none: the lexicon alone, said so in the report
+    report = evaluate(EvaluateConfig(checkpoint=str(run / "checkpoints" / "best.ckpt"), decoder="lexicon",
+                                     lexicon=str(tiny_synth / "lexicon.txt"), lm="none", out=str(tmp_path / "n"),
+                                     progress=False, decode_workers=1))
+    assert report["lexicon_decoder"]["lm"] is None and report["out_of_vocabulary"]["lm"] is None
+
+
+def test_the_run_folder_keeps_the_corpus_lexicon_and_lm(trained_run, tiny_synth):
+    run, _ = trained_run
+    for name in ("lexicon.txt", "lm/3gram.arpa.gz"):
+        assert (run / "decoding" / name).read_bytes() == (tiny_synth / name).read_bytes()
+    assert not list((run / "decoding").rglob("*.partial"))
+
+
+def test_the_models_files_are_found_from_any_folder_and_in_a_moved_run_folder(trained_run, tiny_synth, tmp_path,
+                                                                            monkeypatch, capsys):
+    import shutil
+    from asr.decoding.evaluation import model_decoding_files
+    from asr.transcribe import main as transcribe
+    run, _ = trained_run
+    moved = tmp_path / "elsewhere" / "run"
+    shutil.copytree(run, moved)
+    somewhere = tmp_path / "somewhere"
+    somewhere.mkdir()
+    monkeypatch.chdir(somewhere)
+    for folder in (run, moved):
+        files = model_decoding_files(folder / "checkpoints" / "best.ckpt")
+        assert (files.lexicon, files.lm) == (folder / "decoding" / "lexicon.txt",
+                                             folder / "decoding" / "lm" / "3gram.arpa.gz")
+    # the commands: asr.transcribe with the moved run's checkpoint, named relative to the working folder
+    checkpoint = os.path.relpath(moved / "checkpoints" / "best.ckpt")
+    assert transcribe([f"checkpoint={checkpoint}", str(tiny_synth / "audio" / "test"), "decoder=lexicon",
+                       "progress=false"]) == 0
+    assert all("\tlexicon: " in line for line in capsys.readouterr().out.splitlines())
+
+
+def test_an_older_run_folder_finds_its_corpus_from_hydras_folder_or_its_own_parents(trained_run, tiny_synth, tmp_path,
+                                                                                  monkeypatch):
+    import shutil
+    import yaml
+    from asr.decoding.evaluation import model_decoding_files, resolve_settings
+
+    def older_run(where: Path, root: str, hydra_cwd: Path | None = None) -> Path:
+        """A copy of the run as asr.train made them before run folders kept decoding/: data.root as
+        given on the command line (relative), Hydra's record of the working folder."""
+        shutil.copytree(trained_run[0], where, ignore=shutil.ignore_patterns("decoding"))
+        config = yaml.safe_load((where / "config.yaml").read_text())
+        config["data"]["root"] = root
+        (where / "config.yaml").write_text(yaml.safe_dump(config))
+        if hydra_cwd is not None:
+            (where / ".hydra").mkdir(exist_ok=True)
+            (where / ".hydra" / "hydra.yaml").write_text(yaml.safe_dump({"hydra": {"runtime": {"cwd": str(hydra_cwd)}}}))
+        return where / "checkpoints" / "best.ckpt"
+
+    unrelated = tmp_path / "unrelated"
+    unrelated.mkdir()
+    monkeypatch.chdir(unrelated)
+    # trained in tiny_synth's parent folder with data.root=<its name>
+    checkpoint = older_run(tmp_path / "a" / "run", tiny_synth.name, hydra_cwd=tiny_synth.parent)
+    files = model_decoding_files(checkpoint)
+    assert (files.lexicon, files.lm) == (tiny_synth / "lexicon.txt", tiny_synth / "lm" / "3gram.arpa.gz")
+    # a repository moved as a whole: runs/<preset>/<time> beside data/<corpus>, no Hydra record
+    repository = tmp_path / "repository"
+    (repository / "data").mkdir(parents=True)
+    os.symlink(tiny_synth, repository / "data" / "corpus")
+    checkpoint = older_run(repository / "runs" / "synth_full" / "t0", "data/corpus")
+    assert model_decoding_files(checkpoint).lexicon == repository / "data" / "corpus" / "lexicon.txt"
+    # nowhere to be found: the message lists every folder it looked in
+    checkpoint = older_run(tmp_path / "b" / "run", "data/gone")
+    files = model_decoding_files(checkpoint)
+    assert files.lexicon is None
+    with pytest.raises(LexiconFileError) as raised:
+        resolve_settings(None, None, files)
+    message = str(raised.value)
+    for folder in (tmp_path / "b" / "run" / "decoding", tmp_path / "b" / "data" / "gone", unrelated / "data" / "gone"):
+        assert str(folder) in message
+    assert "lexicon=PATH" in message and "\n" not in message
 
 
 def test_tune_lm_prints_a_grid_and_refuses_the_test_split(trained_run, tmp_path, capsys):
@@ -319,7 +542,7 @@ def test_bad_lexicon_in_the_command_is_one_line_and_exit_status_2(trained_run, t
     from asr.evaluate import main
     run, _ = trained_run
     status = main([f"checkpoint={run / 'checkpoints' / 'best.ckpt'}", "decoder=lexicon",
-                   f"lexicon={tmp_path / 'missing.txt'}", "progress=false", f"out={tmp_path / 'x'}"])
+                   f"lexicon={tmp_path / 'missing.txt'}", "lm=none", "progress=false", f"out={tmp_path / 'x'}"])
     error = capsys.readouterr().err.strip().splitlines()
     assert status == 2 and len(error) == 1 and "missing.txt" in error[0] and "does not exist" in error[0]
 
@@ -361,5 +584,6 @@ def test_transcribe_with_the_lexicon_decoder_gives_evaluates_words(trained_run, 
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == len(expected) and all("\tlexicon: " in line for line in lines)
     assert transcribe([f"checkpoint={checkpoint}", str(tiny_synth / "audio" / "test"), "decoder=lexicon",
-                       f"lexicon={tmp_path / 'missing.txt'}", "progress=false"]) == 2
-    assert "missing.txt" in capsys.readouterr().err
+                       f"lexicon={tmp_path / 'missing.txt'}", "lm=none", "progress=false"]) == 2
+    error = capsys.readouterr().err
+    assert "missing.txt" in error and "does not exist" in error

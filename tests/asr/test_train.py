@@ -194,7 +194,8 @@ def test_only_a_run_folder_that_holds_nothing_of_the_run_is_removed(tmp_path):
             (folder / name).parent.mkdir(parents=True, exist_ok=True)
             (folder / name).write_text("")
         return folder
-    fresh = hydra_made(tmp_path / "runs" / "synth_full" / "2026-01-01_00-00-00", "config.yaml")
+    fresh = hydra_made(tmp_path / "runs" / "synth_full" / "2026-01-01_00-00-00", "config.yaml",
+                       "decoding/lexicon.txt")   # the corpus's lexicon, copied before the data failed
     remove_unused_run_folder(fresh, None)
     assert not (tmp_path / "runs" / "synth_full").exists() and (tmp_path / "runs").is_dir()
     trained = hydra_made(tmp_path / "runs" / "synth_full" / "2026-01-01_00-00-01", "checkpoints/last.ckpt")
