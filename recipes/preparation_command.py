@@ -29,14 +29,18 @@ def add_preparation_arguments(parser, lexicon: str | None = None, lexicon_help: 
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
 
 
-def run_preparation(command: str, prepare: Callable[[], dict], layout_errors: tuple[type[Exception], ...] = ()
-                    ) -> int:
+def run_preparation(command: str, prepare: Callable[[], dict], layout_errors: tuple[type[Exception], ...] = (),
+                    summary: Callable[[dict], str] = format_report,
+                    setup_errors: tuple[type[Exception], ...] = ()) -> int:
     """Runs a recipe's preparation for its command line (`command`, e.g. recipes.wsj.prepare) and
-    returns its exit status (asr.exit_status): 0 after printing the report table; USAGE_ERROR for a
+    returns its exit status (asr.exit_status): 0 after printing the report table (`summary`, by
+    default format_report; a recipe may add lines to it); USAGE_ERROR for a
     corpus folder or lexicon that is not what the recipe reads (layout_errors, LexiconError, a folder
     with no utterances) and
-    FAILURE for a preparation that stopped on problems in the corpus, each with its message and
+    FAILURE for a preparation that stopped on problems in the corpus or on what the machine lacks
+    (setup_errors: a program or package to install), each with its message and
     no traceback; INTERRUPTED after Ctrl-C (a re-run continues from the audio converted so far)."""
-    return run_command(command, lambda: print(format_report(prepare())),
-                       usage_errors=(LexiconError, NoUtterancesError, *layout_errors), failures=(PreparationError,),
+    return run_command(command, lambda: print(summary(prepare())),
+                       usage_errors=(LexiconError, NoUtterancesError, *layout_errors),
+                       failures=(PreparationError, *setup_errors),
                        resume_hint="run the same command again: it continues from the audio converted so far")
