@@ -18,6 +18,7 @@ import pytest
 import soundfile
 
 import recipes.asterisk.prepare as asterisk
+from asr.data.audio_source import AudioSourceError
 from asr.data.manifest_builder import PreparationError
 from asr.decoding.lexicon import read_lexicon
 from corpus_fixtures import flac_samples, read_gz_jsonl, tone
@@ -319,8 +320,8 @@ def test_a_decoder_that_gives_another_rate_or_length_is_refused(packages, tmp_pa
     (bin_dir / "ffmpeg").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
     path = sounds / "hello-world.g722"
-    with pytest.raises(Exception, match=rf"decoded to 16000 samples at 8000 Hz; G.722 of 16000 bytes is "
-                                        rf"32000 samples at 16000 Hz"):
+    with pytest.raises(AudioSourceError, match="decoded to 16000 samples at 8000 Hz; G.722 of 16000 bytes is "
+                                               "32000 samples at 16000 Hz"):
         G722File(path=str(path)).load()
 
 
