@@ -38,8 +38,10 @@ fingerprint() {
 
 # ---- 1. Debian packages: espeak-ng and flite synthesise the built-in corpus, sox resamples,
 # ffmpeg decodes shorten-compressed NIST SPHERE audio (WSJ's .wv1 files); wordnet-base holds the
-# WordNet 3.0 the shipped sentence list was built from (a test rebuilds it identically).
-apt_packages=(espeak-ng flite sox ffmpeg wordnet-base)
+# WordNet 3.0 the shipped sentence list was built from (a test rebuilds it identically);
+# asterisk-core-sounds-en-g722 (Allison Smith's recorded prompts, G.722) and asterisk-core-sounds-en
+# (their transcripts) are the real-speech test set of recipes/asterisk (about 11 MB).
+apt_packages=(espeak-ng flite sox ffmpeg wordnet-base asterisk-core-sounds-en-g722 asterisk-core-sounds-en)
 missing=()
 for package in "${apt_packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

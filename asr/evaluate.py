@@ -15,7 +15,9 @@ Arguments are key=value (see `EvaluateConfig` below, or `python -m asr.evaluate 
 `attention` is an attention spec (a registry name such as `iclustered`, or a short form such as
 `i-clustered-100`, `lsh-4`, `oracle-top-16`); `attention.<option>=<value>` sets one option on top.
 Data: by default the split of the corpus the model was trained on (the run folder's config.yaml
-next to checkpoints/), `data.<key>=...` changes any data option (e.g. `data.root`), and
+next to checkpoints/), `data.<key>=...` changes any data option (e.g. `data.root`; `data.corpus`
+alone, another corpus than the model's, reads data/<corpus>, and a corpus with a registered
+preparer - synth, asterisk - is prepared there when its manifests are missing), and
 `data_dir=PATH` scores a Kaldi-style data directory (wav.scp, text, optional utt2spk) instead:
 its audio is converted once into manifests and features under <data_dir>/asr_manifests (or
 `data.root`), and its word transcripts score the chars / sentencepiece heads (a phone head
@@ -253,6 +255,29 @@ def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, 
     return out_dir
 
 
+def prepare_missing_split(config: DataConfig, split: str, progress: bool = True) -> None:
+    """Prepares the corpus into data.root when the split's manifest is missing and a preparer is
+    registered for it (asr.data.corpus_preparers: synth, asterisk), as asr.train does; for any other
+    corpus, or a folder holding the split under another corpus name (data.corpus forgotten), the
+    missing manifest is load_cuts' error saying what to do. A preparer that fails (a package to
+    install, a damaged file) is one EvaluationError line."""
+    from asr.data.corpus_preparers import corpus_preparer
+    from asr.data.manifests import cuts_path, other_corpora
+    if cuts_path(config.root, config.corpus, split).is_file() or other_corpora(Path(config.root), config.corpus,
+                                                                                split):
+        return
+    preparer = corpus_preparer(config.corpus)
+    if preparer is None:
+        return
+    log.warning("corpus %s: no %s manifest in %s, preparing the corpus there (once)", config.corpus, split,
+                config.root)
+    try:
+        preparer(Path(config.root), progress=progress)
+    except (ValueError, RuntimeError, OSError) as error:   # a preparer's own errors: usage, problems, files
+        raise EvaluationError(f"data.corpus={config.corpus}: preparing its manifests in {config.root} failed: "
+                              f"{error}") from error
+
+
 @dataclass
 class EvaluationData:
     """What to score: a data module with the model's tokenizers, the split, the heads with references."""
@@ -297,9 +322,12 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
             raise EvaluationError(f"data_dir={str(data_dir)!r} has word transcripts only, but this model's "
                                   f"heads are {kinds}; it needs a chars or sentencepiece head to be scored")
     else:
-        if not trained_data_config(checkpoint) and "root" not in overrides:
+        trained = trained_data_config(checkpoint)
+        if "corpus" in overrides and "root" not in overrides and overrides["corpus"] != trained.get("corpus"):
+            settings["root"] = str(Path("data") / overrides["corpus"])   # another corpus: where its recipe writes
+        if "root" not in settings:
             raise EvaluationError(f"{checkpoint} is not inside an asr.train run folder (no ../config.yaml), "
-                                  "so its corpus is unknown: give data.corpus=... data.root=... or data_dir=...")
+                                  "so its corpus is unknown: give data.corpus=... (data.root=...) or data_dir=...")
         settings["targets"] = kinds
         scored = kinds
     for key in ("num_mel_bins", "specaugment", "targets"):
@@ -314,6 +342,8 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
         raise EvaluationError(f"data: {error}") from None
     split = split or config.test_split
     config.test_split = split
+    if data_dir is None:
+        prepare_missing_split(config, split, settings["progress"])
     datamodule = SpeechDataModule(config, frame_subsampling=model.encoder.subsampling, filterbank=frontend)
     datamodule.set_tokenizers({kind: model.tokenizers[kind].state_dict() for kind in config.targets})
     source = source if data_dir is not None else f"{config.root}/{config.corpus}_cuts_{split}.jsonl.gz"

@@ -38,8 +38,8 @@ def run_preparation(command: str, prepare: Callable[[], dict], layout_errors: tu
     `after(report)` prints); USAGE_ERROR for a corpus folder or lexicon that is not what the recipe
     reads (layout_errors, LexiconError, a folder with no utterances) and
     FAILURE for a preparation that stopped on problems in the corpus (or on `failures`, e.g. a
-    download that failed), each with its message and no traceback; INTERRUPTED after Ctrl-C, saying
-    how to continue (resume_hint)."""
+    download that failed, or a program or package the machine lacks), each with its message and no
+    traceback; INTERRUPTED after Ctrl-C, saying how to continue (resume_hint)."""
     def body():
         report = prepare()
         print(format_report(report))

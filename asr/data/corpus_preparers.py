@@ -1,15 +1,17 @@
 """Corpus preparers: the one way asr reaches a recipe, so that asr never imports recipes.
 
-`python -m asr.train` generates a corpus whose manifests are missing only if a package registers a
-preparer for that corpus name as a Python entry point in the group `asr.corpus_preparers`. This
-project registers one, the built-in synthetic corpus (pyproject.toml):
+`python -m asr.train` (and `python -m asr.evaluate`) generates a corpus whose manifests are missing
+only if a package registers a preparer for that corpus name as a Python entry point in the group
+`asr.corpus_preparers`. This project registers two (pyproject.toml): the built-in synthetic corpus,
+and the real-speech evaluation set made from Debian's Asterisk prompts (dev and test only):
 
     [project.entry-points."asr.corpus_preparers"]
     synth = "recipes.synth.prepare:prepare_synth"
+    asterisk = "recipes.asterisk.prepare:prepare_asterisk"
 
 A preparer is called as `preparer(root, progress=True, **options)` (options: the config's
-`synth_corpus` section for synth) and writes `{root}/{corpus}_cuts_{split}.jsonl.gz`; what it
-returns is logged. Entry points are read from the installed project's metadata, so a new one takes
+`synth_corpus` section for synth when asr.train calls it; none from asr.evaluate) and writes
+`{root}/{corpus}_cuts_{split}.jsonl.gz`; what it returns is logged. Entry points are read from the installed project's metadata, so a new one takes
 effect after `pip install --no-build-isolation -e .` (`.ci/install.sh` runs it).
 """
 from __future__ import annotations

@@ -27,6 +27,10 @@ segments outside their recording follow `bad_data_policy`. With any "error" prob
 converts all good audio (so the re-run after a fix is quick), writes the report listing every
 problem, writes no manifests, and raises `PreparationError` naming the report, the counts and
 the option that would drop them instead. With "drop", the utterances are left out and counted.
+
+Left out by the recipe's own rules. A recipe that leaves utterances out on purpose (a transcript
+whose spoken form it cannot know, a one-word prompt) passes them as `left_out` Problems: counted by
+kind and listed with the problems, never stopping the preparation, never converted.
 """
 
 from __future__ import annotations
@@ -138,6 +142,7 @@ def build_manifests(
     problems: Iterable[Problem] = (),
     *,
     settings: dict,
+    left_out: Iterable[Problem] = (),
     oov_policy: str = "error",
     bad_data_policy: str = "error",
     phone_set: str | None = None,
@@ -147,8 +152,10 @@ def build_manifests(
     """Convert audio, check, and write `{corpus}_{recordings,supervisions,cuts}_{split}.jsonl.gz`.
 
     Returns the report (also written to `{corpus}_report.json`); raises PreparationError when a
-    problem's policy is "error". `phone_set` ("arpabet39", "timit61") is stored beside the phones of
-    every supervision so that a reader knows their inventory.
+    problem's policy is "error". `left_out`: utterances the recipe leaves out by its own rules, one
+    Problem each (kind = the reason), reported with the problems but never stopping. `phone_set`
+    ("arpabet39", "timit61") is stored beside the phones of every supervision so that a reader
+    knows their inventory.
     """
     for name, policy in (("oov_policy", oov_policy), ("bad_data_policy", bad_data_policy)):
         if policy not in POLICIES:
@@ -157,6 +164,7 @@ def build_manifests(
     recordings = {spec.id: spec for spec in recordings}
     utterances = list(utterances)
     problems = list(problems)
+    left_out = list(left_out)
     if not utterances and not problems:     # before anything is written: a wrong folder leaves nothing behind
         folder = (settings.get("corpus_dir") or settings.get("data_dir")
                   or ", ".join(settings.get("corpus_dirs", [])) or "the corpus folder")
@@ -219,8 +227,9 @@ def build_manifests(
     policies = {"oov_policy": oov_policy, "bad_data_policy": bad_data_policy, None: "drop"}
     stopping = [p for p in problems if policies[problem_policy_option(p.kind)] == "error"]
     oov_counts = Counter(word for u in utterances for word in u.oov_words)
-    report = _report(corpus, settings, problems, kept, oov_counts, out_dir, status="failed" if stopping else "complete")
-    report["dropped_utterances"] = len(utterances) - len(kept)
+    report = _report(corpus, settings, problems + left_out, kept, oov_counts, out_dir,
+                     status="failed" if stopping else "complete")
+    report["dropped_utterances"] = len(utterances) - len(kept) + len(left_out)
     if stopping:
         _write_json(report_path(out_dir, corpus), report)
         raise PreparationError(_failure_message(corpus, stopping, out_dir))

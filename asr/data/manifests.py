@@ -39,6 +39,8 @@ PREPARE_COMMANDS = {
     "librispeech": "python -m recipes.librispeech.prepare --corpus-dir LIBRISPEECH_DIR (or --download mini|all) --out {root}",
     "switchboard": ("python -m recipes.switchboard.prepare --corpus-dir LDC97S62_DIR "
                     "--transcripts-dir swb_ms98_transcriptions --out {root}"),
+    # dev/test only (real speech for evaluation), from two Debian packages the recipe names
+    "asterisk": "python -m recipes.asterisk.prepare --out {root}",
 }
 
 
