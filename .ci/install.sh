@@ -39,7 +39,9 @@ fingerprint() {
 # ---- 1. Debian packages: espeak-ng and flite synthesise the built-in corpus, sox resamples,
 # ffmpeg decodes shorten-compressed NIST SPHERE audio (WSJ's .wv1 files); wordnet-base holds the
 # WordNet 3.0 the shipped sentence list was built from (a test rebuilds it identically).
-apt_packages=(espeak-ng flite sox ffmpeg wordnet-base)
+# festival and its three US English voices speak the synthetic corpus's optional extra voices
+# (python -m recipes.synth.prepare --extra-voices festival).
+apt_packages=(espeak-ng flite sox ffmpeg wordnet-base festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts)
 missing=()
 for package in "${apt_packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
