@@ -26,8 +26,9 @@ speaker and voicing), synthesis in parallel, the manifests and the report.
   split, i))`` and the pool order; workers only run the synthesisers, so the output is identical
   for any number of jobs. Utterance ids are ``synth-{split}-{i:06d}``.
 - Dropped utterances: when a synthesiser uses a phoneme with no ARPAbet equivalent (a foreign
-  sound), the utterance is dropped, counted in the report with its reason, and the next planned
-  utterance of the split takes its place, so each split still reaches its requested size.
+  sound), or a festival diphone voice lacks a diphone (it would say silence in its place), the
+  utterance is dropped, counted in the report with its reason, and the next planned utterance of
+  the split takes its place, so each split still reaches its requested size.
 - Resumable: each finished utterance leaves ``audio/{split}/{id}.flac`` and ``meta/{split}/{id}.json``
   (written last, atomically); a rerun skips utterances whose meta file exists. A complete output
   (``synth_report.json`` with the same request, manifests present) is returned as it is.
@@ -64,7 +65,7 @@ from recipes.synth.sentences import load_sentences, normalise_text
 from recipes.synth.voices import (
     ESPEAK_PITCH, ESPEAK_RATE_WPM, EXTRA_VOICES, FESTIVAL_DURATION_FACTOR, FESTIVAL_F0_FACTOR, FESTIVAL_SPEAKERS,
     FESTIVAL_VOICES, FLITE_DURATION_STRETCH, FLITE_F0_FACTOR, FLITE_VOICES, GAIN_DB, HELD_OUT_SPEAKER_IDS,
-    SAMPLING_RATE, SPEAKERS, SPEAKERS_BY_ID, check_synthesisers, synthesise,
+    SAMPLING_RATE, SPEAKERS, SPEAKERS_BY_ID, MissingDiphoneError, check_synthesisers, synthesise,
 )
 
 CORPUS = "synth"
@@ -246,6 +247,9 @@ def synthesise_plan(out_dir: Path, plan: UtterancePlan) -> dict:
     except UnmappablePhonemeError as error:
         partial_audio.unlink(missing_ok=True)
         record.update(dropped=f"unmappable {error.engine} phoneme", phoneme=error.phoneme)
+    except MissingDiphoneError as error:
+        partial_audio.unlink(missing_ok=True)
+        record.update(dropped="missing festival diphone", phoneme=error.diphone)
     else:
         os.replace(partial_audio, final_audio)
         record.update(phones=" ".join(result.phones), audio=_audio_relpath(plan), num_samples=result.num_samples,

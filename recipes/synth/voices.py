@@ -32,6 +32,7 @@ sox (``-R``: repeatable, no random dither) applies the utterance's gain and resa
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -54,6 +55,16 @@ class MissingSynthesiserError(RuntimeError):
 
 class SynthesisError(RuntimeError):
     """A synthesiser or sox failed on an utterance (a system problem, not a data problem)."""
+
+
+class MissingDiphoneError(ValueError):
+    """A festival diphone voice lacks a diphone the utterance needs and says silence in its place
+    (about 1 festival utterance in 700): the audio would miss part of two phones the targets list."""
+
+    def __init__(self, diphone: str, message: str):
+        self.diphone = diphone
+        super().__init__(f"festival has no diphone {diphone!r} ({message.strip()[:200]!r}); utterances that "
+                         f"need one are dropped")
 
 
 def check_synthesisers(extra_voices: tuple[str, ...] = ()) -> None:
@@ -81,7 +92,7 @@ def check_synthesisers(extra_voices: tuple[str, ...] = ()) -> None:
 
 def installed_festival_voices() -> set[str]:
     """The voices festival finds (``voice.list``), e.g. {"kal_diphone", ...}."""
-    listed = _run(FESTIVAL_COMMAND, "(format t \"voices: %l\\n\" (voice.list))\n")
+    listed = _festival("(format t \"voices: %l\\n\" (voice.list))\n")
     for line in listed.splitlines():
         if line.startswith("voices: ("):
             return set(line[len("voices: ("):].rstrip(") ").split())
@@ -158,7 +169,8 @@ def synthesise(text: str, speaker: Speaker, prosody: dict, gain_db: float, flac_
     ``prosody`` holds the engine's settings: espeak-ng {"rate_wpm", "pitch"}; flite
     {"duration_stretch", "f0_mean_hz"}; festival {"duration_stretch"} and, for voices with an
     F0 model, {"f0_mean_hz"}. Raises ``UnmappablePhonemeError`` (no file is left) when
-    the synthesiser used a phoneme outside ARPAbet.
+    the synthesiser used a phoneme outside ARPAbet, ``MissingDiphoneError`` when a festival diphone
+    voice lacked a diphone.
     """
     flac_path = Path(flac_path)
     raw_wav = flac_path.with_name(flac_path.stem + ".raw.wav")
@@ -174,7 +186,7 @@ def synthesise(text: str, speaker: Speaker, prosody: dict, gain_db: float, flac_
                        "-ps", "-t", text, "-o", str(raw_wav)]
             phones = flite_to_arpabet(_run(command))
         elif speaker.engine == "festival":
-            output = _run(FESTIVAL_COMMAND, festival_script(text, speaker.voice, prosody, raw_wav))
+            output = _festival(festival_script(text, speaker.voice, prosody, raw_wav))
             phones = festival_to_arpabet(_festival_segments(output))
         else:
             raise ValueError(f"unknown synthesiser engine {speaker.engine!r} of speaker {speaker.id!r}")
@@ -237,7 +249,30 @@ def _festival_segments(output: str) -> str:
     raise SynthesisError(f"festival printed no segments: {output.strip()[-500:]!r}")
 
 
-def _run(command: list[str], stdin: str | None = None) -> str:
+# What a diphone voice says on stderr when it lacks a diphone: "UniSyn: using default diphone pau-pau for uh-er"
+_FESTIVAL_MISSING_DIPHONE = re.compile(r"^UniSyn: using default diphone \S+ for (\S+)$")
+
+
+def _festival(script: str) -> str:
+    """festival's output for a Scheme script. festival --pipe reports a failed form (an unknown voice,
+    an unwritable file) on stderr only, goes on with the next one and exits with 0, so anything on
+    stderr is a SynthesisError, except a missing diphone: a MissingDiphoneError (the utterance is
+    dropped)."""
+    done = _run_process(FESTIVAL_COMMAND, script)
+    messages = done.stderr.strip().splitlines()
+    missing = [found.group(1) for line in messages if (found := _FESTIVAL_MISSING_DIPHONE.match(line))]
+    if len(missing) < len(messages):
+        raise SynthesisError(f"`{' '.join(FESTIVAL_COMMAND)}` failed: {done.stderr.strip()[-500:]}")
+    if missing:
+        raise MissingDiphoneError(missing[0], done.stderr)
+    return done.stdout
+
+
+def _run(command: list[str]) -> str:
+    return _run_process(command).stdout
+
+
+def _run_process(command: list[str], stdin: str | None = None) -> subprocess.CompletedProcess:
     try:
         done = subprocess.run(command, input=stdin, capture_output=True, text=True, check=False,
                               env={**os.environ, "LC_ALL": "C.UTF-8"})
@@ -245,9 +280,6 @@ def _run(command: list[str], stdin: str | None = None) -> str:
         # names every missing program and its package
         check_synthesisers(("festival",) if command[0] == "festival" else ())
         raise MissingSynthesiserError(str(error)) from error
-    # festival --pipe reports a failed form (an unknown voice, an unwritable file) on stderr only,
-    # goes on with the next one and exits with 0; it writes nothing there when all went well
-    if done.returncode != 0 or (command[0] == "festival" and done.stderr.strip()):
-        how = f"exit status {done.returncode}" if done.returncode else "an error message"
-        raise SynthesisError(f"`{' '.join(command)}` failed with {how}: {done.stderr.strip()[-500:]}")
-    return done.stdout
+    if done.returncode != 0:
+        raise SynthesisError(f"`{' '.join(command)}` failed with exit status {done.returncode}: {done.stderr.strip()[-500:]}")
+    return done

@@ -16,7 +16,8 @@ import soundfile
 from asr.data.phones import ARPABET_39
 from asr.data.synthesiser_phonemes import FESTIVAL_TO_ARPABET, UnmappablePhonemeError, festival_to_arpabet
 from recipes.synth.prepare import (
-    HELD_OUT_SPEAKER_IDS, SPLITS, _check_config, generate_corpus, main, plan_utterances, prepare_synth,
+    HELD_OUT_SPEAKER_IDS, SPLITS, UtterancePlan, _check_config, generate_corpus, main, plan_utterances,
+    prepare_synth, synthesise_plan,
 )
 from recipes.synth.sentences import load_sentences
 from recipes.synth.voices import (
@@ -137,6 +138,20 @@ def _median_f0(samples: np.ndarray, rate: int) -> float:
         if correlation[lag] > 0.5 * correlation[0]:
             f0s.append(rate / lag)
     return float(np.median(f0s))
+
+
+@needs_festival
+def test_an_utterance_needing_a_diphone_the_voice_lacks_is_dropped(tmp_path):
+    # ked's "pluralize" (P L UH ER ...) needs an uh-er diphone, which its database does not have
+    plan = UtterancePlan(id="synth-train-000000", split="train", index=0, sentences=("We pluralize nouns.",),
+                         speaker="festival-ked", prosody={"duration_stretch": 1.1, "f0_mean_hz": 105.0})
+    record = synthesise_plan(tmp_path, plan)
+    assert record["dropped"] == "missing festival diphone" and record["phoneme"] == "uh-er"
+    assert not list((tmp_path / "audio").glob("**/*.*"))  # no audio, whole or partial
+    # kal has the diphone
+    kal = SPEAKERS_BY_ID["festival-kal"]
+    assert synthesise("We pluralize nouns.", kal, {"duration_stretch": 1.1, "f0_mean_hz": 105.0}, 0.0,
+                      tmp_path / "kal.flac").phones[2:6] == ["P", "L", "UH", "ER"]
 
 
 # ----------------------------------------------------------------------------- plans
