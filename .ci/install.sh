@@ -39,9 +39,12 @@ fingerprint() {
 # ---- 1. Debian packages: espeak-ng and flite synthesise the built-in corpus, sox resamples,
 # ffmpeg decodes shorten-compressed NIST SPHERE audio (WSJ's .wv1 files); wordnet-base holds the
 # WordNet 3.0 the shipped sentence list was built from (a test rebuilds it identically);
-# asterisk-core-sounds-en-g722 (Allison Smith's recorded prompts, G.722) and asterisk-core-sounds-en
-# (their transcripts) are the real-speech test set of recipes/asterisk (about 11 MB).
-apt_packages=(espeak-ng flite sox ffmpeg wordnet-base asterisk-core-sounds-en-g722 asterisk-core-sounds-en)
+# festival and its three US English voices speak the synthetic corpus's optional extra voices
+# (python -m recipes.synth.prepare --extra-voices festival); asterisk-core-sounds-en-g722 (Allison
+# Smith's recorded prompts, G.722) and asterisk-core-sounds-en (their transcripts) are the
+# real-speech test set of recipes/asterisk (about 11 MB).
+apt_packages=(espeak-ng flite sox ffmpeg wordnet-base festival festvox-kallpc16k festvox-kdlpc16k festvox-us-slt-hts
+              asterisk-core-sounds-en-g722 asterisk-core-sounds-en)
 missing=()
 for package in "${apt_packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")

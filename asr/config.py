@@ -99,6 +99,9 @@ class SynthCorpusConfig:
     seed: int = 0                      # seed of the generated sentences and voices
     jobs: Optional[int] = None         # processes that synthesise audio; None: one per core
     utterance_scale: int = 1           # K times longer utterances (about K x 8 s); the paper-length experiment uses 2
+    # More voices: "festival" gives festival's 3 US English voices a quarter of the seen speakers'
+    # utterances (recipes/synth/README.md); None: espeak-ng and flite only. Use its own data.root.
+    extra_voices: Optional[str] = None
 
 
 @dataclass

@@ -185,7 +185,10 @@ def ensure_corpus(cfg: DictConfig) -> None:
     log.info("corpus %s: manifests missing in %s, generating them (once)", data.corpus, root)
     # the schema's synth_corpus section sizes the built-in corpus; other preparers take no options
     options = OmegaConf.to_container(cfg.synth_corpus, resolve=True) if data.corpus == "synth" else {}
-    report = preparer(root, progress=True, **options)
+    try:
+        report = preparer(root, progress=True, **options)
+    except ValueError as error:   # an option value it refuses, or data.root made with other settings
+        raise ConfigError(f"corpus {data.corpus} in data.root={str(root)!r}: {error}") from None
     log.info("corpus %s: %s", data.corpus, report)
 
 

@@ -25,6 +25,15 @@ ask for the separator. Other traps handled here:
 flite (``flite -ps``) writes lowercase CMU phone names, ``ax`` for schwa and ``pau`` for pauses;
 its lexicon is CMUdict, so apart from ``ax`` -> AH the mapping is the identity.
 
+festival's US English voices use its ``radio`` phone set (festival's lib/radio_phones.scm): the
+CMUdict names in lowercase and ``ax``, like flite's, and a few TIMIT-style phones they never say.
+What the corpus generator reads (recipes/synth/voices.py) is, for each segment of the utterance's
+Segment relation, the unit the waveform synthesiser used: a diphone voice may speak a phone with
+another phone's diphones (kal_diphone says every ``ah`` with its ``aa`` diphones, so kal's "but"
+is B AA T), and a segment a voice inserted outside the words is marked ``+``: ked_diphone's
+``er`` diphones are er-r pairs, so it inserts ``+r`` after each ``er``, the second half of the
+same vowel, dropped here. Any other inserted segment is unmappable.
+
 Decisions where CMUdict allows several readings (written here because the tests check them):
 the reduced vowel ``a#`` (IPA ɐ, "aback", weak "than") -> AH; ``aa`` (the BATH vowel, æ in
 en-us) -> AE; the flap ``t#`` and ``t2`` -> T; the glottal stop ``?`` (only for /t/, "button")
@@ -85,13 +94,23 @@ FLITE_TO_ARPABET: dict[str, tuple[str, ...]] = {
     "el": ("AH", "L"), "en": ("AH", "N"), "em": ("AH", "M"),
 }
 
+# festival's radio phone set (lib/radio_phones.scm): the 39 CMUdict phones in lowercase, ax, and the
+# TIMIT-style axr dx el em en hv nx, folded as for flite. Its three US voices say only the 39 and ax
+# (all 32,630 shipped sentences checked).
+FESTIVAL_TO_ARPABET: dict[str, tuple[str, ...]] = {
+    **{phone.lower(): (phone,) for phone in ARPABET_39},
+    "ax": ("AH",), "axr": ("ER",), "dx": ("T",), "nx": ("N",), "hv": ("HH",),
+    "el": ("AH", "L"), "en": ("AH", "N"), "em": ("AH", "M"),
+}
+
 _ESPEAK_STRESS_MARKS = "',%="
 _ESPEAK_SILENT_MARKS = {";"}  # palatal glide marker, no sound of its own
 _FLITE_PAUSES = {"pau", "h#", "brth"}
+_FESTIVAL_SILENCES = {"pau", "h#", "brth"}  # PhoneSet.silences of radio
 _ESPEAK_WORD_SPLIT = re.compile(r" {2,}|\n")
 _R_COLOURED_END = {"ER", "R"}
 
-for _table in (ESPEAK_TO_ARPABET, FLITE_TO_ARPABET):
+for _table in (ESPEAK_TO_ARPABET, FLITE_TO_ARPABET, FESTIVAL_TO_ARPABET):
     assert all(p in ARPABET_39 for phones in _table.values() for p in phones), "table maps outside ARPABET_39"
 
 
@@ -131,4 +150,25 @@ def flite_to_arpabet(segment_text: str) -> list[str]:
         if token not in FLITE_TO_ARPABET:
             raise UnmappablePhonemeError("flite", token, segment_text)
         phones.extend(FLITE_TO_ARPABET[token])
+    return phones
+
+
+def festival_to_arpabet(segment_text: str) -> list[str]:
+    """ARPAbet phones of the segments festival spoke, as the corpus generator prints them: the unit
+    of each segment, ``+`` before one the voice inserted outside the words (see the module notes)."""
+    phones: list[str] = []
+    previous = ""
+    for token in segment_text.split():
+        if token in _FESTIVAL_SILENCES:
+            previous = token
+            continue
+        if token.startswith("+"):
+            if token == "+r" and previous == "er":  # ked: the r half of its er-r diphones, part of ER
+                previous = token
+                continue
+            raise UnmappablePhonemeError("festival", token, segment_text)
+        if token not in FESTIVAL_TO_ARPABET:
+            raise UnmappablePhonemeError("festival", token, segment_text)
+        phones.extend(FESTIVAL_TO_ARPABET[token])
+        previous = token
     return phones

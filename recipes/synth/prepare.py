@@ -14,18 +14,27 @@ speaker and voicing), synthesis in parallel, the manifests and the report.
 - Speakers: train and dev use the 32 seen speakers (a quarter of the utterances flite, three
   quarters espeak-ng); half of the test utterances use the held-out speakers, the other half
   the seen ones. See ``recipes.synth.voices``.
+- Extra voices (``--extra-voices festival``; off by default): a third of the seen espeak-ng
+  utterances get one of festival's 3 US English voices instead, so festival speaks a quarter of
+  the seen-speaker utterances (espeak-ng a half, flite a quarter) in every split; all festival
+  voices are seen ones. The choice and the festival voicing come from a random stream of their own
+  (``default_rng((seed, split, i, 1))``), so every other part of a plan (sentences, gain, and the
+  speaker of the other utterances) is the default plan's: the held-out half of the test split and
+  three quarters of the rest are the same utterances as without the option, and with the option off
+  the corpus is the default one, byte for byte.
 - Determinism: utterance i of a split draws everything from ``numpy.random.default_rng((seed,
   split, i))`` and the pool order; workers only run the synthesisers, so the output is identical
   for any number of jobs. Utterance ids are ``synth-{split}-{i:06d}``.
 - Dropped utterances: when a synthesiser uses a phoneme with no ARPAbet equivalent (a foreign
-  sound), the utterance is dropped, counted in the report with its reason, and the next planned
-  utterance of the split takes its place, so each split still reaches its requested size.
+  sound), or a festival diphone voice lacks a diphone (it would say silence in its place), the
+  utterance is dropped, counted in the report with its reason, and the next planned utterance of
+  the split takes its place, so each split still reaches its requested size.
 - Resumable: each finished utterance leaves ``audio/{split}/{id}.flac`` and ``meta/{split}/{id}.json``
   (written last, atomically); a rerun skips utterances whose meta file exists. A complete output
   (``synth_report.json`` with the same request, manifests present) is returned as it is.
-  The seed and the sentence list are recorded in ``synth_config.json``; reusing the folder with
-  another seed is refused. Changing only the sizes reuses what is there (the plan of utterance i
-  does not depend on the sizes).
+  The seed, the sentence list and the extra voices are recorded in ``synth_config.json``; reusing
+  the folder with another seed or voice set is refused. Changing only the sizes reuses what is
+  there (the plan of utterance i does not depend on the sizes).
 
 Output in ``out_dir``: ``synth_{recordings,supervisions,cuts}_{train,dev,test}.jsonl.gz`` (audio
 paths relative to ``out_dir``, which ``asr.data.manifests`` resolves), ``audio/``, ``meta/``,
@@ -36,6 +45,7 @@ paths relative to ``out_dir``, which ``asr.data.manifests`` resolves), ``audio/`
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import multiprocessing
@@ -53,8 +63,9 @@ from recipes.synth.lexicon_lm import write_lexicon_and_lm
 from asr.data.synthesiser_phonemes import UnmappablePhonemeError
 from recipes.synth.sentences import load_sentences, normalise_text
 from recipes.synth.voices import (
-    ESPEAK_PITCH, ESPEAK_RATE_WPM, FLITE_DURATION_STRETCH, FLITE_F0_FACTOR, FLITE_VOICES, GAIN_DB,
-    HELD_OUT_SPEAKER_IDS, SAMPLING_RATE, SPEAKERS, SPEAKERS_BY_ID, check_synthesisers, synthesise,
+    ESPEAK_PITCH, ESPEAK_RATE_WPM, EXTRA_VOICES, FESTIVAL_DURATION_FACTOR, FESTIVAL_F0_FACTOR, FESTIVAL_SPEAKERS,
+    FESTIVAL_VOICES, FLITE_DURATION_STRETCH, FLITE_F0_FACTOR, FLITE_VOICES, GAIN_DB, HELD_OUT_SPEAKER_IDS,
+    SAMPLING_RATE, SPEAKERS, SPEAKERS_BY_ID, MissingDiphoneError, check_synthesisers, synthesise,
 )
 
 CORPUS = "synth"
@@ -64,6 +75,8 @@ POOL_FRACTIONS = {"train": 0.90, "dev": 0.05, "test": 0.05}
 WORDS_PER_UTTERANCE = (14, 30)  # target drawn uniformly (inclusive), times the utterance scale
 SENTENCES_PER_UTTERANCE = (2, 4)  # times the utterance scale
 FLITE_SHARE = 0.25  # of the utterances spoken by seen speakers
+FESTIVAL_SHARE = 0.25  # of the seen speakers' utterances, with --extra-voices festival (taken from espeak-ng's)
+FESTIVAL_STREAM = 1  # the last entry of the seed of the festival draws: (seed, split, i, FESTIVAL_STREAM)
 HELD_OUT_SHARE_OF_TEST = 0.5
 # Version of the planning rules: a folder made under other rules is not mixed with new utterances.
 GENERATOR_VERSION = 1
@@ -100,6 +113,20 @@ class UtterancePlan:
         return " ".join(self.sentences)
 
 
+def parse_extra_voices(extra_voices: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
+    """The extra voice sets asked for ("festival", or a comma-separated list; None or "" for none),
+    sorted; an unknown one is a ValueError naming the choices."""
+    if extra_voices is None:
+        return ()
+    names = extra_voices.split(",") if isinstance(extra_voices, str) else list(extra_voices)
+    names = sorted({str(name).strip() for name in names} - {""})
+    unknown = [name for name in names if name not in EXTRA_VOICES]
+    if unknown:
+        raise ValueError(f"unknown extra voices {', '.join(map(repr, unknown))} (--extra-voices, or "
+                         f"synth_corpus.extra_voices in asr.train); the choices are: {', '.join(EXTRA_VOICES)}")
+    return tuple(names)
+
+
 def speaker_ids(held_out: bool) -> list[str]:
     """The held-out speakers (test only), or the seen ones (all splits)."""
     if held_out:
@@ -110,10 +137,11 @@ def speaker_ids(held_out: bool) -> list[str]:
 class SplitPlanner:
     """The endless, deterministic sequence of utterance plans of one split."""
 
-    def __init__(self, split: str, pool: list[str], seed: int, utterance_scale: int = 1):
+    def __init__(self, split: str, pool: list[str], seed: int, utterance_scale: int = 1,
+                 extra_voices: tuple[str, ...] = ()):
         if not pool:
             raise ValueError(f"the sentence pool of split {split!r} is empty")
-        self.split, self.pool, self.seed = split, pool, seed
+        self.split, self.pool, self.seed, self.extra_voices = split, pool, seed, extra_voices
         self.words_range = tuple(utterance_scale * n for n in WORDS_PER_UTTERANCE)
         self.sentences_range = tuple(utterance_scale * n for n in SENTENCES_PER_UTTERANCE)
         self._epoch, self._position, self._order = -1, len(pool), np.arange(0)
@@ -156,17 +184,35 @@ class SplitPlanner:
             sentence = self._next_sentence()
             sentences.append(sentence)
             words += len(normalise_text(sentence).split())
-        return UtterancePlan(id=f"{CORPUS}-{self.split}-{index:06d}", split=self.split, index=index,
+        plan = UtterancePlan(id=f"{CORPUS}-{self.split}-{index:06d}", split=self.split, index=index,
                              sentences=tuple(sentences), speaker=speaker.id, prosody=prosody, gain_db=gain_db)
+        if "festival" in self.extra_voices and speaker.engine == "espeak-ng" and not held_out:
+            plan = self._festival_instead(plan)
+        return plan
+
+    def _festival_instead(self, plan: UtterancePlan) -> UtterancePlan:
+        """The plan with a festival voice for FESTIVAL_SHARE of the seen speakers' utterances (a
+        share of the espeak-ng ones), drawn from a stream of its own: the rest of the plan stays."""
+        rng = np.random.default_rng((self.seed, SPLIT_CODES[self.split], plan.index, FESTIVAL_STREAM))
+        if rng.random() >= FESTIVAL_SHARE / (1 - FLITE_SHARE):
+            return plan
+        speaker = FESTIVAL_SPEAKERS[rng.integers(len(FESTIVAL_SPEAKERS))]
+        voice = FESTIVAL_VOICES[speaker.voice]
+        duration_factor = float(rng.uniform(*FESTIVAL_DURATION_FACTOR))
+        f0_factor = float(rng.uniform(*FESTIVAL_F0_FACTOR))  # drawn for every voice, used where it has an F0 model
+        prosody = {"duration_stretch": round(voice.duration_stretch * duration_factor, 3)}
+        if voice.f0_mean_hz is not None:
+            prosody["f0_mean_hz"] = round(voice.f0_mean_hz * f0_factor, 1)
+        return dataclasses.replace(plan, speaker=speaker.id, prosody=prosody)
 
 
-def plan_utterances(sentences: list[str], seed: int, counts: dict[str, int],
-                    utterance_scale: int = 1) -> dict[str, list[UtterancePlan]]:
+def plan_utterances(sentences: list[str], seed: int, counts: dict[str, int], utterance_scale: int = 1,
+                    extra_voices: tuple[str, ...] = ()) -> dict[str, list[UtterancePlan]]:
     """The first ``counts[split]`` plans of each split (no synthesis; drops are not known yet)."""
     pools = split_sentence_pools(sentences, seed)
     plans = {}
     for split in SPLITS:
-        planner = SplitPlanner(split, pools[split], seed, utterance_scale)
+        planner = SplitPlanner(split, pools[split], seed, utterance_scale, extra_voices)
         plans[split] = [planner.next_plan() for _ in range(counts.get(split, 0))]
     return plans
 
@@ -201,6 +247,9 @@ def synthesise_plan(out_dir: Path, plan: UtterancePlan) -> dict:
     except UnmappablePhonemeError as error:
         partial_audio.unlink(missing_ok=True)
         record.update(dropped=f"unmappable {error.engine} phoneme", phoneme=error.phoneme)
+    except MissingDiphoneError as error:
+        partial_audio.unlink(missing_ok=True)
+        record.update(dropped="missing festival diphone", phoneme=error.diphone)
     else:
         os.replace(partial_audio, final_audio)
         record.update(phones=" ".join(result.phones), audio=_audio_relpath(plan), num_samples=result.num_samples,
@@ -232,13 +281,17 @@ def _load_done(out_dir: Path, plan: UtterancePlan) -> dict | None:
 
 # ----------------------------------------------------------------------------- the whole corpus
 
-def _check_config(out_dir: Path, seed: int, sentences: list[str], utterance_scale: int) -> None:
+def _check_config(out_dir: Path, seed: int, sentences: list[str], utterance_scale: int,
+                  extra_voices: tuple[str, ...] = ()) -> None:
     """Record (or compare with) what fixes the plans: seed, sentence list, generator version, and the
-    utterance scale where it is not 1 (folders made before the option existed stay valid)."""
+    utterance scale where it is not 1 and the extra voices where there are some (folders made before
+    these options existed stay valid)."""
     config = {"corpus": CORPUS, "seed": seed, "generator_version": GENERATOR_VERSION,
               "sentences_sha256": hashlib.sha256("\n".join(sentences).encode()).hexdigest()}
     if utterance_scale != 1:
         config["utterance_scale"] = utterance_scale
+    if extra_voices:
+        config["extra_voices"] = list(extra_voices)
     path = out_dir / CONFIG_FILE
     if path.is_file():
         existing = json.loads(path.read_text())
@@ -246,7 +299,7 @@ def _check_config(out_dir: Path, seed: int, sentences: list[str], utterance_scal
             differ = ", ".join(f"{k}: {existing.get(k)!r} there, {config.get(k)!r} now"
                                for k in sorted(existing.keys() | config.keys()) if existing.get(k) != config.get(k))
             raise ValueError(f"{out_dir} holds a synthetic corpus made with other settings ({differ}); "
-                             f"use another --out folder or delete {out_dir}")
+                             f"use another folder (--out; data.root in asr.train) or delete {out_dir}")
     else:
         path.write_text(json.dumps(config, indent=1, sort_keys=True))
 
@@ -264,9 +317,11 @@ def _is_complete(out_dir: Path, request: dict) -> dict | None:
 
 
 def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: int = 0, jobs: int | None = None,
-                    progress: bool = True, sentences: list[str] | None = None, utterance_scale: int = 1) -> dict:
+                    progress: bool = True, sentences: list[str] | None = None, utterance_scale: int = 1,
+                    extra_voices: str | list[str] | tuple[str, ...] | None = None) -> dict:
     """``prepare_synth`` with any sentence list (tests use a tiny one); returns the report."""
     out_dir = Path(out_dir).resolve()
+    extra_voices = parse_extra_voices(extra_voices)
     if not isinstance(utterance_scale, (int, np.integer)) or not 1 <= utterance_scale <= 4:
         raise ValueError(f"the utterance scale must be an integer from 1 to 4, got {utterance_scale!r}")
     for split, count in counts.items():
@@ -282,15 +337,17 @@ def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: in
     request = {"counts": counts, "seed": seed}
     if utterance_scale != 1:
         request["utterance_scale"] = int(utterance_scale)
+    if extra_voices:
+        request["extra_voices"] = list(extra_voices)
 
     out_dir.mkdir(parents=True, exist_ok=True)
     report = _is_complete(out_dir, request)
     if report is not None:
-        _check_config(out_dir, seed, sentences, utterance_scale)
+        _check_config(out_dir, seed, sentences, utterance_scale, extra_voices)
         write_lexicon_and_lm(out_dir, CORPUS, SPLITS)     # a folder made before they existed gains them
         return report
-    check_synthesisers()
-    _check_config(out_dir, seed, sentences, utterance_scale)
+    check_synthesisers(extra_voices)
+    _check_config(out_dir, seed, sentences, utterance_scale, extra_voices)
 
     started = time.time()
     pools = split_sentence_pools(sentences, seed)
@@ -298,12 +355,13 @@ def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: in
     dropped: dict[str, list[dict]] = {}
     with _WorkerPool(jobs) as pool:
         for split in SPLITS:
-            planner = SplitPlanner(split, pools[split], seed, utterance_scale)
+            planner = SplitPlanner(split, pools[split], seed, utterance_scale, extra_voices)
             kept[split], dropped[split] = _generate_split(out_dir, planner,
                                                           counts[split], pool, progress)
     _write_manifests(out_dir, kept)
     write_lexicon_and_lm(out_dir, CORPUS, SPLITS)
-    report = _make_report(request, kept, dropped, pools, jobs, time.time() - started)
+    speakers = [s.id for s in SPEAKERS] + [s.id for name in extra_voices for s in EXTRA_VOICES[name]]
+    report = _make_report(request, kept, dropped, pools, speakers, jobs, time.time() - started)
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=1, sort_keys=True))
     return report
 
@@ -387,7 +445,7 @@ def _write_manifests(out_dir: Path, kept: dict[str, list[dict]]) -> None:
             os.replace(partial, path)
 
 
-def _make_report(request, kept, dropped, pools, jobs, seconds) -> dict:
+def _make_report(request, kept, dropped, pools, speakers, jobs, seconds) -> dict:
     splits = {}
     for split in SPLITS:
         durations = np.array([r["duration"] for r in kept[split]]) if kept[split] else np.zeros(0)
@@ -405,28 +463,33 @@ def _make_report(request, kept, dropped, pools, jobs, seconds) -> dict:
             "dropped_ids": [d["id"] for d in dropped[split]],
         }
     return {"corpus": CORPUS, "request": request, "splits": splits,
-            "held_out_speakers": list(HELD_OUT_SPEAKER_IDS), "speakers": [s.id for s in SPEAKERS],
+            "held_out_speakers": list(HELD_OUT_SPEAKER_IDS), "speakers": speakers,
             "generation": {"jobs": jobs, "seconds": round(seconds, 1)}}
 
 
 def prepare_synth(out_dir, train_utterances: int = 3000, dev_utterances: int = 200, test_utterances: int = 200,
-                  seed: int = 0, jobs: int | None = None, progress: bool = True, utterance_scale: int = 1) -> dict:
+                  seed: int = 0, jobs: int | None = None, progress: bool = True, utterance_scale: int = 1,
+                  extra_voices: str | list[str] | tuple[str, ...] | None = None) -> dict:
     """Generate (or finish, or reuse) the synthetic corpus in ``out_dir``; return the report.
 
     ``utterance_scale`` K makes utterances K times longer (K x 14-30 words, K x 2-4 sentences: about
-    16 s for K=2); the paper-length experiment uses 2. It is part of the folder's config.
+    16 s for K=2); the paper-length experiment uses 2. ``extra_voices="festival"`` gives festival's
+    US English voices a quarter of the seen speakers' utterances (None: the default voices only).
+    Both are part of the folder's config.
 
     The report (also ``out_dir/synth_report.json``) holds per split the number of utterances,
     hours, duration range, speakers, and the dropped utterances by reason.
-    Raises ``MissingSynthesiserError`` naming the Debian packages when espeak-ng, flite or sox is missing.
+    Raises ``MissingSynthesiserError`` naming the Debian packages when espeak-ng, flite or sox is missing
+    (or festival or one of its voices, when they are asked for).
     """
     return generate_corpus(out_dir, {"train": train_utterances, "dev": dev_utterances, "test": test_utterances},
-                           seed=seed, jobs=jobs, progress=progress, utterance_scale=utterance_scale)
+                           seed=seed, jobs=jobs, progress=progress, utterance_scale=utterance_scale,
+                           extra_voices=extra_voices)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Generate the synthetic speech corpus (espeak-ng + flite) "
-                                                 "and its lhotse manifests.")
+    parser = argparse.ArgumentParser(description="Generate the synthetic speech corpus (espeak-ng + flite, "
+                                                 "optionally festival) and its lhotse manifests.")
     parser.add_argument("--out", default="data/synth", help="output folder (default data/synth)")
     parser.add_argument("--train", type=int, default=3000, help="training utterances (default 3000)")
     parser.add_argument("--dev", type=int, default=200, help="dev utterances (default 200)")
@@ -435,6 +498,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=None, help="parallel processes (default: all CPUs)")
     parser.add_argument("--utterance-scale", type=int, default=1, metavar="K",
                         help="K times longer utterances: K x 14-30 words, about K x 8 s (default 1; 1 to 4)")
+    parser.add_argument("--extra-voices", default=None, metavar="SET",
+                        help="festival: festival's 3 US English voices speak a quarter of the seen speakers' "
+                             "utterances (default: espeak-ng and flite only; needs the festival packages)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     from recipes.synth.voices import MissingSynthesiserError
@@ -445,7 +511,8 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as error:
             raise ValueError(f"--out {args.out}: cannot create the folder ({error.strerror or error})") from None
         report = prepare_synth(args.out, args.train, args.dev, args.test, seed=args.seed, jobs=args.jobs,
-                               progress=not args.no_progress, utterance_scale=args.utterance_scale)
+                               progress=not args.no_progress, utterance_scale=args.utterance_scale,
+                               extra_voices=args.extra_voices)
         for split in SPLITS:
             numbers = report["splits"][split]
             mean = numbers["duration_s"]["mean"] if numbers["duration_s"] else 0

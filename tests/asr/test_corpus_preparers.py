@@ -31,7 +31,8 @@ def test_missing_manifests_call_the_registered_preparer_with_root_and_options(tm
     asr.train.ensure_corpus(compose_config(f"data.root={tmp_path}", "synth_corpus.train_utterances=7",
                                            "synth_corpus.jobs=1"))
     assert calls == [("synth", tmp_path, {"train_utterances": 7, "dev_utterances": 200, "test_utterances": 200,
-                                          "seed": 0, "jobs": 1, "utterance_scale": 1, "progress": True})]
+                                          "seed": 0, "jobs": 1, "utterance_scale": 1, "extra_voices": None,
+                                          "progress": True})]
 
 
 def test_without_a_registered_preparer_missing_manifests_name_the_recipe_and_the_reinstall(tmp_path, monkeypatch):
@@ -43,3 +44,15 @@ def test_without_a_registered_preparer_missing_manifests_name_the_recipe_and_the
     assert "python -m recipes.synth.prepare --out" in message
     assert f"entry-point group {corpus_preparers.GROUP}" in message and "pip install --no-build-isolation -e ." in message
     assert not Path(tmp_path / "absent").exists()
+
+
+def test_a_preparer_refusing_an_option_or_folder_is_a_config_error(tmp_path, monkeypatch):
+    def refusing(root, **options):
+        raise ValueError(f"{root} holds a synthetic corpus made with other settings (extra_voices: None there, "
+                         f"{options['extra_voices']!r} now); use another folder (--out; data.root in asr.train)")
+    monkeypatch.setattr(asr.train, "corpus_preparer", lambda corpus: refusing)
+    with pytest.raises(ConfigError) as error:
+        asr.train.ensure_corpus(compose_config(f"data.root={tmp_path}", "synth_corpus.extra_voices=festival"))
+    assert str(error.value) == (f"corpus synth in data.root={str(tmp_path)!r}: {tmp_path} holds a synthetic corpus "
+                                "made with other settings (extra_voices: None there, 'festival' now); use another "
+                                "folder (--out; data.root in asr.train)")
