@@ -1,0 +1,205 @@
+"""Which augmentation carries synthetic training to real voices: the ablation of issue 26.
+
+    python -m recipes.asterisk.ablation                       # every row, the demo's step budget
+    python -m recipes.asterisk.ablation --steps 3000 --rows specaugment all
+    python -m recipes.asterisk.ablation --publish recipes/asterisk   # also copy RESULTS' table and PNG
+
+Trains the demo preset (`synth_iclustered`) once per row, each for the same number of optimiser steps
+(a step budget: a busy machine decides nothing), into <out>/<row>/, changing only the augmentation
+(`data.augment`, SpecAugment, or the corpus's voices), then scores every model on
+
+    synth test PER          the built-in corpus's test split (asr.train's own test)
+    asterisk dev PER        real speech, the half for choosing (recipes/asterisk)
+    asterisk test PER       real speech, the half for reporting
+    asterisk test WER       lexicon + LM decoding: the synthetic corpus's lexicon and trigram, the
+                            asterisk words added to the lexicon (their LM probability is <unk>'s)
+
+and the seconds per training step (training time / steps of the run, with the load average it ran
+under: a number to compare only between rows run on a quiet machine). Writes <out>/ablation.md (the
+table), ablation.json and ablation.png.
+
+Rows (each "+ X" is SpecAugment plus X alone, so a row shows what X adds):
+
+    none         no augmentation at all
+    specaugment  SpecAugment only: the demo preset before this issue
+    speed        + 3-way speed perturbation 0.9 / 1.0 / 1.1
+    reverb       + simulated rooms for half the utterances
+    noise        + noise (coloured, babble) for half the utterances at 10-20 dB SNR
+    channel      + channel effects (band limits, telephone, codecs) and level for half the utterances
+    voices       + the festival voices in the corpus (a corpus of its own: data/synth_voices)
+    all          all of the above
+
+Run it again after an interruption: finished rows are skipped, an interrupted one resumes from its last
+finished epoch, and evaluations already written are reused.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import yaml
+
+from asr.exit_status import SUCCESS, USAGE_ERROR, run_command
+
+PRESET = "synth_iclustered"
+DEFAULT_STEPS = 1500
+SPEED = "data.augment.speed=[0.9,1.0,1.1]"
+REVERB = "data.augment.reverb_prob=0.5"
+NOISE = "data.augment.noise_prob=0.5"
+CHANNEL = ("data.augment.channel_prob=0.5", "data.augment.volume_prob=0.5")
+VOICES = ("synth_corpus.extra_voices=festival", "data.root=data/synth_voices")
+ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
+    "none": ("no augmentation", ("data.specaugment=false",)),
+    "specaugment": ("SpecAugment only (before this issue)", ()),
+    "speed": ("+ speed 0.9/1.0/1.1", (SPEED,)),
+    "reverb": ("+ rooms (p 0.5)", (REVERB,)),
+    "noise": ("+ noise 10-20 dB (p 0.5)", (NOISE,)),
+    "channel": ("+ channel and level (p 0.5)", CHANNEL),
+    "voices": ("+ festival voices", VOICES),
+    "all": ("all together", (SPEED, REVERB, NOISE, *CHANNEL, *VOICES)),
+}
+REAL_SPEECH = "asterisk"
+COLUMNS = ("synth test PER", "asterisk dev PER", "asterisk test PER", "asterisk test WER (lexicon + LM)",
+           "s/step", "load")
+
+
+def train_row(row: str, run_dir: Path, steps: int, extra: list[str]) -> int:
+    """Trains (or resumes) one row with `python -m asr.train`; returns its exit status."""
+    command = [sys.executable, "-m", "asr.train", f"conf={PRESET}", f"run_dir={run_dir}",
+               "trainer.max_minutes=null", f"trainer.max_steps={steps}", "trainer.max_epochs=-1",
+               *ROWS[row][1], *extra]
+    if (run_dir / "checkpoints" / "last.ckpt").is_file():
+        command.append(f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}")
+    print(f"[ablation] {row}: {' '.join(command[2:])}", flush=True)
+    load_before = os.getloadavg()[0]
+    process = subprocess.Popen(command)
+    try:
+        status = process.wait()
+    except KeyboardInterrupt:
+        process.wait()   # the same Ctrl-C reached asr.train: let it finish its own clean shutdown
+        raise
+    if status == SUCCESS:
+        (run_dir / "load.json").write_text(json.dumps({"before": load_before, "after": os.getloadavg()[0]}) + "\n")
+    return status
+
+
+def evaluate_split(run_dir: Path, split: str) -> dict:
+    """PER (greedy) and lexicon + LM WER of the row's best checkpoint on an asterisk split (cached)."""
+    out = run_dir / "evaluations" / f"{REAL_SPEECH}_{split}"
+    if not (out / "results.json").is_file():
+        from asr import evaluate
+        trained_root = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["root"]
+        root = Path(trained_root).parent / REAL_SPEECH     # beside the training corpus: data/asterisk
+        code = evaluate.main([f"checkpoint={run_dir / 'checkpoints' / 'best.ckpt'}", f"data.corpus={REAL_SPEECH}",
+                              f"data.root={root}", f"split={split}", "decoder=lexicon",
+                              f"extra_lexicon={root / 'lexicon.txt'}", f"out={out}"])
+        if code != SUCCESS:
+            raise RuntimeError(f"asr.evaluate of {run_dir} on {REAL_SPEECH} {split} ended with status {code}")
+    return json.loads((out / "results.json").read_text())
+
+
+def row_results(row: str, run_dir: Path) -> dict:
+    run = json.loads((run_dir / "results.json").read_text())
+    dev, test = evaluate_split(run_dir, "dev"), evaluate_split(run_dir, "test")
+    train_seconds = sum(epoch["train_seconds"] for epoch in run.get("epoch_times", []))
+    load = json.loads((run_dir / "load.json").read_text()) if (run_dir / "load.json").is_file() else {}
+    return {"row": row, "description": ROWS[row][0], "overrides": list(ROWS[row][1]), "steps": run["steps"],
+            "synth_test_per": run["test"]["per"], "asterisk_dev_per": dev["error_rates"]["per"],
+            "asterisk_test_per": test["error_rates"]["per"], "asterisk_test_wer": test["error_rates"]["wer_lexicon"],
+            "asterisk_test_oov_lm": test["out_of_vocabulary"]["lm"],
+            "seconds_per_step": train_seconds / run["steps"] if run["steps"] else None,
+            "load_average": max(load.values()) if load else None}
+
+
+def format_table(results: list[dict]) -> str:
+    def pct(value):
+        return "-" if value is None else f"{100 * value:.1f}"
+    lines = ["| row | " + " | ".join(COLUMNS) + " |", "|---|" + "---:|" * len(COLUMNS)]
+    for r in results:
+        lines.append(f"| {r['description']} | {pct(r['synth_test_per'])} | {pct(r['asterisk_dev_per'])} | "
+                     f"{pct(r['asterisk_test_per'])} | {pct(r['asterisk_test_wer'])} | "
+                     f"{'-' if r['seconds_per_step'] is None else format(r['seconds_per_step'], '.2f')} | "
+                     f"{'-' if r['load_average'] is None else format(r['load_average'], '.1f')} |")
+    return "\n".join(lines) + "\n"
+
+
+def plot(results: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    names = [r["row"] for r in results]
+    series = [("synth test PER", "synth_test_per"), ("asterisk dev PER", "asterisk_dev_per"),
+              ("asterisk test PER", "asterisk_test_per"), ("asterisk test WER (lexicon + LM)", "asterisk_test_wer")]
+    figure, axis = plt.subplots(figsize=(9, 4.5))
+    width = 0.8 / len(series)
+    for i, (label, key) in enumerate(series):
+        values = [100 * r[key] for r in results]
+        axis.bar([x + (i - (len(series) - 1) / 2) * width for x in range(len(names))], values, width, label=label)
+    axis.set_xticks(range(len(names)), names)
+    axis.set_ylabel("error rate (%)")
+    axis.set_title(f"{PRESET}, {results[0]['steps']} steps per row: what each augmentation adds")
+    axis.grid(axis="y", alpha=0.3)
+    axis.legend(fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m recipes.asterisk.ablation", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", nargs="+", default=list(ROWS), choices=list(ROWS), metavar="ROW",
+                        help=f"rows to train and score (default: all: {' '.join(ROWS)})")
+    parser.add_argument("--steps", type=int, default=DEFAULT_STEPS,
+                        help=f"training steps per row (default: {DEFAULT_STEPS}, the demo's budget)")
+    parser.add_argument("--out", type=Path, default=Path("runs/asterisk_ablation"), help="folder of the runs")
+    parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",
+                        help="extra asr.train override for every row (repeatable)")
+    parser.add_argument("--publish", type=Path, default=None, metavar="DIR",
+                        help="also copy ablation.md, ablation.json and ablation.png into DIR, e.g. recipes/asterisk")
+    return parser
+
+
+def run_ablation(args: argparse.Namespace) -> int:
+    if args.steps < 1:
+        print(f"recipes.asterisk.ablation: error: --steps={args.steps} must be >= 1", file=sys.stderr)
+        return USAGE_ERROR
+    started = time.perf_counter()
+    results = []
+    for row in args.rows:
+        run_dir = args.out / row
+        if not (run_dir / "results.json").is_file():
+            status = train_row(row, run_dir, args.steps, args.train_override)
+            if status != SUCCESS:
+                print(f"recipes.asterisk.ablation: asr.train stopped on row {row} with exit status {status} "
+                      "(its message is above)", file=sys.stderr)
+                return status
+        results.append(row_results(row, run_dir))
+    table = format_table(results)
+    (args.out / "ablation.md").write_text(table)
+    (args.out / "ablation.json").write_text(json.dumps(results, indent=2) + "\n")
+    plot(results, args.out / "ablation.png")
+    if args.publish is not None:
+        args.publish.mkdir(parents=True, exist_ok=True)
+        for name in ("ablation.md", "ablation.json", "ablation.png"):
+            shutil.copyfile(args.out / name, args.publish / name)
+    print(f"\n{table}\n[ablation] done in {(time.perf_counter() - started) / 60:.1f} min; "
+          f"ablation.md, ablation.json, ablation.png in {args.out}", flush=True)
+    return SUCCESS
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return run_command("recipes.asterisk.ablation", lambda: run_ablation(args),
+                       resume_hint="run the same command again: finished rows are skipped and the interrupted "
+                                   "one resumes from its last finished epoch")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
