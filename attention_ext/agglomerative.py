@@ -19,8 +19,8 @@ attention already gives each head its own projections. Cost O(N m E).
 """
 import torch
 
-from .contract import check_inputs, valid_positions, zero_padded_queries, zeros_without_valid_queries
-from .linear import compute_dtype
+from .contract import (check_inputs, compute_dtype, valid_positions, zero_padded_queries,
+                       zeros_without_valid_queries)
 from .registry import Option, check_options_fit_head_dim, register_attention
 
 
