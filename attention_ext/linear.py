@@ -43,7 +43,8 @@ def feature_map(x: torch.Tensor) -> torch.Tensor:
     return _FeatureMap.apply(x)
 
 
-@register_attention("linear", summary="linear attention, phi(x) = elu(x) + 1 (Transformers are RNNs)")
+@register_attention("linear", summary="linear attention, phi(x) = elu(x) + 1 (Transformers are RNNs)",
+                    compare_as="linear")
 class LinearAttention(torch.nn.Module):
     """phi(Q) (phi(K)^T V) / (phi(Q) phi(K)^T 1 + eps) over the valid keys; no options."""
 
