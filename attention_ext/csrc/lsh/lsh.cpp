@@ -33,7 +33,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include "input_checks.h"
+#include "checks.h"
 
 #include <algorithm>
 #include <atomic>
@@ -74,7 +74,7 @@ class TaskQueue {
 
 // Runs worker(queue) on up to tasks / grain of torch's intra-op threads (inline when that
 // is one); each worker sets up its scratch buffers once, then pops tasks until none is left.
-// A worker must not throw (see input_checks.h): it records a failure for the caller to
+// A worker must not throw (see common/checks.h): it records a failure for the caller to
 // raise after the region.
 template <typename Worker>
 void run_tasks(int64_t tasks, int64_t grain, const Worker& worker) {
@@ -158,7 +158,7 @@ struct LshProblem {
 
 // Checks that each round's first L entries are a permutation of 0..L-1 (a wrong
 // order would read out of bounds) and records every position's chunk per round.
-// No check throws inside the parallel region (see input_checks.h): a task that meets a bad
+// No check throws inside the parallel region (see common/checks.h): a task that meets a bad
 // entry notes its slot and stops, and the error is raised after the region for the first
 // task (in task order) with one, so the message does not depend on the thread count.
 void index_chunks(const LshProblem& p, int32_t* chunk_of) {
@@ -673,10 +673,10 @@ struct PreparedInputs {
   LshProblem problem;
 };
 
+// The problem of checked inputs (lsh/checks.h): the lengths' values checked on the host, the
+// order's while its chunks are indexed.
 PreparedInputs prepare(const at::Tensor& q, const at::Tensor& v, const at::Tensor& order_in,
                        const at::Tensor& lengths_in, int64_t chunk_size) {
-  attention_ext_checks::check_lsh_rows(q, v);
-  attention_ext_checks::check_lsh_schedule(q, order_in, lengths_in, chunk_size);
   PreparedInputs prepared;
   prepared.order = order_in.to(at::kLong).contiguous();
   prepared.lengths = lengths_in.to(at::kLong).contiguous();
@@ -717,6 +717,7 @@ std::tuple<at::Tensor, at::Tensor> lsh_attention_forward_cpu(const at::Tensor& q
                                                              const at::Tensor& order,
                                                              const at::Tensor& lengths,
                                                              int64_t chunk_size) {
+  attention_ext_checks::check_lsh_attention(q_in, v_in, order, lengths, chunk_size);
   const PreparedInputs prepared = prepare(q_in, v_in, order, lengths, chunk_size);
   const at::Tensor q = q_in.contiguous(), v = v_in.contiguous();
   at::Tensor out = at::empty_like(v, at::MemoryFormat::Contiguous);
@@ -734,9 +735,9 @@ std::tuple<at::Tensor, at::Tensor> lsh_attention_backward_cpu(
     const at::Tensor& grad_out_in, const at::Tensor& q_in, const at::Tensor& v_in,
     const at::Tensor& order, const at::Tensor& lengths, const at::Tensor& out_in,
     const at::Tensor& lse_in, int64_t chunk_size) {
+  attention_ext_checks::check_lsh_attention_backward(grad_out_in, q_in, v_in, order, lengths, out_in, lse_in,
+                                                     chunk_size);
   const PreparedInputs prepared = prepare(q_in, v_in, order, lengths, chunk_size);
-  TORCH_CHECK(grad_out_in.sizes() == v_in.sizes() && out_in.sizes() == v_in.sizes(),
-              "lsh attention backward: grad_out and out must have the shape of v");
   const at::Tensor q = q_in.contiguous(), v = v_in.contiguous();
   const at::Tensor grad_out = grad_out_in.to(q.scalar_type()).contiguous();
   const at::Tensor out = out_in.contiguous(), lse = lse_in.contiguous();
@@ -914,33 +915,18 @@ std::tuple<at::Tensor, at::Tensor> lsh_hash_cpu(const at::Tensor& q_in,
                                                 const at::Tensor& rotations_in,
                                                 const at::Tensor& lengths_in,
                                                 const at::Tensor& half_buckets_in) {
-  TORCH_CHECK(q_in.dim() == 4, "lsh_hash: q must be (B, H, N, E), got ", q_in.sizes());
+  attention_ext_checks::check_lsh_hash(q_in, rotations_in, lengths_in, half_buckets_in);
   const int64_t batch = q_in.size(0), heads = q_in.size(1), length = q_in.size(2),
                 dim = q_in.size(3);
-  TORCH_CHECK(rotations_in.dim() == 5 && rotations_in.size(0) == batch &&
-                  rotations_in.size(1) == heads && rotations_in.size(2) == dim &&
-                  rotations_in.size(4) % kLanes<float> == 0,
-              "lsh_hash: rotations must be (B, H, E, R, P) with P a multiple of ",
-              kLanes<float>, " for q ", q_in.sizes(), ", got ", rotations_in.sizes());
-  TORCH_CHECK(rotations_in.scalar_type() == q_in.scalar_type(),
-              "lsh_hash: rotations must have the dtype of q");
   const int64_t rounds = rotations_in.size(3), columns = rotations_in.size(4);
   TORCH_CHECK(columns <= std::numeric_limits<int32_t>::max(),
               "lsh_hash: rotations have ", columns, " columns, more than the kernel's int32 "
               "column indices hold");
-  TORCH_CHECK(lengths_in.dim() == 1 && lengths_in.size(0) == batch &&
-                  half_buckets_in.dim() == 1 && half_buckets_in.size(0) == batch,
-              "lsh_hash: lengths and half_buckets must be (B,) = (", batch, ",)");
   const at::Tensor q = q_in.contiguous(), rotations = rotations_in.contiguous();
   const at::Tensor lengths = lengths_in.to(at::kLong).contiguous();
   const at::Tensor half_buckets = half_buckets_in.to(at::kLong).contiguous();
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t valid = lengths.data_ptr<int64_t>()[b], half = half_buckets.data_ptr<int64_t>()[b];
-    TORCH_CHECK(valid >= 0 && valid <= length, "lsh_hash: lengths[", b, "] = ", valid,
-                " is outside [0, ", length, "]");
-    TORCH_CHECK(half >= 1 && half <= columns, "lsh_hash: half_buckets[", b, "] = ", half,
-                " is outside [1, ", columns, "]");
-  }
+  attention_ext_checks::check_lsh_hash_values(lengths.data_ptr<int64_t>(), half_buckets.data_ptr<int64_t>(),
+                                              batch, length, columns);
   at::Tensor buckets = at::empty({batch, heads, rounds, length}, lengths.options());
   at::Tensor order = at::empty({batch, heads, rounds, length}, lengths.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "lsh_hash", [&] {

@@ -37,7 +37,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "input_checks.h"
+#include "checks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -46,9 +46,6 @@
 #include <vector>
 
 namespace {
-
-using attention_ext_checks::check_codes;
-using attention_ext_checks::check_lengths;
 
 // Valid length of batch row b, clipped to [0, length].
 inline int64_t valid_length(const int64_t* lengths, int64_t b, int64_t length) {
@@ -127,8 +124,7 @@ void hyperplane_hash_kernel(const scalar_t* proj, const double* offset, const in
 
 at::Tensor hyperplane_hash(const at::Tensor& queries, const at::Tensor& planes,
                            const at::Tensor& offsets, const at::Tensor& lengths) {
-  const int64_t bits = attention_ext_checks::check_hash_inputs(queries, planes, offsets);
-  check_lengths(lengths, queries.size(0));
+  const int64_t bits = attention_ext_checks::check_hyperplane_hash(queries, planes, offsets, lengths);
   const int64_t batch = queries.size(0), heads = queries.size(1), length = queries.size(2);
   const int64_t groups = batch * heads;
 
@@ -153,9 +149,7 @@ at::Tensor hyperplane_hash(const at::Tensor& queries, const at::Tensor& planes,
 
 at::Tensor hamming_kmeans_init(const at::Tensor& codes, const at::Tensor& lengths,
                                int64_t clusters, int64_t seed) {
-  check_codes(codes);
-  check_lengths(lengths, codes.size(0));
-  TORCH_CHECK(clusters >= 1, "hamming_kmeans_init: clusters must be >= 1, got ", clusters);
+  attention_ext_checks::check_hamming_kmeans_init(codes, lengths, clusters);
   const int64_t heads = codes.size(1), length = codes.size(2);
   const int64_t groups = codes.size(0) * heads;
   const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.contiguous();
@@ -237,12 +231,9 @@ inline void nearest_centroids(const int64_t* x, const int64_t* cent, int64_t clu
 std::tuple<at::Tensor, at::Tensor> hamming_kmeans(const at::Tensor& codes, const at::Tensor& lengths,
                                                   const at::Tensor& initial_centroids,
                                                   int64_t iterations, int64_t bits) {
-  check_codes(codes);
-  check_lengths(lengths, codes.size(0));
-  attention_ext_checks::check_kmeans_inputs(codes, initial_centroids, iterations, bits);
+  const int64_t clusters =
+      attention_ext_checks::check_hamming_kmeans(codes, lengths, initial_centroids, iterations, bits);
   const int64_t heads = codes.size(1), length = codes.size(2);
-  const int64_t clusters = initial_centroids.size(2);
-  TORCH_CHECK(clusters < (int64_t{1} << 31), "hamming_kmeans: too many clusters: ", clusters);
   const int64_t groups = codes.size(0) * heads;
   const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.contiguous();
   at::Tensor centroids = initial_centroids.contiguous().clone();
