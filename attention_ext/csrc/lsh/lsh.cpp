@@ -33,6 +33,7 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
+#include "../common/vector_exp.h"
 #include "checks.h"
 
 #include <algorithm>
@@ -84,34 +85,25 @@ void run_tasks(int64_t tasks, int64_t grain, const Worker& worker) {
                    [&](int64_t, int64_t) { worker(queue); });
 }
 
-// exp over an array. float: a Cephes-style polynomial the compiler vectorises (relative
-// error < 1e-7; inputs below -87 give ~1e-38 instead of 0, immaterial next to the row's
-// maximum of 1); double: std::exp, so float64 gradchecks see libm accuracy.
+// exp over an array (the softmax weights of a chunk's window): common/vector_exp.h's, which the
+// compiler vectorises; double: std::exp, so float64 gradchecks see libm accuracy.
+// What float outputs changed when this file's own copy of the polynomial gave way to it: the
+// copy clamped its input to [-87, 88], so a weight more than 87 below its row's maximum came out
+// ~1.6e-38 (e^-87) instead of 0, and a NaN came out as that too. vector_exp gives exactly 0 below
+// -87.3 (and keeps a NaN a NaN). Such a weight adds at most ~1e-38 times a value row to a sum
+// whose largest weight is 1, so outputs and log-sum-exps change by that at most (in practice
+// not at all: it is lost to rounding); what changes visibly is a gradient that only such weights
+// reach: a key whose every weight underflows now gets exactly 0 value and key gradients, as exact
+// math rounded to float32 does, where it got ~1e-38 times the output gradients
+// (tests/attention_ext/test_lsh.py). Inputs are at most 0 here (logits minus their
+// maximum or their log-sum-exp), so the upper clamps (88 and 88.3) never act.
 inline void exp_inplace(double* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
 }
 
 inline void exp_inplace(float* __restrict x, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    float v = x[i];
-    v = v > -87.0f ? v : -87.0f;
-    v = v < 88.0f ? v : 88.0f;
-    // round(v / ln 2) by the 1.5 * 2^23 trick (std::floor would not vectorise)
-    const float fx = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = v - fx * 0.693359375f;
-    r = r - fx * -2.12194440e-4f;
-    const float z = r * r;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * z + r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
-    x[i] = y * __builtin_bit_cast(float, bits);
-  }
+  for (int64_t i = 0; i < n; ++i) x[i] = vector_exp::exp_vectorisable(x[i]);
 }
 
 template <typename T>
