@@ -297,6 +297,33 @@ __device__ bool warp_position(const LshShape& s, const int64_t* order, const int
   return true;
 }
 
+// The walk of query i's windows that the forward and the backward's query pass share: round by
+// round, every key j of the window (its own chunk, then the previous one; i itself only where it
+// is alone there) with the logit q_i . k_j / sqrt(E) - log n_ij and 1 / max(||q_j||, eps);
+// on_key(j, inverse_norm, logit) for each, on_round_end(r) after each round's last.
+template <typename acc_t, int P, typename scalar_t, typename OnKey, typename OnRoundEnd>
+__device__ __forceinline__ void walk_query_windows(const Window<acc_t>& w, int64_t i, const LaneRow<acc_t, P>& query,
+                                                   const scalar_t* q_bh, const acc_t* norm_bh, int64_t dim,
+                                                   int lane, OnKey&& on_key, OnRoundEnd&& on_round_end) {
+  for (int64_t r = 0; r < w.rounds; ++r) {
+    const int64_t c = w.chunk_of[r * w.length + i];
+    const bool mask_self = w.window_size(c) > 1;
+    const int64_t* round_order = w.order + r * w.length;
+    for (int part = 0; part < (w.chunks > 1 ? 2 : 1); ++part) {
+      const int64_t kc = part == 0 ? c : w.previous(c);
+      const int64_t begin = kc * w.chunk, end = begin + chunk_size_of(kc, w.valid, w.chunk);
+      for (int64_t slot = begin; slot < end; ++slot) {
+        const int64_t j = round_order[slot];
+        if (mask_self && j == i) continue;
+        const acc_t inverse_norm = acc_t(1) / max(norm_bh[j], acc_t(1e-12));
+        const acc_t logit = query.dot(q_bh + j * dim, dim, lane) * inverse_norm * w.scale - w.log_count(r, i, j);
+        on_key(j, inverse_norm, logit);
+      }
+    }
+    on_round_end(r);
+  }
+}
+
 template <typename scalar_t, int P>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
 lsh_forward_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ v,
@@ -315,31 +342,20 @@ lsh_forward_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ 
   query.load(q_bh + i * s.dim, s.dim, lane);
   merged.fill(0);
   acc_t merged_lse = 0;
-  for (int64_t r = 0; r < s.rounds; ++r) {
-    const int64_t c = w.chunk_of[r * s.length + i];
-    const bool mask_self = w.window_size(c) > 1;
-    const int64_t* round_order = w.order + r * s.length;
-    acc_t running_max = -INFINITY, total = 0;
-    acc.fill(0);
-    for (int part = 0; part < (w.chunks > 1 ? 2 : 1); ++part) {
-      const int64_t kc = part == 0 ? c : w.previous(c);
-      const int64_t begin = kc * s.chunk, end = begin + chunk_size_of(kc, w.valid, s.chunk);
-      for (int64_t slot = begin; slot < end; ++slot) {
-        const int64_t j = round_order[slot];
-        if (mask_self && j == i) continue;
-        const acc_t inverse_norm = acc_t(1) / max(norm_bh[j], acc_t(1e-12));
-        const acc_t logit = query.dot(q_bh + j * s.dim, s.dim, lane) * inverse_norm * w.scale -
-                            w.log_count(r, i, j);
-        const acc_t new_max = max(running_max, logit);
-        const acc_t correction = exp(running_max - new_max);  // 0 on the first key
-        const acc_t weight = exp(logit - new_max);
-        total = total * correction + weight;
+  // The round's online softmax: its running maximum, sum of weights and weighted sum of values.
+  acc_t running_max = -INFINITY, total = 0;
+  acc.fill(0);
+  const auto on_key = [&](int64_t j, acc_t, acc_t logit) {
+    const acc_t new_max = max(running_max, logit);
+    const acc_t correction = exp(running_max - new_max);  // 0 on the first key
+    const acc_t weight = exp(logit - new_max);
+    total = total * correction + weight;
 #pragma unroll
-        for (int p = 0; p < P; ++p) acc.x[p] *= correction;
-        acc.add_scaled(v_bh + j * s.value_dim, s.value_dim, lane, weight);
-        running_max = new_max;
-      }
-    }
+    for (int p = 0; p < P; ++p) acc.x[p] *= correction;
+    acc.add_scaled(v_bh + j * s.value_dim, s.value_dim, lane, weight);
+    running_max = new_max;
+  };
+  const auto on_round_end = [&](int64_t r) {
     const acc_t round_lse = running_max + log(total);
     if (r == 0) {
 #pragma unroll
@@ -352,7 +368,11 @@ lsh_forward_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ 
       for (int p = 0; p < P; ++p) merged.x[p] = merged.x[p] * keep + acc.x[p] * add;
       merged_lse = both;
     }
-  }
+    running_max = -INFINITY;
+    total = 0;
+    acc.fill(0);
+  };
+  walk_query_windows(w, i, query, q_bh, norm_bh, s.dim, lane, on_key, on_round_end);
   merged.store(out + (bh * s.length + i) * s.value_dim, s.value_dim, lane);
   if (lane == 0) lse[bh * s.length + i] = merged_lse;
 }
@@ -384,25 +404,12 @@ lsh_backward_query_kernel(const scalar_t* __restrict__ grad_out, const scalar_t*
   gq.fill(0);
   const acc_t row_delta = go.dot(out + row * s.value_dim, s.value_dim, lane);
   const acc_t row_lse = lse[row];
-  for (int64_t r = 0; r < s.rounds; ++r) {
-    const int64_t c = w.chunk_of[r * s.length + i];
-    const bool mask_self = w.window_size(c) > 1;
-    const int64_t* round_order = w.order + r * s.length;
-    for (int part = 0; part < (w.chunks > 1 ? 2 : 1); ++part) {
-      const int64_t kc = part == 0 ? c : w.previous(c);
-      const int64_t begin = kc * s.chunk, end = begin + chunk_size_of(kc, w.valid, s.chunk);
-      for (int64_t slot = begin; slot < end; ++slot) {
-        const int64_t j = round_order[slot];
-        if (mask_self && j == i) continue;
-        const acc_t inverse_norm = acc_t(1) / max(norm_bh[j], acc_t(1e-12));
-        const acc_t logit = query.dot(q_bh + j * s.dim, s.dim, lane) * inverse_norm * w.scale -
-                            w.log_count(r, i, j);
-        const acc_t p = exp(logit - row_lse);
-        const acc_t dlogit = p * (go.dot(v_bh + j * s.value_dim, s.value_dim, lane) - row_delta) * w.scale;
-        gq.add_scaled(q_bh + j * s.dim, s.dim, lane, dlogit * inverse_norm);  // dlogit * k_j
-      }
-    }
-  }
+  const auto on_key = [&](int64_t j, acc_t inverse_norm, acc_t logit) {
+    const acc_t p = exp(logit - row_lse);
+    const acc_t dlogit = p * (go.dot(v_bh + j * s.value_dim, s.value_dim, lane) - row_delta) * w.scale;
+    gq.add_scaled(q_bh + j * s.dim, s.dim, lane, dlogit * inverse_norm);  // dlogit * k_j
+  };
+  walk_query_windows(w, i, query, q_bh, norm_bh, s.dim, lane, on_key, [](int64_t) {});
   gq.store(dq + row * s.dim, s.dim, lane);
   if (lane == 0) delta[row] = row_delta;
 }
