@@ -71,7 +71,11 @@ def test_the_further_attentions_keep_their_benchmark_targets():
     assert [t.title for t in SPEEDUP_TARGETS[4:]] == list(further_attentions())
 
 
-class ToyAttention(FullAttention):
+# A name no real attention takes, so these tests also run where one more attention is registered.
+NAME = "scratch_compared"
+
+
+class ScratchAttention(FullAttention):
     """Full attention under another name, with one option."""
 
     def __init__(self, width: int = 3):
@@ -84,26 +88,32 @@ def scratch_registry(monkeypatch):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry.available_attentions()))
 
 
+def cross_matrix_rows_of(further: tuple[str, ...]) -> tuple[str, ...]:
+    """Table 1's rows (100 and 200 clusters) followed by `further`."""
+    return CROSS_MATRIX_ROWS[:9] + further
+
+
 def test_a_new_attention_with_compare_as_joins_every_comparison_at_the_end(scratch_registry):
-    register_attention("toy", (Option("width", 3, 1),), number_option="width", compare_as="toy-5")(ToyAttention)
-    assert further_attentions() == ("linear", "agglomerative-8", "toy-5")
-    assert cross_matrix_rows() == CROSS_MATRIX_ROWS + ("toy-5",)
-    assert benchmark_attentions() == BENCHMARK_ATTENTIONS + ("toy-5",)
-    assert copy_task_attentions([4, 8, 16, 32]) == COPY_TASK_ATTENTIONS + ("toy-5",)
+    before = further_attentions()
+    register_attention(NAME, (Option("width", 3, 1),), number_option="width",
+                       compare_as=f"{NAME}-5")(ScratchAttention)
+    assert further_attentions() == before + (f"{NAME}-5",)
+    assert cross_matrix_rows() == cross_matrix_rows_of(before) + (f"{NAME}-5",)
+    assert benchmark_attentions()[-1] == copy_task_attentions([4])[-1] == f"{NAME}-5"
     assert parse_attention_spec(further_attentions()[-1]).options == {"width": 5}
 
 
 def test_an_attention_without_compare_as_is_in_no_comparison(scratch_registry):
-    register_attention("toy")(ToyAttention)
-    assert "toy" not in " ".join(cross_matrix_rows() + benchmark_attentions() + copy_task_attentions([2]))
+    register_attention(NAME)(ScratchAttention)
+    assert NAME not in " ".join(cross_matrix_rows() + benchmark_attentions() + copy_task_attentions([2]))
 
 
 @pytest.mark.parametrize("compare_as,message", [
-    ("toy-x", "compare_as 'toy-x' is not a valid spec"),
-    ("full", "compare_as 'full' names 'full', not 'toy'"),
-    ("toy:size=2", "compare_as 'toy:size=2' is not a valid spec"),
+    (f"{NAME}-x", f"compare_as '{NAME}-x' is not a valid spec"),
+    ("full", f"compare_as 'full' names 'full', not '{NAME}'"),
+    (f"{NAME}:size=2", f"compare_as '{NAME}:size=2' is not a valid spec"),
 ])
 def test_a_wrong_compare_as_fails_at_registration_and_registers_nothing(scratch_registry, compare_as, message):
     with pytest.raises(RuntimeError, match=message):
-        register_attention("toy", compare_as=compare_as)(ToyAttention)
-    assert "toy" not in registry.available_attentions()
+        register_attention(NAME, compare_as=compare_as)(ScratchAttention)
+    assert NAME not in registry.available_attentions()
