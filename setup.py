@@ -1,7 +1,10 @@
 """Builds attention_ext._C, the compiled kernels of the attention library.
 
-The CUDA sources (attention_ext/csrc/*.cu, sharing csrc/cuda_common.cuh) are compiled
-only when the installed torch is a CUDA build (torch.version.cuda), never merely because
+The sources live in attention_ext/csrc/, one folder per operator family (clustering/, lsh/,
+cluster_ops/, sparse_products/, centroid_attention/) with its CPU (.cpp) and CUDA (.cu) files
+side by side and the argument checks both call (checks.h); common/ holds what families share
+(and module.cpp, the Python module, sits at the top). Every .cpp and .cu below csrc/ is built.
+The CUDA sources (sharing common/cuda_common.cuh) are compiled only when the installed torch is a CUDA build (torch.version.cuda), never merely because
 nvcc is on PATH: a CPU torch with nvcc installed must still build the CPU extension.
 A CUDA build needs the nvcc of the CUDA version torch was built with (CUDA_HOME).
 
@@ -32,9 +35,16 @@ except ImportError as error:  # pragma: no cover - only hit on a broken install
 
 here = os.path.dirname(os.path.abspath(__file__))
 csrc = os.path.join("attention_ext", "csrc")
-cpp_sources = sorted(glob.glob(os.path.join(csrc, "*.cpp")))
-cuda_sources = sorted(glob.glob(os.path.join(csrc, "*.cu")))
-cuda_headers = sorted(glob.glob(os.path.join(csrc, "*.cuh")))
+
+
+def sources(pattern: str) -> list[str]:
+    """The files below csrc/ (any depth) whose names match `pattern`, in a fixed order."""
+    return sorted(glob.glob(os.path.join(csrc, "**", pattern), recursive=True))
+
+
+cpp_sources = sources("*.cpp")
+cuda_sources = sources("*.cu")
+headers = sources("*.h") + sources("*.cuh")
 with_cuda = (torch.version.cuda is not None and bool(cuda_sources)
              and os.environ.get("ATTENTION_EXT_CUDA", "1") != "0")
 
@@ -60,13 +70,13 @@ if with_cuda:
         "attention_ext._C",
         cpp_sources + cuda_sources,
         define_macros=[("WITH_CUDA", None)],
-        depends=cuda_headers,
+        depends=headers,
         extra_compile_args={"cxx": cxx_flags, "nvcc": NVCC_FLAGS},
         extra_link_args=link_flags,
     )
 else:
     extension = CppExtension(
-        "attention_ext._C", cpp_sources, extra_compile_args={"cxx": cxx_flags},
+        "attention_ext._C", cpp_sources, depends=headers, extra_compile_args={"cxx": cxx_flags},
         extra_link_args=link_flags,
     )
 

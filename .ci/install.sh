@@ -153,7 +153,7 @@ fi
 
 # ---- 4. The extension attention_ext._C, rebuilt in place when its sources, setup.py, torch or
 # the build settings changed since the build recorded in attention_ext/_C.build-hash.
-extension_key=$(fingerprint setup.py $(ls attention_ext/csrc/* 2>/dev/null | LC_ALL=C sort) \
+extension_key=$(fingerprint setup.py $(find attention_ext/csrc -type f 2>/dev/null | LC_ALL=C sort) \
   "torch $installed_torch $python_prefix" "python $python_version" \
   "ATTENTION_EXT_CPU_ARCH=${ATTENTION_EXT_CPU_ARCH:-} ATTENTION_EXT_DEBUG=${ATTENTION_EXT_DEBUG:-}" \
   "ATTENTION_EXT_CUDA=${ATTENTION_EXT_CUDA:-} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-}")

@@ -45,11 +45,11 @@ from asr.fault_injection import pause_point
 from asr.model.checkpoint import CheckpointError, read_checkpoint
 from asr.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError, SharedQKRequiredError
+from attention_ext.comparisons import cross_matrix_rows
 
-PAPER_SPECS = ("full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "clustered-200", "i-clustered-100",
-               "i-clustered-200", "oracle-top")
-# The default rows: the paper's, then the further linear-cost attentions of this project.
-DEFAULT_SPECS = PAPER_SPECS + ("linear", "agglomerative-8")
+# The default rows: the paper's, then the further linear-cost attentions of this project (declared
+# in attention_ext.comparisons).
+DEFAULT_SPECS = cross_matrix_rows()
 INVALID = "-"
 
 

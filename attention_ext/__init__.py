@@ -22,9 +22,13 @@ from .lsh import LSHAttention  # noqa: E402
 from .oracle_top import OracleTopAttention  # noqa: E402
 from .clustered import ClusteredAttention  # noqa: E402
 from .iclustered import ImprovedClusteredAttention  # noqa: E402
+from .linear import LinearAttention  # noqa: E402
+from .agglomerative import AgglomerativeAttention  # noqa: E402
 
 # Every other module of the package is imported too, so that a new attention type registers
-# itself by being a module here (the imports above keep the order the registry lists them in).
+# itself by being a module here. The imports above keep the order the registry lists them in
+# (the order they joined the project, which is the order of the comparisons' further rows,
+# attention_ext.comparisons); a new module registers after them, in name order.
 for _module in pkgutil.iter_modules(__path__):
     if not _module.ispkg and not _module.name.startswith("_"):
         importlib.import_module(f"{__name__}.{_module.name}")
@@ -34,5 +38,5 @@ __all__ = [
     "available_attentions", "build_attention", "describe_attentions", "parse_attention_spec",
     "register_attention", "validate_attention", "input_validation_enabled", "set_input_validation",
     "FullAttention", "SharedFullAttention", "LSHAttention", "OracleTopAttention",
-    "ClusteredAttention", "ImprovedClusteredAttention",
+    "ClusteredAttention", "ImprovedClusteredAttention", "LinearAttention", "AgglomerativeAttention",
 ]

@@ -19,8 +19,8 @@ attention already gives each head its own projections. Cost O(N m E).
 """
 import torch
 
-from .contract import check_inputs, valid_positions, zero_padded_queries, zeros_without_valid_queries
-from .linear import compute_dtype
+from .contract import (check_inputs, compute_dtype, valid_positions, zero_padded_queries,
+                       zeros_without_valid_queries)
 from .registry import Option, check_options_fit_head_dim, register_attention
 
 
@@ -28,7 +28,7 @@ from .registry import Option, check_options_fit_head_dim, register_attention
     Option("classes", 8, 1, help="soft classes m; their logits are the first m channels of q and k",
            at_most_head_dim=True),
 ), summary="agglomerative attention: soft classes from q and k, class means of v (Spellings 2019)",
-   number_option="classes")
+   number_option="classes", compare_as="agglomerative-8")
 class AgglomerativeAttention(torch.nn.Module):
     """out_i = sum_c softmax(q_i[:m])_c * (class c's assignment-weighted mean of the valid v_j)."""
 

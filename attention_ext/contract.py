@@ -127,6 +127,14 @@ def kernel_dtype(dtype: torch.dtype, device: torch.device) -> torch.dtype:
     return torch.float32
 
 
+def compute_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype an attention written in plain torch ops (linear, agglomerative) sums in:
+    float16/bfloat16 inputs are summed in float32 (a sum over thousands of keys overflows or
+    loses the small terms in half precision) and the result is cast back; float32 and float64
+    as they are, on every device."""
+    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
+
+
 def hashing_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of random hash planes and rotations: float64 for float64 inputs, else float32.
 

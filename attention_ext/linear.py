@@ -12,7 +12,8 @@ no kernel.
 import torch
 import torch.nn.functional as F
 
-from .contract import check_inputs, valid_positions, zero_padded_queries, zeros_without_valid_queries
+from .contract import (check_inputs, compute_dtype, valid_positions, zero_padded_queries,
+                       zeros_without_valid_queries)
 from .registry import register_attention
 
 # Added to the denominator, as in the authors' reference code: phi(x) = elu(x) + 1 > 0, but it
@@ -42,13 +43,8 @@ def feature_map(x: torch.Tensor) -> torch.Tensor:
     return _FeatureMap.apply(x)
 
 
-def compute_dtype(dtype: torch.dtype) -> torch.dtype:
-    """float16/bfloat16 inputs are summed in float32 (a sum over thousands of keys overflows or
-    loses the small terms in half precision); the result is cast back."""
-    return torch.float32 if dtype in (torch.float16, torch.bfloat16) else dtype
-
-
-@register_attention("linear", summary="linear attention, phi(x) = elu(x) + 1 (Transformers are RNNs)")
+@register_attention("linear", summary="linear attention, phi(x) = elu(x) + 1 (Transformers are RNNs)",
+                    compare_as="linear")
 class LinearAttention(torch.nn.Module):
     """phi(Q) (phi(K)^T V) / (phi(Q) phi(K)^T 1 + eps) over the valid keys; no options."""
 

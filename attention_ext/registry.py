@@ -4,8 +4,9 @@
 
 An attention type registers itself with `@register_attention(name, options, ...)`,
 declaring there every fact about it: its options, whether it needs shared
-query/key projections, its short spec spellings. Nothing else keeps a list of
-attention names. `validate_attention` (and `parse_attention_spec` for short
+query/key projections, its short spec spellings, and the spec with which it joins
+the project's comparisons (`compare_as`, read by attention_ext.comparisons). Nothing
+else keeps a list of attention names. `validate_attention` (and `parse_attention_spec` for short
 specs) rejects an unknown name or option, or a bad value, with a message that
 lists what is allowed, and returns a `ValidatedAttention`, which builds the
 module.
@@ -72,6 +73,7 @@ class AttentionType:
     needs_shared_qk: bool      # only defined for k = q (a model with shared query/key projections)
     aliases: tuple[str, ...]   # other spellings of the name in a spec ("i-clustered")
     number_option: str | None  # the option a spec's number sets ("lsh-4" -> rounds=4)
+    compare_as: str | None     # the spec it joins the comparisons with (attention_ext.comparisons)
 
 
 _REGISTRY: dict[str, AttentionType] = {}
@@ -84,13 +86,17 @@ def _spec_word(text: str) -> str:
 
 def register_attention(name: str, options: tuple[Option, ...] = (), summary: str = "", *,
                        needs_shared_qk: bool = False, aliases: tuple[str, ...] = (),
-                       number_option: str | None = None) -> Callable[[type], type]:
+                       number_option: str | None = None,
+                       compare_as: str | None = None) -> Callable[[type], type]:
     """Class decorator: makes `cls` buildable as `build_attention(name, **options)`.
 
     needs_shared_qk: the attention is only defined when k is q; it is refused for a separate
     key tensor and for a model without shared query/key projections.
     aliases: further spellings of the name in a spec, e.g. ("i-clustered",).
     number_option: the option a spec's number sets, e.g. "rounds" for "lsh-4".
+    compare_as: the spec with which this attention joins every comparison of the project
+    (benchmark, copy task, asr.cross_matrix's rows, the synth experiment), after the paper's
+    attentions: e.g. "agglomerative-8". None (the default): it is in none of them.
     """
     def decorate(cls: type) -> type:
         if name in _REGISTRY:
@@ -103,11 +109,26 @@ def register_attention(name: str, options: tuple[Option, ...] = (), summary: str
             raise RuntimeError(f"attention '{name}': number_option {number_option!r} is none of its options")
         _REGISTRY[name] = AttentionType(
             name, cls, tuple(options), summary or (cls.__doc__ or "").strip().split("\n")[0],
-            needs_shared_qk, tuple(aliases), number_option)
+            needs_shared_qk, tuple(aliases), number_option, compare_as)
+        if compare_as is not None:
+            _check_compare_as(name, compare_as)
         cls.attention_name = name
         cls.needs_shared_qk = needs_shared_qk
         return cls
     return decorate
+
+
+def _check_compare_as(name: str, spec: str) -> None:
+    """Unregisters `name` and raises when its compare_as is not a valid spec of itself: a
+    mistake in the declaration fails at import, not in the middle of a comparison."""
+    try:
+        compared = parse_attention_spec(spec).name
+    except AttentionConfigError as error:
+        del _REGISTRY[name]
+        raise RuntimeError(f"attention '{name}': compare_as {spec!r} is not a valid spec: {error}") from None
+    if compared != name:
+        del _REGISTRY[name]
+        raise RuntimeError(f"attention '{name}': compare_as {spec!r} names '{compared}', not '{name}'")
 
 
 def available_attentions() -> dict[str, AttentionType]:

@@ -56,8 +56,9 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.f
           "bfloat16": torch.bfloat16}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    targets = "\n".join(
+def targets_help() -> str:
+    """The targets of --help, by the device and dtype of a run they apply to."""
+    return "\n".join(
         ["  on cpu in float32:"]
         + [f"    {target.title}: speedup vs full >= {target.minimum:g}x at N={target.length}"
            for target in SPEEDUP_TARGETS]
@@ -68,16 +69,24 @@ def build_parser() -> argparse.ArgumentParser:
            for target in OVERTAKING_TARGETS]
         + [f"    {target.title}: {target.quantity} per element within {target.factor:g}x (max/min) "
            f"over the measured N in {target.shortest}..{target.longest}" for target in CUDA_SCALING_TARGETS])
-    tables = "\n".join(
+
+
+def tables_help() -> str:
+    """The tables of --help (--shapes): their batch, heads, head dim and lengths."""
+    return "\n".join(
         f"  {shape.name}: {shape.title}; batch {shape.batch}, {shape.heads} heads x {shape.dim}, "
         f"N = {' '.join(map(str, shape.lengths))}"
         + ("" if shape.cuda_lengths == shape.lengths else
            f" (cuda: {' '.join(map(str, shape.cuda_lengths))})")
         for shape in SHAPES.values())
+
+
+def epilog() -> str:
+    """--help after the options: the specs, what is measured, the tables, targets and output."""
     shared_qk = sorted(name for name, entry in available_attentions().items() if entry.needs_shared_qk)
     columns = textwrap.fill(", ".join(CSV_COLUMNS), width=78, initial_indent="  ",
                             subsequent_indent="  ")
-    epilog = f"""\
+    return f"""\
 attention specs (parse_attention_spec):
 {accepted_spec_forms()}
   e.g. full, clustered-100, i-clustered-100, lsh-4, lsh-4:chunk_size=64, oracle-top-32
@@ -97,13 +106,13 @@ what is measured (every N and attention interleaved repeat by repeat):
   peak; both from the same N in the same run, > 1 is better than full.
 
 tables (--shapes; default: paper on cpu, paper and asr on cuda):
-{tables}
+{tables_help()}
   --batch, --heads, --dim and --lengths, when given, replace those of every table.
   The targets are those of the paper table; the asr table has none.
 
 targets (evaluated on this run's ratios; only those whose attention and lengths,
 full included, were measured; each PASS or FAIL with the measured number):
-{targets}
+{targets_help()}
 
 output: per table, the table on stdout, then the targets; <out>/benchmark_<device>.csv
 and <out>/benchmark_<device>.png (time and memory per element against N, as Fig. 4)
@@ -111,13 +120,16 @@ for the paper table, benchmark_<device>_asr.csv/.png for the asr table.
 CSV columns:
 {columns}
 Progress goes to stderr."""
+
+
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m attention_ext.benchmark",
         description=textwrap.fill(
             "Time and peak memory of one attention forward+backward pass per sequence element, "
             "for every attention against full (supplementary C.1 / Fig. 4 of 'Fast Transformers "
             "with Clustered Attention').", width=78),
-        epilog=epilog, formatter_class=argparse.RawDescriptionHelpFormatter)
+        epilog=epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--shapes", nargs="+", default=None, metavar="TABLE",
                         help=f"tables to measure, among {', '.join(SHAPES)} (default: paper on cpu, "
                              "paper and asr on cuda); see 'tables' below")

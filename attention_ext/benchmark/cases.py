@@ -10,19 +10,15 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..comparisons import benchmark_attentions
 from ..registry import AttentionConfigError, parse_attention_spec
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096, 8192)
 # On a GPU the lengths where the linear attentions are meant to overtake SDPA (clustered
 # at N <= 8192, i-clustered at N <= 16384 in bfloat16) and beyond.
 DEFAULT_CUDA_LENGTHS = (1024, 2048, 4096, 8192, 16384, 32768, 65536)
-# C.1: clustered with 100 clusters, 63 bits, 10 Lloyd iterations; i-clustered the
-# same with k = 32; Reformer with 1 and 4 hashing rounds (those are the registry's
-# defaults, so the short specs suffice; the run header prints the full options); then
-# linear attention and agglomerative attention with 8 classes (not in the paper's figure).
-DEFAULT_ATTENTIONS = ("full", "clustered-100", "i-clustered-100", "lsh-1", "lsh-4", "linear",
-                      "agglomerative-8")
-
+# C.1's attentions, then this project's further ones (declared in attention_ext.comparisons).
+DEFAULT_ATTENTIONS = benchmark_attentions()
 
 
 @dataclass(frozen=True)

@@ -1,5 +1,6 @@
 """python -m attention_ext.copy_task: the masked copy task (supplementary C.2, Fig. 5) for
-full, clustered and i-clustered (several cluster counts), lsh-1, linear and agglomerative.
+full, clustered and i-clustered (several cluster counts), lsh-1 and the project's further
+attentions (the list is attention_ext.comparisons.copy_task_attentions).
 
 Each attention trains a fresh small transformer encoder (our attention modules inside) for the
 same number of steps on the same batches, then is scored on fresh batches: accuracy and cross
@@ -20,17 +21,16 @@ from pathlib import Path
 
 import torch
 
+from ..comparisons import copy_task_attentions
 from ..registry import AttentionConfigError, parse_attention_spec
 from . import CopyResult, CopyTask, TrainSettings, train_copy_task, train_in_worker
 
 DEFAULT_LENGTHS = (31,)
 DEFAULT_CLUSTERS = (4, 8, 16, 32)
-OTHER_ATTENTIONS = ("lsh-1", "linear", "agglomerative-8")
 
 
 def default_specs(clusters: list[int]) -> list[str]:
-    return (["full"] + [f"clustered-{c}" for c in clusters] + [f"i-clustered-{c}" for c in clusters]
-            + list(OTHER_ATTENTIONS))
+    return list(copy_task_attentions(clusters))
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -44,7 +44,8 @@ def build_parser() -> argparse.ArgumentParser:
                              f"(default: {' '.join(map(str, DEFAULT_CLUSTERS))})")
     parser.add_argument("--attentions", nargs="+", default=None, metavar="SPEC",
                         help="attention specs to train instead of the default list (full, clustered-C and "
-                             f"i-clustered-C for every --clusters, {', '.join(OTHER_ATTENTIONS)})")
+                             "i-clustered-C for every --clusters, "
+                             f"{', '.join(copy_task_attentions([])[1:])})")
     defaults = TrainSettings()
     parser.add_argument("--steps", type=int, default=defaults.steps, help="training steps per attention")
     parser.add_argument("--batch", type=int, default=defaults.batch)

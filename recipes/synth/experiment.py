@@ -37,6 +37,7 @@ from pathlib import Path
 
 from asr.exit_status import SUCCESS, run_command
 from attention_ext import AttentionConfigError, parse_attention_spec
+from attention_ext.comparisons import cross_matrix_rows, further_attentions
 
 PRESETS = ("synth_full", "synth_shared_full", "synth_lsh1", "synth_lsh4", "synth_clustered",
            "synth_iclustered")
@@ -56,9 +57,9 @@ class Setting:
 
     @property
     def specs(self) -> tuple[str, ...]:
-        """Table 1's rows, then this project's further linear-cost attentions (no finding rests on them)."""
-        return ("full", "shared-full", "lsh-1", "lsh-4", f"clustered-{self.small}", f"clustered-{self.large}",
-                f"i-clustered-{self.small}", f"i-clustered-{self.large}", "oracle-top", "linear", "agglomerative-8")
+        """Table 1's rows, then this project's further linear-cost attentions (no finding rests on them;
+        declared in attention_ext.comparisons)."""
+        return cross_matrix_rows(self.small, self.large)
 
     def preset_overrides(self, preset: str) -> list[str]:
         clusters = [f"attention.clusters={self.train_clusters}"] if preset in CLUSTERED_PRESETS else []
@@ -278,7 +279,7 @@ def build_parser() -> argparse.ArgumentParser:
                              "synth_linear synth_agglomerative for columns of those, each one more training run)")
     parser.add_argument("--specs", nargs="+", default=None, metavar="SPEC",
                         help="evaluate-with attention specs, the rows (default: the setting's Table 1 rows, "
-                             "then linear and agglomerative-8)")
+                             f"then {' and '.join(further_attentions())})")
     parser.add_argument("--steps", type=int, default=None,
                         help="training steps per preset (default: the setting's, "
                              + ", ".join(f"{name} {s.steps}" for name, s in SETTINGS.items()) + ")")

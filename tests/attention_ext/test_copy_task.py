@@ -1,5 +1,5 @@
 """The masked copy task's mechanics (data, masking, accuracy, a tiny run of the command), not
-its finding: that needs minutes of training (attention_ext/README.md has the measured table)."""
+its finding: that needs minutes of training (attention_ext/RESULTS.md has the measured table)."""
 import csv
 
 import pytest

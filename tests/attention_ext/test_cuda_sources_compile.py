@@ -1,8 +1,8 @@
 """The CUDA sources compile, also where torch is a CPU build (as in CI).
 
-setup.py compiles attention_ext/csrc/*.cu only against a CUDA torch, so on a machine with a CPU
-torch a change to a .cu file or to a header it shares with the CPU code (input_checks.h) would
-go unchecked until someone builds on a GPU machine. Where nvcc is installed, this compiles each
+setup.py compiles the .cu files of attention_ext/csrc/<family>/ only against a CUDA torch, so on a
+machine with a CPU torch a change to a .cu file or to a header it shares with the CPU code (its
+family's checks.h, common/checks.h) would go unchecked until someone builds on a GPU machine. Where nvcc is installed, this compiles each
 .cu file to an object file as torch's BuildExtension would: its nvcc flags
 (cpp_extension.COMMON_NVCC_FLAGS, -std=c++20), setup.py's NVCC_FLAGS, torch's headers, for
 Ampere (sm_80) and Hopper (sm_90). It asserts that nvcc succeeds and warns about none of our
@@ -12,6 +12,7 @@ Skipped without nvcc, and with a CUDA torch (its install compiled these files al
 """
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sysconfig
@@ -24,7 +25,7 @@ from torch.utils import cpp_extension
 
 ROOT = Path(__file__).resolve().parents[2]
 CSRC = ROOT / "attention_ext" / "csrc"
-CUDA_SOURCES = sorted(CSRC.glob("*.cu"))
+CUDA_SOURCES = sorted(CSRC.rglob("*.cu"))
 NVCC = shutil.which("nvcc")
 ARCHITECTURES = ("80", "90")
 
@@ -58,15 +59,49 @@ def nvcc_command(source: Path, output: Path) -> list[str]:
         "-c", str(source), "-o", str(output)]
 
 
-# Operator families with no CUDA twin on purpose: the fused CPU kernels of the clustered
-# attentions' dense part and of i-clustered's top-key part; on CUDA those parts run as torch
-# products and the sparse products of sparse_product_cuda.cu (clustered.py, iclustered.py).
-CPU_ONLY_FAMILIES = {"centroid_attention", "clustered_top_attention"}
+# Operators with no CUDA twin on purpose: the fused CPU kernels of the clustered attentions' dense
+# part (centroid_attention/) and of i-clustered's top-key part (sparse_products/
+# clustered_top_attention.cpp); on CUDA those parts run as torch products and the sparse products
+# of sparse_product_cuda.cu (clustered.py, iclustered.py).
+CPU_ONLY_OPERATORS = {"centroid_attention", "centroid_attention_backward", "centroid_attention_top",
+                      "centroid_attention_top_backward", "clustered_top_attention",
+                      "clustered_top_attention_backward"}
+FAMILIES = sorted(path for path in CSRC.iterdir() if path.is_dir() and path.name != "common")
 
 
-def test_every_operator_family_has_a_cuda_source():
-    families = {path.stem for path in CSRC.glob("*.cpp")} - {"module"} - CPU_ONLY_FAMILIES
-    assert {path.stem.removesuffix("_cuda") for path in CUDA_SOURCES} == families
+def operators(paths, pattern: str) -> set[str]:
+    """The operator names `pattern` (a regex with one group) finds in the files `paths`."""
+    return {name for path in paths for name in re.findall(pattern, path.read_text())}
+
+
+def kernels(paths, dispatch_key: str) -> set[str]:
+    """The operators the files register a kernel of for `dispatch_key` (CPU or CUDA)."""
+    blocks = [block for path in paths for block in re.findall(
+        r"TORCH_LIBRARY_IMPL\(attention_ext, " + dispatch_key + r", m\) \{(.*?)\n\}", path.read_text(), re.S)]
+    return {name for block in blocks for name in re.findall(r'm\.impl\("(\w+)"', block)}
+
+
+@pytest.mark.parametrize("family", FAMILIES, ids=lambda path: path.name)
+def test_a_family_folder_holds_the_cpu_and_cuda_kernels_of_its_operators(family):
+    """Every operator a family defines has its CPU kernel, and its CUDA kernel unless it is CPU-only
+    on purpose, in the family's own folder."""
+    defined = operators(family.glob("*.cpp"), r'm\.def\("(\w+)\(')
+    assert defined
+    assert kernels(family.glob("*.cpp"), "CPU") == defined
+    assert kernels(family.glob("*.cu"), "CUDA") == defined - CPU_ONLY_OPERATORS
+
+
+@pytest.mark.parametrize("family", [path for path in FAMILIES if any(path.glob("*.cu"))], ids=lambda path: path.name)
+def test_the_cpu_and_cuda_kernels_of_a_family_call_the_same_argument_checks(family):
+    """Each operator's argument checks are written once, in the family's checks.h, and both its CPU
+    and its CUDA entry call them (attention_ext_checks::check_<operator>)."""
+    called = {".cpp": set(), ".cu": set()}   # the checks the CPU files call, the CUDA file
+    for source in [*family.glob("*.cpp"), *family.glob("*.cu")]:
+        text = source.read_text()
+        assert '#include "checks.h"' in text, source.name
+        called[source.suffix] |= set(re.findall(r"attention_ext_checks::(check_\w+)\(", text))
+    shared = set(re.findall(r"inline \w+ (check_\w+)\(", (family / "checks.h").read_text()))
+    assert called[".cu"] and called[".cu"] <= called[".cpp"] & shared
 
 
 @pytest.fixture(scope="module")

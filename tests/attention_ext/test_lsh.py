@@ -145,6 +145,30 @@ def test_lsh_float32_matches_reference():
     torch.testing.assert_close(out, expected.float(), rtol=1e-4, atol=1e-5)
 
 
+def test_float32_weights_that_underflow_are_zero_as_in_exact_math():
+    """The float32 kernels' exp (common/vector_exp.h) gives 0 where a weight is more than ~87.3
+    below its row's largest, as exact math rounded to float32 does (e^-400 is 0 in float32); the
+    copy lsh.cpp had before clamped there and gave ~1.6e-38. Seen in a gradient: key 5 points
+    away from every other query, whose logits with it lie ~400 below their others, so it gets
+    weight only from itself, which is masked: its value gradient is exactly 0 (it was ~1e-37)."""
+    q = torch.tensor([[300.0, 0.0], [300.0, 1.0], [300.0, -1.0], [300.0, 2.0], [300.0, -2.0], [-1.0, 0.0]])
+    q = q[None, None].requires_grad_()
+    v = torch.randn(1, 1, 6, 3, generator=torch.Generator().manual_seed(0)).requires_grad_()
+    lengths = torch.tensor([6])
+    out = build_attention("lsh", rounds=1, chunk_size=8)(q, q, v, lengths)   # one chunk: shared-full
+    q64, v64 = (t.detach().double().requires_grad_() for t in (q, v))
+    expected = shared_full_reference(q64, v64, lengths)
+    grad = torch.randn(out.shape, generator=torch.Generator().manual_seed(1))
+    got = torch.autograd.grad(out, (q, v), grad)
+    want = torch.autograd.grad(expected, (q64, v64), grad.double())
+    # logits of ~212 carry float32 rounding of ~2e-5 into the weights
+    torch.testing.assert_close(out, expected.float(), rtol=1e-4, atol=1e-4)
+    for g, w in zip(got, want):
+        torch.testing.assert_close(g, w.float(), rtol=1e-4, atol=1e-4)
+    assert want[1][0, 0, 5].float().abs().max() == 0   # exact math, rounded to float32
+    assert torch.all(got[1][0, 0, 5] == 0)
+
+
 @pytest.mark.parametrize("rounds", [1, 3])
 def test_single_chunk_equals_shared_full(rounds):
     torch.manual_seed(5)

@@ -39,7 +39,7 @@ def paper_like(spec, column):
     own = {"clustered": "clustered-64", "iclustered": "i-clustered-64"}
     if spec == "full" and column in own:
         return base[own[column]] + 0.004
-    return base[spec]
+    return base.get(spec, 0.95)   # an attention compared since (attention_ext.comparisons): no finding either
 
 
 def test_every_finding_holds_on_a_matrix_shaped_like_table_1():
@@ -94,8 +94,9 @@ def test_the_paper_setting_gives_about_780_positions_and_100_clusters(preset):
     assert cfg.trainer.max_minutes is None and cfg.trainer.max_steps == setting.steps
     if cfg.attention.name in ("clustered", "iclustered"):
         assert cfg.attention.clusters == 100
-    assert setting.specs == ("full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "clustered-200",
-                             "i-clustered-100", "i-clustered-200", "oracle-top", "linear", "agglomerative-8")
+    # Table 1's rows and today's further ones; an attention compared since appends (test_comparisons.py)
+    assert setting.specs[:11] == ("full", "shared-full", "lsh-1", "lsh-4", "clustered-100", "clustered-200",
+                                  "i-clustered-100", "i-clustered-200", "oracle-top", "linear", "agglomerative-8")
 
 
 # ---- what the experiment keeps -------------------------------------------------------------------

@@ -12,8 +12,8 @@
 // cluster writes its (S, dim) block of contributions, and a second pass adds, for every
 // key, the blocks that name it in increasing cluster order (the (key, cluster, slot)
 // triples are sorted once). The result is deterministic, like the CPU's.
-#include "cuda_common.cuh"
-#include "input_checks.h"
+#include "../common/cuda_common.cuh"
+#include "checks.h"
 
 #include <torch/library.h>
 
@@ -27,15 +27,6 @@ using namespace attention_ext_cuda;
 
 using attention_ext_checks::SparseInputs;
 using attention_ext_checks::SparseShape;
-using attention_ext_checks::check_sparse_keys;
-using attention_ext_checks::check_sparse_scores;
-
-SparseShape check_sparse(const at::Tensor& rows, const at::Tensor& topk, const at::Tensor& offsets,
-                         const at::Tensor& members, const char* op) {
-  const SparseShape shape = attention_ext_checks::check_sparse(rows, topk, offsets, members, op);
-  check_one_device(op, {&rows, &topk, &offsets, &members});
-  return shape;
-}
 
 // The cluster of this block: its flat (group, cluster) index, member rows and keys.
 struct BlockCluster {
@@ -198,9 +189,8 @@ void add_blocks_to_rows(const at::Tensor& blocks, const at::Tensor& topk, const 
 
 at::Tensor clustered_sparse_dot_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& topk,
                                      const at::Tensor& offsets, const at::Tensor& members, double scale) {
-  const SparseShape s = check_sparse(q, topk, offsets, members, "clustered_sparse_dot");
-  check_sparse_keys(q, k, "clustered_sparse_dot");
-  check_one_device("clustered_sparse_dot", {&q, &k});
+  const SparseShape s = attention_ext_checks::check_clustered_sparse_dot(q, k, topk, offsets, members);
+  check_one_device("clustered_sparse_dot", {&q, &k, &topk, &offsets, &members});
   const c10::cuda::CUDAGuard guard(q.device());
   const at::Tensor q_c = q.contiguous(), k_c = k.contiguous();
   const SparseInputs in(topk, offsets, members);
@@ -219,10 +209,9 @@ at::Tensor clustered_sparse_dot_cuda(const at::Tensor& q, const at::Tensor& k, c
 std::tuple<at::Tensor, at::Tensor> clustered_sparse_dot_backward_cuda(
     const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& topk,
     const at::Tensor& offsets, const at::Tensor& members, double scale) {
-  const SparseShape s = check_sparse(q, topk, offsets, members, "clustered_sparse_dot_backward");
-  check_sparse_keys(q, k, "clustered_sparse_dot_backward");
-  check_sparse_scores(grad, s, at::ScalarType::Undefined, "clustered_sparse_dot_backward", "grad");
-  check_one_device("clustered_sparse_dot_backward", {&q, &k, &grad});
+  const SparseShape s =
+      attention_ext_checks::check_clustered_sparse_dot_backward(grad, q, k, topk, offsets, members);
+  check_one_device("clustered_sparse_dot_backward", {&q, &k, &grad, &topk, &offsets, &members});
   const c10::cuda::CUDAGuard guard(q.device());
   const int64_t dim = q.size(3);
   const at::Tensor grad_c = grad.to(q.scalar_type()).contiguous(), q_c = q.contiguous(), k_c = k.contiguous();
@@ -253,9 +242,9 @@ std::tuple<at::Tensor, at::Tensor> clustered_sparse_dot_backward_cuda(
 at::Tensor clustered_sparse_weighted_sum_cuda(const at::Tensor& weights, const at::Tensor& v,
                                               const at::Tensor& topk, const at::Tensor& offsets,
                                               const at::Tensor& members) {
-  const SparseShape s = check_sparse(v, topk, offsets, members, "clustered_sparse_weighted_sum");
-  check_sparse_scores(weights, s, v.scalar_type(), "clustered_sparse_weighted_sum", "weights");
-  check_one_device("clustered_sparse_weighted_sum", {&v, &weights});
+  const SparseShape s =
+      attention_ext_checks::check_clustered_sparse_weighted_sum(weights, v, topk, offsets, members);
+  check_one_device("clustered_sparse_weighted_sum", {&v, &weights, &topk, &offsets, &members});
   const c10::cuda::CUDAGuard guard(v.device());
   const at::Tensor w_c = weights.contiguous(), v_c = v.contiguous();
   const SparseInputs in(topk, offsets, members);
@@ -274,11 +263,9 @@ at::Tensor clustered_sparse_weighted_sum_cuda(const at::Tensor& weights, const a
 std::tuple<at::Tensor, at::Tensor> clustered_sparse_weighted_sum_backward_cuda(
     const at::Tensor& grad, const at::Tensor& weights, const at::Tensor& v, const at::Tensor& topk,
     const at::Tensor& offsets, const at::Tensor& members) {
-  const SparseShape s = check_sparse(v, topk, offsets, members, "clustered_sparse_weighted_sum_backward");
-  TORCH_CHECK(grad.sizes() == v.sizes(), "clustered_sparse_weighted_sum_backward: grad must match v ",
-              v.sizes(), ", got ", grad.sizes());
-  check_sparse_scores(weights, s, v.scalar_type(), "clustered_sparse_weighted_sum_backward", "weights");
-  check_one_device("clustered_sparse_weighted_sum_backward", {&v, &weights, &grad});
+  const SparseShape s = attention_ext_checks::check_clustered_sparse_weighted_sum_backward(
+      grad, weights, v, topk, offsets, members);
+  check_one_device("clustered_sparse_weighted_sum_backward", {&v, &weights, &grad, &topk, &offsets, &members});
   const c10::cuda::CUDAGuard guard(v.device());
   const int64_t dim = v.size(3);
   const at::Tensor grad_c = grad.to(v.scalar_type()).contiguous(), w_c = weights.contiguous(),

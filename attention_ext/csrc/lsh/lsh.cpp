@@ -33,7 +33,8 @@
 #include <torch/extension.h>
 #include <ATen/Parallel.h>
 
-#include "input_checks.h"
+#include "../common/vector_exp.h"
+#include "checks.h"
 
 #include <algorithm>
 #include <atomic>
@@ -74,7 +75,7 @@ class TaskQueue {
 
 // Runs worker(queue) on up to tasks / grain of torch's intra-op threads (inline when that
 // is one); each worker sets up its scratch buffers once, then pops tasks until none is left.
-// A worker must not throw (see input_checks.h): it records a failure for the caller to
+// A worker must not throw (see common/checks.h): it records a failure for the caller to
 // raise after the region.
 template <typename Worker>
 void run_tasks(int64_t tasks, int64_t grain, const Worker& worker) {
@@ -84,34 +85,25 @@ void run_tasks(int64_t tasks, int64_t grain, const Worker& worker) {
                    [&](int64_t, int64_t) { worker(queue); });
 }
 
-// exp over an array. float: a Cephes-style polynomial the compiler vectorises (relative
-// error < 1e-7; inputs below -87 give ~1e-38 instead of 0, immaterial next to the row's
-// maximum of 1); double: std::exp, so float64 gradchecks see libm accuracy.
+// exp over an array (the softmax weights of a chunk's window): common/vector_exp.h's, which the
+// compiler vectorises; double: std::exp, so float64 gradchecks see libm accuracy.
+// What float outputs changed when this file's own copy of the polynomial gave way to it: the
+// copy clamped its input to [-87, 88], so a weight more than 87 below its row's maximum came out
+// ~1.6e-38 (e^-87) instead of 0, and a NaN came out as that too. vector_exp gives exactly 0 below
+// -87.3 (and keeps a NaN a NaN). Such a weight adds at most ~1e-38 times a value row to a sum
+// whose largest weight is 1, so outputs and log-sum-exps change by that at most (in practice
+// not at all: it is lost to rounding); what changes visibly is a gradient that only such weights
+// reach: a key whose every weight underflows now gets exactly 0 value and key gradients, as exact
+// math rounded to float32 does, where it got ~1e-38 times the output gradients
+// (tests/attention_ext/test_lsh.py). Inputs are at most 0 here (logits minus their
+// maximum or their log-sum-exp), so the upper clamps (88 and 88.3) never act.
 inline void exp_inplace(double* x, int64_t n) {
   for (int64_t i = 0; i < n; ++i) x[i] = std::exp(x[i]);
 }
 
 inline void exp_inplace(float* __restrict x, int64_t n) {
 #pragma omp simd
-  for (int64_t i = 0; i < n; ++i) {
-    float v = x[i];
-    v = v > -87.0f ? v : -87.0f;
-    v = v < 88.0f ? v : 88.0f;
-    // round(v / ln 2) by the 1.5 * 2^23 trick (std::floor would not vectorise)
-    const float fx = (v * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = v - fx * 0.693359375f;
-    r = r - fx * -2.12194440e-4f;
-    const float z = r * r;
-    float y = 1.9875691500e-4f;
-    y = y * r + 1.3981999507e-3f;
-    y = y * r + 8.3334519073e-3f;
-    y = y * r + 4.1665795894e-2f;
-    y = y * r + 1.6666665459e-1f;
-    y = y * r + 5.0000001201e-1f;
-    y = y * z + r + 1.0f;
-    const int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
-    x[i] = y * __builtin_bit_cast(float, bits);
-  }
+  for (int64_t i = 0; i < n; ++i) x[i] = vector_exp::exp_vectorisable(x[i]);
 }
 
 template <typename T>
@@ -158,7 +150,7 @@ struct LshProblem {
 
 // Checks that each round's first L entries are a permutation of 0..L-1 (a wrong
 // order would read out of bounds) and records every position's chunk per round.
-// No check throws inside the parallel region (see input_checks.h): a task that meets a bad
+// No check throws inside the parallel region (see common/checks.h): a task that meets a bad
 // entry notes its slot and stops, and the error is raised after the region for the first
 // task (in task order) with one, so the message does not depend on the thread count.
 void index_chunks(const LshProblem& p, int32_t* chunk_of) {
@@ -211,10 +203,11 @@ struct Strides {  // element (r, k) of A lives at a[r * row + k * col]
   int64_t row, col;
 };
 
+// acc = a (ROWS x depth) . b (depth x COLS), in registers: the products of small_gemm and of
+// the hashing's projections (project_tile_extremes), so both sum over the depth in one order.
 template <typename T, int ROWS, int COLS>
-inline void gemm_tile(const T* __restrict a, Strides as, const T* __restrict b, int64_t ldb,
-                      T* __restrict c, int64_t ldc, int64_t depth) {
-  T acc[ROWS][COLS];
+inline void tile_products(const T* __restrict a, Strides as, const T* __restrict b, int64_t ldb, int64_t depth,
+                          T (&acc)[ROWS][COLS]) {
   for (int r = 0; r < ROWS; ++r)
 #pragma omp simd
     for (int j = 0; j < COLS; ++j) acc[r][j] = 0;
@@ -226,6 +219,13 @@ inline void gemm_tile(const T* __restrict a, Strides as, const T* __restrict b, 
       for (int j = 0; j < COLS; ++j) acc[r][j] += a_rk * b_row[j];
     }
   }
+}
+
+template <typename T, int ROWS, int COLS>
+inline void gemm_tile(const T* __restrict a, Strides as, const T* __restrict b, int64_t ldb,
+                      T* __restrict c, int64_t ldc, int64_t depth) {
+  T acc[ROWS][COLS];
+  tile_products<T, ROWS, COLS>(a, as, b, ldb, depth, acc);
   for (int r = 0; r < ROWS; ++r) {
     T* c_row = c + r * ldc;
 #pragma omp simd
@@ -445,88 +445,197 @@ std::vector<T> log_count_table(int64_t rounds) {
 // window it has just computed (ChunkWindow::gather); only a group's first chunk gathers both.
 constexpr int64_t kChunksPerTask = 8;
 
+// Tasks per (batch, head) in a round: the groups of the longest sequence's chunks.
+int64_t groups_per_head(const LshProblem& p) { return chunk_count(p.max_chunks, kChunksPerTask); }
+
+// The chunks task t owns in round r: chunks first..last-1 of one (batch, head).
+struct ChunkGroup {
+  int64_t task, bh, valid, chunks, first, last;  // valid: the sequence's length; chunks: its count
+  int64_t base, value_base;                      // where the (batch, head)'s rows start in q, in v
+  const int64_t* order;                          // the round's sorted positions
+
+  ChunkGroup(const LshProblem& p, int64_t t, int64_t r)
+      : task(t), bh(t / groups_per_head(p)), valid(p.valid(bh / p.heads)), chunks(chunk_count(valid, p.chunk)),
+        first(t % groups_per_head(p) * kChunksPerTask), last(std::min(first + kChunksPerTask, chunks)),
+        base(bh * p.length * p.dim), value_base(bh * p.length * p.value_dim), order(p.round_order(bh, r)) {}
+
+  bool owns(int64_t c) const { return c >= first && c < last; }
+};
+
+// The positions of the chunk after the one being computed, and how many (0 after a group's
+// last chunk, whose successor another task computes): the rows worth fetching now.
+struct NextChunk {
+  const int64_t* positions;
+  int64_t count;
+};
+
+// The walk the forward and backward passes share, for round r: one parallel region whose tasks
+// are the chunk groups of every (batch, head). Each thread sets up a window and the pass's
+// Scratch once; then, for every chunk c of each group it pops, in order, the window is gathered
+// (c's queries, its own and its previous chunk's keys and values), the next chunk's rows of q and
+// v are asked for, and step(w, scratch, group, c, next) does the pass's work on the window.
+template <typename T, typename Scratch, typename Step>
+void walk_chunks(const LshProblem& p, int64_t r, int64_t grain, bool backward, const T* q, const T* values,
+                 const Step& step) {
+  run_tasks(p.batch * p.heads * groups_per_head(p), grain, [&](TaskQueue& queue) {
+    ChunkWindow<T> w(p.chunk, p.dim, p.value_dim, p.rounds, backward);
+    Scratch scratch(w);
+    for (int64_t t; queue.pop(t);) {
+      const ChunkGroup group(p, t, r);
+      for (int64_t c = group.first; c < group.last; ++c) {
+        w.gather(p, group.bh, r, c, q + group.base, values + group.value_base);
+        NextChunk next{nullptr, 0};
+        if (c + 1 < group.last) {
+          next = {group.order + (c + 1) * p.chunk, std::min(p.chunk, group.valid - (c + 1) * p.chunk)};
+          prefetch_rows(q + group.base, next.positions, next.count, p.dim);
+          prefetch_rows(values + group.value_base, next.positions, next.count, p.value_dim);
+        }
+        step(w, scratch, group, c, next);
+      }
+    }
+  });
+}
+
+// A forward thread's buffers, beside its window: the key-major scores, the mixed values, and
+// per query the running maximum logit and the sum of weights.
+template <typename T>
+struct ForwardScratch {
+  std::vector<T> scores, mixed, max_logit, total;
+  explicit ForwardScratch(const ChunkWindow<T>& w)
+      : scores(2 * w.chunk * w.query_pad), mixed(w.chunk * w.value_pad), max_logit(w.query_pad),
+        total(w.query_pad) {}
+};
+
 template <typename T>
 void forward_kernel(const LshProblem& p, const T* q, const T* values, T* out, T* lse) {
   const int64_t E = p.dim, Ev = p.value_dim, N = p.length, C = p.chunk;
   const T scale = static_cast<T>(1.0 / std::sqrt(double(E)));
   const T infinity = std::numeric_limits<T>::infinity();
   const auto log_table = log_count_table<T>(p.rounds);
-  const int64_t groups = chunk_count(p.max_chunks, kChunksPerTask);
-  const int64_t tasks = p.batch * p.heads * groups;
   const int64_t grain = grain_for(4 * kChunksPerTask * C * C * (E + Ev));
   for (int64_t r = 0; r < p.rounds; ++r) {
-    run_tasks(tasks, grain, [&](TaskQueue& queue) {
-      ChunkWindow<T> w(C, E, Ev, p.rounds, /*backward=*/false);
-      const int64_t Cp = w.query_pad;
-      std::vector<T> scores(2 * C * Cp), mixed(C * w.value_pad);
-      std::vector<T> max_logit(Cp), total(Cp);
-      for (int64_t t; queue.pop(t);) {
-        const int64_t bh = t / groups, group = t % groups;
-        const int64_t valid = p.valid(bh / p.heads), chunks = chunk_count(valid, C);
-        const int64_t first = group * kChunksPerTask;
-        const int64_t last = std::min(first + kChunksPerTask, chunks);
-        const int64_t base = bh * N * E, value_base = bh * N * Ev;
-        const int64_t* order = p.round_order(bh, r);
-        for (int64_t c = first; c < last; ++c) {
-          w.gather(p, bh, r, c, q + base, values + value_base);
-          if (c + 1 < last) {
-            const int64_t next = (c + 1) * C, count = std::min(C, valid - next);
-            prefetch_rows(q + base, order + next, count, E);
-            prefetch_rows(values + value_base, order + next, count, Ev);
-            if (r == 0)
-              prefetch_rows<true>(out + value_base, order + next, count, Ev);
-            else
-              prefetch_rows(out + value_base, order + next, count, Ev);
-          }
-          const int64_t Q = w.queries, K = w.keys;
-          // scores[j][i] = q_i . k_j
-          small_gemm<T>(w.keys_rows.data(), {w.dim_pad, 1}, w.q_t.data(), Cp, scores.data(), Cp,
-                        K, E, Cp);
-          const bool mask_self = K > 1;  // key qi is query qi itself
-          std::fill(max_logit.begin(), max_logit.end(), -infinity);
-          for (int64_t j = 0; j < K; ++j) {
-            T* row = &scores[j * Cp];
-            w.logits_of_key(p, r, j, log_table.data(), scale, row);
-            if (mask_self && j < Q) row[j] = -infinity;
+    walk_chunks<T, ForwardScratch<T>>(p, r, grain, /*backward=*/false, q, values,
+                                      [&](ChunkWindow<T>& w, ForwardScratch<T>& s, const ChunkGroup& group,
+                                          int64_t, const NextChunk& next) {
+      // round 0 writes the output rows without reading them
+      if (r == 0)
+        prefetch_rows<true>(out + group.value_base, next.positions, next.count, Ev);
+      else
+        prefetch_rows(out + group.value_base, next.positions, next.count, Ev);
+      const int64_t Q = w.queries, K = w.keys, Cp = w.query_pad;
+      // scores[j][i] = q_i . k_j
+      small_gemm<T>(w.keys_rows.data(), {w.dim_pad, 1}, w.q_t.data(), Cp, s.scores.data(), Cp, K, E, Cp);
+      const bool mask_self = K > 1;  // key qi is query qi itself
+      std::fill(s.max_logit.begin(), s.max_logit.end(), -infinity);
+      for (int64_t j = 0; j < K; ++j) {
+        T* row = &s.scores[j * Cp];
+        w.logits_of_key(p, r, j, log_table.data(), scale, row);
+        if (mask_self && j < Q) row[j] = -infinity;
 #pragma omp simd
-            for (int64_t i = 0; i < Q; ++i) max_logit[i] = std::max(max_logit[i], row[i]);
-          }
-          std::fill(total.begin(), total.end(), T(0));
-          for (int64_t j = 0; j < K; ++j) {
-            T* row = &scores[j * Cp];
+        for (int64_t i = 0; i < Q; ++i) s.max_logit[i] = std::max(s.max_logit[i], row[i]);
+      }
+      std::fill(s.total.begin(), s.total.end(), T(0));
+      for (int64_t j = 0; j < K; ++j) {
+        T* row = &s.scores[j * Cp];
 #pragma omp simd
-            for (int64_t i = 0; i < Q; ++i) row[i] -= max_logit[i];
-            exp_inplace(row, Q);
-            if (mask_self && j < Q) row[j] = 0;
+        for (int64_t i = 0; i < Q; ++i) row[i] -= s.max_logit[i];
+        exp_inplace(row, Q);
+        if (mask_self && j < Q) row[j] = 0;
 #pragma omp simd
-            for (int64_t i = 0; i < Q; ++i) total[i] += row[i];
-          }
-          // mixed[i] = sum_j weight_ij v_j, weights read transposed from scores
-          small_gemm<T>(scores.data(), {1, Cp}, w.values_rows.data(), w.value_pad, mixed.data(),
-                        w.value_pad, Q, K, w.value_pad);
-          for (int64_t i = 0; i < Q; ++i) {
-            const int64_t pos = w.query_pos[i];
-            const T* o = &mixed[i * w.value_pad];
-            T* out_row = out + value_base + pos * Ev;
-            T& row_lse = lse[bh * N + pos];
-            const T round_lse = max_logit[i] + std::log(total[i]);
-            if (r == 0) {
-              const T inv = T(1) / total[i];
-              for (int64_t e = 0; e < Ev; ++e) out_row[e] = o[e] * inv;
-              row_lse = round_lse;
-            } else {  // merge with the earlier rounds by log-sum-exp
-              const T merged = std::max(row_lse, round_lse) +
-                               std::log1p(std::exp(-std::abs(row_lse - round_lse)));
-              const T keep = std::exp(row_lse - merged);
-              const T add = std::exp(round_lse - merged) / total[i];
-              for (int64_t e = 0; e < Ev; ++e) out_row[e] = out_row[e] * keep + o[e] * add;
-              row_lse = merged;
-            }
-          }
+        for (int64_t i = 0; i < Q; ++i) s.total[i] += row[i];
+      }
+      // mixed[i] = sum_j weight_ij v_j, weights read transposed from scores
+      small_gemm<T>(s.scores.data(), {1, Cp}, w.values_rows.data(), w.value_pad, s.mixed.data(), w.value_pad,
+                    Q, K, w.value_pad);
+      for (int64_t i = 0; i < Q; ++i) {
+        const int64_t pos = w.query_pos[i];
+        const T* o = &s.mixed[i * w.value_pad];
+        T* out_row = out + group.value_base + pos * Ev;
+        T& row_lse = lse[group.bh * N + pos];
+        const T round_lse = s.max_logit[i] + std::log(s.total[i]);
+        if (r == 0) {
+          const T inv = T(1) / s.total[i];
+          for (int64_t e = 0; e < Ev; ++e) out_row[e] = o[e] * inv;
+          row_lse = round_lse;
+        } else {  // merge with the earlier rounds by log-sum-exp
+          const T merged = std::max(row_lse, round_lse) + std::log1p(std::exp(-std::abs(row_lse - round_lse)));
+          const T keep = std::exp(row_lse - merged);
+          const T add = std::exp(round_lse - merged) / s.total[i];
+          for (int64_t e = 0; e < Ev; ++e) out_row[e] = out_row[e] * keep + o[e] * add;
+          row_lse = merged;
         }
       }
     });
   }
+}
+
+// A backward thread's buffers, beside its window: the weights and the logits' gradients
+// (key-major), the chunk's output gradients (row- and column-major), per query its log-sum-exp
+// and dO . o, and the chunk's query, key and value gradients.
+template <typename T>
+struct BackwardScratch {
+  std::vector<T> prob, dlogit, go_rows, go_t, row_lse, go_dot_out, dq, dk, dv;
+  explicit BackwardScratch(const ChunkWindow<T>& w)
+      : prob(2 * w.chunk * w.query_pad), dlogit(2 * w.chunk * w.query_pad), go_rows(w.chunk * w.value_pad, T(0)),
+        go_t(w.value_dim * w.query_pad, T(0)), row_lse(w.query_pad), go_dot_out(w.query_pad),
+        dq(w.chunk * w.dim_pad), dk(2 * w.chunk * w.dim_pad), dv(2 * w.chunk * w.value_pad) {}
+};
+
+// Where the key and value gradients of rows another task owns wait until the parallel region
+// is over: a group's first chunk also writes into the chunk before it, which the previous group
+// owns, so each task has a slot of `chunk` rows. Left uninitialised (only the rows a task
+// writes are read), not zeroed on every call.
+template <typename T>
+struct BoundaryRows {
+  int64_t chunk, dim, value_dim;
+  std::unique_ptr<T[]> dk, dv;
+  std::unique_ptr<int64_t[]> positions;
+  std::vector<int64_t> rows;  // per task: rows written so far this round
+
+  BoundaryRows(int64_t tasks, int64_t chunk_, int64_t dim_, int64_t value_dim_)
+      : chunk(chunk_), dim(dim_), value_dim(value_dim_), dk(new T[tasks * chunk_ * dim_]),
+        dv(new T[tasks * chunk_ * value_dim_]), positions(new int64_t[tasks * chunk_]), rows(tasks) {}
+
+  void keep(int64_t task, int64_t position, const T* key_grad, const T* value_grad) {
+    const int64_t slot = task * chunk + rows[task]++;
+    positions[slot] = position;
+    copy_row(&dk[slot * dim], key_grad, dim);
+    copy_row(&dv[slot * value_dim], value_grad, value_dim);
+  }
+
+  // Adds every kept row into the gradients (after the region, task by task: the same order
+  // whatever the thread count) and empties the slots for the next round.
+  void add_to(const LshProblem& p, T* grad_q, T* grad_values) {
+    for (int64_t task = 0; task < static_cast<int64_t>(rows.size()); ++task) {
+      const int64_t bh = task / groups_per_head(p);
+      for (int64_t row = 0; row < rows[task]; ++row) {
+        const int64_t slot = task * chunk + row, pos = positions[slot];
+        add_row(grad_q + (bh * p.length + pos) * dim, &dk[slot * dim], dim);
+        add_row(grad_values + (bh * p.length + pos) * value_dim, &dv[slot * value_dim], value_dim);
+      }
+      rows[task] = 0;
+    }
+  }
+};
+
+// Round 0 of the backward zeroes the gradient rows of chunk c (they start uninitialised) before
+// anything adds to them; only their owner writes rows during the region. A chunk is zeroed at
+// its own step, its rows prefetched for writing during the step before, except where the group's
+// first chunk wraps around to its last (a sequence of at most kChunksPerTask chunks): the first
+// chunk adds into that one, so it is zeroed first.
+template <typename T>
+void zero_gradient_rows(const LshProblem& p, const ChunkGroup& group, int64_t c, T* grad_q, T* grad_values) {
+  const auto zero = [&](int64_t chunk_index) {
+    const int64_t end_slot = std::min((chunk_index + 1) * p.chunk, group.valid);
+    for (int64_t s = chunk_index * p.chunk; s < end_slot; ++s) {
+      std::fill_n(grad_q + group.base + group.order[s] * p.dim, p.dim, T(0));
+      std::fill_n(grad_values + group.value_base + group.order[s] * p.value_dim, p.value_dim, T(0));
+    }
+  };
+  const int64_t wrapped = group.chunks > 1 ? previous_chunk(group.first, group.chunks) : -1;
+  const bool wraps_within = wrapped > group.first && wrapped < group.last;
+  if (c == group.first && wraps_within) zero(wrapped);
+  if (!(wraps_within && c == wrapped)) zero(c);
 }
 
 template <typename T>
@@ -535,136 +644,70 @@ void backward_kernel(const LshProblem& p, const T* grad_out, const T* q, const T
   const int64_t E = p.dim, Ev = p.value_dim, N = p.length, C = p.chunk;
   const T scale = static_cast<T>(1.0 / std::sqrt(double(E)));
   const auto log_table = log_count_table<T>(p.rounds);
-  const int64_t groups = chunk_count(p.max_chunks, kChunksPerTask);
-  const int64_t tasks = p.batch * p.heads * groups;
-  // A group's first chunk also writes key/value gradients into the chunk before it,
-  // which another task owns: those rows go to the task's boundary slot and are added
-  // after the parallel region.
-  // Left uninitialised (only the rows a task writes are read), not zeroed on every call.
-  const std::unique_ptr<T[]> boundary_dk(new T[tasks * C * E]), boundary_dv(new T[tasks * C * Ev]);
-  const std::unique_ptr<int64_t[]> boundary_pos(new int64_t[tasks * C]);
-  std::vector<int64_t> boundary_rows(tasks);
+  BoundaryRows<T> boundary(p.batch * p.heads * groups_per_head(p), C, E, Ev);
   const int64_t grain = grain_for(10 * kChunksPerTask * C * C * (E + Ev));
   for (int64_t r = 0; r < p.rounds; ++r) {
-    std::fill(boundary_rows.begin(), boundary_rows.end(), 0);
-    run_tasks(tasks, grain, [&](TaskQueue& queue) {
-      ChunkWindow<T> w(C, E, Ev, p.rounds, /*backward=*/true);
-      const int64_t Cp = w.query_pad;
-      std::vector<T> prob(2 * C * Cp), dlogit(2 * C * Cp);
-      std::vector<T> go_rows(C * w.value_pad, T(0)), go_t(Ev * Cp, T(0));
-      std::vector<T> row_lse(Cp), go_dot_out(Cp);
-      std::vector<T> dq(C * w.dim_pad), dk(2 * C * w.dim_pad), dv(2 * C * w.value_pad);
-      for (int64_t t; queue.pop(t);) {
-        const int64_t bh = t / groups, group = t % groups;
-        const int64_t chunks = chunk_count(p.valid(bh / p.heads), C);
-        const int64_t first = group * kChunksPerTask;
-        const int64_t last = std::min(first + kChunksPerTask, chunks);
-        const int64_t base = bh * N * E, value_base = bh * N * Ev;
-        // The gradients start uninitialised: in round 0 a task zeroes each of its chunks'
-        // rows before anything adds to them (only their owner writes rows during the
-        // region): chunk c just before its own step (its rows were prefetched for writing
-        // during the step before), except that with wrap-around the group's last chunk is
-        // its first chunk's previous one and is zeroed first.
-        const int64_t valid = p.valid(bh / p.heads);
-        const auto zero_rows = [&](int64_t chunk_index) {
-          const int64_t* order = p.round_order(bh, 0);
-          const int64_t end_slot = std::min((chunk_index + 1) * C, valid);
-          for (int64_t s = chunk_index * C; s < end_slot; ++s) {
-            std::fill_n(grad_q + base + order[s] * E, E, T(0));
-            std::fill_n(grad_values + value_base + order[s] * Ev, Ev, T(0));
-          }
-        };
-        int64_t zeroed_ahead = -1;
-        if (r == 0 && chunks > 1) {
-          const int64_t prev = previous_chunk(first, chunks);
-          if (prev > first && prev < last) {
-            zero_rows(prev);
-            zeroed_ahead = prev;
-          }
-        }
-        for (int64_t c = first; c < last; ++c) {
-          if (r == 0 && c != zeroed_ahead) zero_rows(c);
-          w.gather(p, bh, r, c, q + base, values + value_base);
-          const int64_t next = (c + 1) * C;
-          if (c + 1 < last) {
-            const int64_t* next_pos = p.round_order(bh, r) + next;
-            const int64_t count = std::min(C, valid - next);
-            prefetch_rows(q + base, next_pos, count, E);
-            prefetch_rows(values + value_base, next_pos, count, Ev);
-            prefetch_rows(grad_out + value_base, next_pos, count, Ev);
-            prefetch_rows(out + value_base, next_pos, count, Ev);
-            prefetch_rows<true>(grad_q + base, next_pos, count, E);
-            prefetch_rows<true>(grad_values + value_base, next_pos, count, Ev);
-          }
-          const int64_t Q = w.queries, K = w.keys;
-          for (int64_t i = 0; i < Q; ++i) {
-            const int64_t pos = w.query_pos[i];
-            const T* go = grad_out + value_base + pos * Ev;
-            const T* o = out + value_base + pos * Ev;
-            copy_row(&go_rows[i * w.value_pad], go, Ev);
-            T dot = 0;
+    walk_chunks<T, BackwardScratch<T>>(p, r, grain, /*backward=*/true, q, values,
+                                       [&](ChunkWindow<T>& w, BackwardScratch<T>& s, const ChunkGroup& group,
+                                           int64_t c, const NextChunk& next) {
+      const int64_t base = group.base, value_base = group.value_base;
+      if (r == 0) zero_gradient_rows(p, group, c, grad_q, grad_values);
+      prefetch_rows(grad_out + value_base, next.positions, next.count, Ev);
+      prefetch_rows(out + value_base, next.positions, next.count, Ev);
+      prefetch_rows<true>(grad_q + base, next.positions, next.count, E);
+      prefetch_rows<true>(grad_values + value_base, next.positions, next.count, Ev);
+      const int64_t Q = w.queries, K = w.keys, Cp = w.query_pad;
+      for (int64_t i = 0; i < Q; ++i) {
+        const int64_t pos = w.query_pos[i];
+        const T* go = grad_out + value_base + pos * Ev;
+        const T* o = out + value_base + pos * Ev;
+        copy_row(&s.go_rows[i * w.value_pad], go, Ev);
+        T dot = 0;
 #pragma omp simd reduction(+ : dot)
-            for (int64_t e = 0; e < Ev; ++e) dot += go[e] * o[e];
-            go_dot_out[i] = dot;
-            row_lse[i] = lse[bh * N + pos];
-          }
-          for (int64_t e = 0; e < Ev; ++e)  // transposed from the copy in L1
-            for (int64_t i = 0; i < Q; ++i) go_t[e * Cp + i] = go_rows[i * w.value_pad + e];
-          for (int64_t e = 0; e < Ev; ++e) std::fill(&go_t[e * Cp + Q], &go_t[(e + 1) * Cp], T(0));
-          // prob[j][i] = q_i . k_j for now; dlogit[j][i] = dO_i . v_j
-          small_gemm<T>(w.keys_rows.data(), {w.dim_pad, 1}, w.q_t.data(), Cp, prob.data(), Cp, K,
-                        E, Cp);
-          small_gemm<T>(w.values_rows.data(), {w.value_pad, 1}, go_t.data(), Cp, dlogit.data(), Cp,
-                        K, Ev, Cp);
-          const bool mask_self = K > 1;
-          for (int64_t j = 0; j < K; ++j) {
-            // prob: this entry's share of the total softmax (lse holds all rounds);
-            // dlogit = prob * (dO_i . v_j - dO_i . o_i), times 1/sqrt(E) for d/d(q_i . k_j).
-            T* p_row = &prob[j * Cp];
-            T* d_row = &dlogit[j * Cp];
-            w.logits_of_key(p, r, j, log_table.data(), scale, p_row);
+        for (int64_t e = 0; e < Ev; ++e) dot += go[e] * o[e];
+        s.go_dot_out[i] = dot;
+        s.row_lse[i] = lse[group.bh * N + pos];
+      }
+      for (int64_t e = 0; e < Ev; ++e)  // transposed from the copy in L1
+        for (int64_t i = 0; i < Q; ++i) s.go_t[e * Cp + i] = s.go_rows[i * w.value_pad + e];
+      for (int64_t e = 0; e < Ev; ++e) std::fill(&s.go_t[e * Cp + Q], &s.go_t[(e + 1) * Cp], T(0));
+      // prob[j][i] = q_i . k_j for now; dlogit[j][i] = dO_i . v_j
+      small_gemm<T>(w.keys_rows.data(), {w.dim_pad, 1}, w.q_t.data(), Cp, s.prob.data(), Cp, K, E, Cp);
+      small_gemm<T>(w.values_rows.data(), {w.value_pad, 1}, s.go_t.data(), Cp, s.dlogit.data(), Cp, K, Ev, Cp);
+      const bool mask_self = K > 1;
+      for (int64_t j = 0; j < K; ++j) {
+        // prob: this entry's share of the total softmax (lse holds all rounds);
+        // dlogit = prob * (dO_i . v_j - dO_i . o_i), times 1/sqrt(E) for d/d(q_i . k_j).
+        T* p_row = &s.prob[j * Cp];
+        T* d_row = &s.dlogit[j * Cp];
+        w.logits_of_key(p, r, j, log_table.data(), scale, p_row);
 #pragma omp simd
-            for (int64_t i = 0; i < Q; ++i) p_row[i] -= row_lse[i];
-            exp_inplace(p_row, Q);
-            if (mask_self && j < Q) p_row[j] = 0;
+        for (int64_t i = 0; i < Q; ++i) p_row[i] -= s.row_lse[i];
+        exp_inplace(p_row, Q);
+        if (mask_self && j < Q) p_row[j] = 0;
 #pragma omp simd
-            for (int64_t i = 0; i < Q; ++i) d_row[i] = p_row[i] * (d_row[i] - go_dot_out[i]) * scale;
-          }
-          // dq = dlogit^T keys, dk = dlogit q (then through the key normalisation), dv = prob dO
-          small_gemm<T>(dlogit.data(), {1, Cp}, w.keys_rows.data(), w.dim_pad, dq.data(), w.dim_pad,
-                        Q, K, w.dim_pad);
-          small_gemm<T>(dlogit.data(), {Cp, 1}, w.q_rows.data(), w.dim_pad, dk.data(), w.dim_pad, K,
-                        Q, w.dim_pad);
-          small_gemm<T>(prob.data(), {Cp, 1}, go_rows.data(), w.value_pad, dv.data(), w.value_pad,
-                        K, Q, w.value_pad);
-          for (int64_t i = 0; i < Q; ++i)
-            add_row(grad_q + base + w.query_pos[i] * E, &dq[i * w.dim_pad], E);
-          // Keys 0..Q-1 are this chunk's own; keys Q..K-1 the previous chunk's.
-          const int64_t prev = previous_chunk(c, chunks);
-          const bool prev_owned = prev >= first && prev < last;
-          for (int64_t j = 0; j < K; ++j) {
-            w.unit_key_backward(j, &dk[j * w.dim_pad]);
-            if (j >= Q && !prev_owned) {
-              const int64_t slot = t * C + boundary_rows[t]++;
-              boundary_pos[slot] = w.key_pos[j];
-              copy_row(&boundary_dk[slot * E], &dk[j * w.dim_pad], E);
-              copy_row(&boundary_dv[slot * Ev], &dv[j * w.value_pad], Ev);
-              continue;
-            }
-            add_row(grad_q + base + w.key_pos[j] * E, &dk[j * w.dim_pad], E);
-            add_row(grad_values + value_base + w.key_pos[j] * Ev, &dv[j * w.value_pad], Ev);
-          }
+        for (int64_t i = 0; i < Q; ++i) d_row[i] = p_row[i] * (d_row[i] - s.go_dot_out[i]) * scale;
+      }
+      // dq = dlogit^T keys, dk = dlogit q (then through the key normalisation), dv = prob dO
+      small_gemm<T>(s.dlogit.data(), {1, Cp}, w.keys_rows.data(), w.dim_pad, s.dq.data(), w.dim_pad, Q, K,
+                    w.dim_pad);
+      small_gemm<T>(s.dlogit.data(), {Cp, 1}, w.q_rows.data(), w.dim_pad, s.dk.data(), w.dim_pad, K, Q, w.dim_pad);
+      small_gemm<T>(s.prob.data(), {Cp, 1}, s.go_rows.data(), w.value_pad, s.dv.data(), w.value_pad, K, Q,
+                    w.value_pad);
+      for (int64_t i = 0; i < Q; ++i) add_row(grad_q + base + w.query_pos[i] * E, &s.dq[i * w.dim_pad], E);
+      // Keys 0..Q-1 are this chunk's own; keys Q..K-1 the previous chunk's.
+      const bool prev_owned = group.owns(previous_chunk(c, group.chunks));
+      for (int64_t j = 0; j < K; ++j) {
+        w.unit_key_backward(j, &s.dk[j * w.dim_pad]);
+        if (j >= Q && !prev_owned) {
+          boundary.keep(group.task, w.key_pos[j], &s.dk[j * w.dim_pad], &s.dv[j * w.value_pad]);
+          continue;
         }
+        add_row(grad_q + base + w.key_pos[j] * E, &s.dk[j * w.dim_pad], E);
+        add_row(grad_values + value_base + w.key_pos[j] * Ev, &s.dv[j * w.value_pad], Ev);
       }
     });
-    for (int64_t t = 0; t < tasks; ++t) {
-      const int64_t bh = t / groups;
-      for (int64_t row = 0; row < boundary_rows[t]; ++row) {
-        const int64_t slot = t * C + row, pos = boundary_pos[slot];
-        add_row(grad_q + bh * N * E + pos * E, &boundary_dk[slot * E], E);
-        add_row(grad_values + bh * N * Ev + pos * Ev, &boundary_dv[slot * Ev], Ev);
-      }
-    }
+    boundary.add_to(p, grad_q, grad_values);
   }
 }
 
@@ -673,10 +716,10 @@ struct PreparedInputs {
   LshProblem problem;
 };
 
+// The problem of checked inputs (lsh/checks.h): the lengths' values checked on the host, the
+// order's while its chunks are indexed.
 PreparedInputs prepare(const at::Tensor& q, const at::Tensor& v, const at::Tensor& order_in,
                        const at::Tensor& lengths_in, int64_t chunk_size) {
-  attention_ext_checks::check_lsh_rows(q, v);
-  attention_ext_checks::check_lsh_schedule(q, order_in, lengths_in, chunk_size);
   PreparedInputs prepared;
   prepared.order = order_in.to(at::kLong).contiguous();
   prepared.lengths = lengths_in.to(at::kLong).contiguous();
@@ -717,6 +760,7 @@ std::tuple<at::Tensor, at::Tensor> lsh_attention_forward_cpu(const at::Tensor& q
                                                              const at::Tensor& order,
                                                              const at::Tensor& lengths,
                                                              int64_t chunk_size) {
+  attention_ext_checks::check_lsh_attention(q_in, v_in, order, lengths, chunk_size);
   const PreparedInputs prepared = prepare(q_in, v_in, order, lengths, chunk_size);
   const at::Tensor q = q_in.contiguous(), v = v_in.contiguous();
   at::Tensor out = at::empty_like(v, at::MemoryFormat::Contiguous);
@@ -734,9 +778,9 @@ std::tuple<at::Tensor, at::Tensor> lsh_attention_backward_cpu(
     const at::Tensor& grad_out_in, const at::Tensor& q_in, const at::Tensor& v_in,
     const at::Tensor& order, const at::Tensor& lengths, const at::Tensor& out_in,
     const at::Tensor& lse_in, int64_t chunk_size) {
+  attention_ext_checks::check_lsh_attention_backward(grad_out_in, q_in, v_in, order, lengths, out_in, lse_in,
+                                                     chunk_size);
   const PreparedInputs prepared = prepare(q_in, v_in, order, lengths, chunk_size);
-  TORCH_CHECK(grad_out_in.sizes() == v_in.sizes() && out_in.sizes() == v_in.sizes(),
-              "lsh attention backward: grad_out and out must have the shape of v");
   const at::Tensor q = q_in.contiguous(), v = v_in.contiguous();
   const at::Tensor grad_out = grad_out_in.to(q.scalar_type()).contiguous();
   const at::Tensor out = out_in.contiguous(), lse = lse_in.contiguous();
@@ -831,8 +875,8 @@ struct ProjectionExtremes {
 
 // Projects ROWS positions (rows of a, row stride dim) onto the NV * W columns of b starting
 // at column `first` (row stride ldb) and folds the values into the positions' extremes.
-// The sum over the depth runs in the same order as small_gemm's, so the values are those a
-// stored projection would hold.
+// The sum over the depth is small_gemm's (tile_products), so the values are those a stored
+// projection would hold.
 template <typename T, int ROWS, int NV>
 inline void project_tile_extremes(const T* __restrict a, int64_t dim, const T* __restrict b,
                                   int64_t ldb, int32_t first, int64_t limit,
@@ -840,17 +884,7 @@ inline void project_tile_extremes(const T* __restrict a, int64_t dim, const T* _
   constexpr int W = static_cast<int>(kLanes<T>);
   constexpr int COLS = NV * W;
   T acc[ROWS][COLS];
-  for (int r = 0; r < ROWS; ++r)
-#pragma omp simd
-    for (int j = 0; j < COLS; ++j) acc[r][j] = 0;
-  for (int64_t k = 0; k < dim; ++k) {
-    const T* b_row = b + k * ldb;
-    for (int r = 0; r < ROWS; ++r) {
-      const T a_rk = a[r * dim + k];
-#pragma omp simd
-      for (int j = 0; j < COLS; ++j) acc[r][j] += a_rk * b_row[j];
-    }
-  }
+  tile_products<T, ROWS, COLS>(a, {dim, 1}, b, ldb, dim, acc);
   for (int r = 0; r < ROWS; ++r)
     for (int v = 0; v < NV; ++v) extremes[r].update(&acc[r][v * W], first + v * W, limit);
 }
@@ -914,33 +948,18 @@ std::tuple<at::Tensor, at::Tensor> lsh_hash_cpu(const at::Tensor& q_in,
                                                 const at::Tensor& rotations_in,
                                                 const at::Tensor& lengths_in,
                                                 const at::Tensor& half_buckets_in) {
-  TORCH_CHECK(q_in.dim() == 4, "lsh_hash: q must be (B, H, N, E), got ", q_in.sizes());
+  attention_ext_checks::check_lsh_hash(q_in, rotations_in, lengths_in, half_buckets_in);
   const int64_t batch = q_in.size(0), heads = q_in.size(1), length = q_in.size(2),
                 dim = q_in.size(3);
-  TORCH_CHECK(rotations_in.dim() == 5 && rotations_in.size(0) == batch &&
-                  rotations_in.size(1) == heads && rotations_in.size(2) == dim &&
-                  rotations_in.size(4) % kLanes<float> == 0,
-              "lsh_hash: rotations must be (B, H, E, R, P) with P a multiple of ",
-              kLanes<float>, " for q ", q_in.sizes(), ", got ", rotations_in.sizes());
-  TORCH_CHECK(rotations_in.scalar_type() == q_in.scalar_type(),
-              "lsh_hash: rotations must have the dtype of q");
   const int64_t rounds = rotations_in.size(3), columns = rotations_in.size(4);
   TORCH_CHECK(columns <= std::numeric_limits<int32_t>::max(),
               "lsh_hash: rotations have ", columns, " columns, more than the kernel's int32 "
               "column indices hold");
-  TORCH_CHECK(lengths_in.dim() == 1 && lengths_in.size(0) == batch &&
-                  half_buckets_in.dim() == 1 && half_buckets_in.size(0) == batch,
-              "lsh_hash: lengths and half_buckets must be (B,) = (", batch, ",)");
   const at::Tensor q = q_in.contiguous(), rotations = rotations_in.contiguous();
   const at::Tensor lengths = lengths_in.to(at::kLong).contiguous();
   const at::Tensor half_buckets = half_buckets_in.to(at::kLong).contiguous();
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t valid = lengths.data_ptr<int64_t>()[b], half = half_buckets.data_ptr<int64_t>()[b];
-    TORCH_CHECK(valid >= 0 && valid <= length, "lsh_hash: lengths[", b, "] = ", valid,
-                " is outside [0, ", length, "]");
-    TORCH_CHECK(half >= 1 && half <= columns, "lsh_hash: half_buckets[", b, "] = ", half,
-                " is outside [1, ", columns, "]");
-  }
+  attention_ext_checks::check_lsh_hash_values(lengths.data_ptr<int64_t>(), half_buckets.data_ptr<int64_t>(),
+                                              batch, length, columns);
   at::Tensor buckets = at::empty({batch, heads, rounds, length}, lengths.options());
   at::Tensor order = at::empty({batch, heads, rounds, length}, lengths.options());
   AT_DISPATCH_FLOATING_TYPES(q.scalar_type(), "lsh_hash", [&] {

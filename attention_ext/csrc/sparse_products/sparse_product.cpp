@@ -26,8 +26,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "checks.h"
 #include "cluster_blocks.h"
-#include "input_checks.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -39,9 +39,6 @@ namespace {
 
 using attention_ext_checks::SparseInputs;
 using attention_ext_checks::SparseShape;
-using attention_ext_checks::check_sparse;
-using attention_ext_checks::check_sparse_keys;
-using attention_ext_checks::check_sparse_scores;
 using cluster_blocks::Cluster;
 using cluster_blocks::Scratch;
 using cluster_blocks::for_each_cluster;
@@ -165,8 +162,7 @@ void sparse_weighted_sum_backward_kernel(const scalar_t* grad, const scalar_t* w
 
 at::Tensor clustered_sparse_dot(const at::Tensor& q, const at::Tensor& k, const at::Tensor& topk,
                                 const at::Tensor& offsets, const at::Tensor& members, double scale) {
-  const SparseShape s = check_sparse(q, topk, offsets, members, "clustered_sparse_dot");
-  check_sparse_keys(q, k, "clustered_sparse_dot");
+  const SparseShape s = attention_ext_checks::check_clustered_sparse_dot(q, k, topk, offsets, members);
   const at::Tensor q_c = q.contiguous(), k_c = k.contiguous();
   const SparseInputs in(topk, offsets, members);
   at::Tensor out = at::zeros({s.batch, s.heads, s.length, s.slots}, q.options());
@@ -182,9 +178,8 @@ at::Tensor clustered_sparse_dot(const at::Tensor& q, const at::Tensor& k, const 
 std::tuple<at::Tensor, at::Tensor> clustered_sparse_dot_backward(
     const at::Tensor& grad, const at::Tensor& q, const at::Tensor& k, const at::Tensor& topk,
     const at::Tensor& offsets, const at::Tensor& members, double scale) {
-  const SparseShape s = check_sparse(q, topk, offsets, members, "clustered_sparse_dot_backward");
-  check_sparse_keys(q, k, "clustered_sparse_dot_backward");
-  check_sparse_scores(grad, s, at::ScalarType::Undefined, "clustered_sparse_dot_backward", "grad");
+  const SparseShape s =
+      attention_ext_checks::check_clustered_sparse_dot_backward(grad, q, k, topk, offsets, members);
   const int64_t dim = q.size(3);
   const at::Tensor grad_c = grad.contiguous(), q_c = q.contiguous(), k_c = k.contiguous();
   const SparseInputs in(topk, offsets, members);
@@ -203,8 +198,8 @@ std::tuple<at::Tensor, at::Tensor> clustered_sparse_dot_backward(
 at::Tensor clustered_sparse_weighted_sum(const at::Tensor& weights, const at::Tensor& v,
                                          const at::Tensor& topk, const at::Tensor& offsets,
                                          const at::Tensor& members) {
-  const SparseShape s = check_sparse(v, topk, offsets, members, "clustered_sparse_weighted_sum");
-  check_sparse_scores(weights, s, v.scalar_type(), "clustered_sparse_weighted_sum", "weights");
+  const SparseShape s =
+      attention_ext_checks::check_clustered_sparse_weighted_sum(weights, v, topk, offsets, members);
   const at::Tensor w_c = weights.contiguous(), v_c = v.contiguous();
   const SparseInputs in(topk, offsets, members);
   at::Tensor out = at::zeros({s.batch, s.heads, s.length, v.size(3)}, v.options());
@@ -220,10 +215,8 @@ at::Tensor clustered_sparse_weighted_sum(const at::Tensor& weights, const at::Te
 std::tuple<at::Tensor, at::Tensor> clustered_sparse_weighted_sum_backward(
     const at::Tensor& grad, const at::Tensor& weights, const at::Tensor& v, const at::Tensor& topk,
     const at::Tensor& offsets, const at::Tensor& members) {
-  const SparseShape s = check_sparse(v, topk, offsets, members, "clustered_sparse_weighted_sum_backward");
-  TORCH_CHECK(grad.sizes() == v.sizes(), "clustered_sparse_weighted_sum_backward: grad must match v ",
-              v.sizes(), ", got ", grad.sizes());
-  check_sparse_scores(weights, s, v.scalar_type(), "clustered_sparse_weighted_sum_backward", "weights");
+  const SparseShape s = attention_ext_checks::check_clustered_sparse_weighted_sum_backward(
+      grad, weights, v, topk, offsets, members);
   const int64_t dim = v.size(3);
   const at::Tensor grad_c = grad.contiguous(), w_c = weights.contiguous(), v_c = v.contiguous();
   const SparseInputs in(topk, offsets, members);

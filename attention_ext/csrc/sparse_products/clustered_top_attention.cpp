@@ -41,9 +41,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
+#include "../common/vector_exp.h"
+#include "checks.h"
 #include "cluster_blocks.h"
-#include "input_checks.h"
-#include "vector_exp.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -215,7 +215,7 @@ void top_attention_backward_kernel(const scalar_t* grad, const scalar_t* q, cons
   });
 }
 
-// The inputs both operators share: the sparse checks (input_checks.h), the keys, the values, the
+// The inputs both operators share: the sparse checks (checks.h), the keys, the values, the
 // mass, and topk's positions (read as row indices inside the parallel region).
 SparseShape check_top_attention(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
                                 const at::Tensor& topk, const at::Tensor& offsets, const at::Tensor& members,

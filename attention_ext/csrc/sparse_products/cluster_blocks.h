@@ -8,14 +8,14 @@
 // the results do not depend on the thread count.
 //
 // The helpers run inside parallel regions (the loops over clusters and
-// `zero_rows_outside_clusters` open them): nothing here may throw (input_checks.h); the only
+// `zero_rows_outside_clusters` open them): nothing here may throw (common/checks.h); the only
 // allocations are a worker's own scratch vectors.
 #pragma once
 
 #include <ATen/ATen.h>
 #include <ATen/Parallel.h>
 
-#include "input_checks.h"
+#include "checks.h"
 
 #if defined(__AVX512F__) || defined(__AVX__)
 #include <immintrin.h>

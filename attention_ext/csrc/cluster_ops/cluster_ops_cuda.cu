@@ -10,8 +10,8 @@
 //   cluster_topk          each row's valid weights become distinct int64 keys (value
 //                         order, then lower position first), whose top-k torch.topk picks;
 //                         float64 weights (which do not fit 32 bits) use a stable sort.
-#include "cuda_common.cuh"
-#include "input_checks.h"
+#include "../common/cuda_common.cuh"
+#include "checks.h"
 
 #include <torch/library.h>
 
@@ -23,12 +23,8 @@ namespace {
 
 using namespace attention_ext_cuda;
 
-using attention_ext_checks::check_index;
-using attention_ext_checks::check_rows;
-
 std::tuple<at::Tensor, at::Tensor> group_by_cluster_cuda(const at::Tensor& assignment, int64_t clusters) {
-  check_index(assignment, "assignment", 3);
-  TORCH_CHECK(clusters >= 1, "group_by_cluster: clusters must be >= 1, got ", clusters);
+  attention_ext_checks::check_group_by_cluster(assignment, clusters);
   const c10::cuda::CUDAGuard guard(assignment.device());
   const int64_t batch = assignment.size(0), heads = assignment.size(1), length = assignment.size(2);
   const at::Tensor assign = assignment.contiguous();
@@ -121,13 +117,10 @@ void launch_copy_cluster_rows(const at::Tensor& x, const at::Tensor& assign, con
 }
 
 at::Tensor cluster_mean_cuda(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& members) {
-  check_rows(x, "cluster_mean: x");
-  check_index(offsets, "offsets", 3);
-  check_index(members, "members", 3);
+  attention_ext_checks::check_cluster_mean(x, offsets, members);
   check_one_device("cluster_mean", {&x, &offsets, &members});
   const c10::cuda::CUDAGuard guard(x.device());
   const int64_t length = x.size(2), clusters = offsets.size(2) - 1;
-  TORCH_CHECK(members.size(2) == length, "cluster_mean: members must have length ", length);
   const at::Tensor x_c = x.contiguous(), offsets_c = offsets.contiguous(), members_c = members.contiguous();
   at::Tensor out = at::zeros({x.size(0), x.size(1), clusters, x.size(3)}, x.options());
   ATTENTION_EXT_DISPATCH_FLOATING(x.scalar_type(), "cluster_mean_cuda", [&] {
@@ -138,14 +131,10 @@ at::Tensor cluster_mean_cuda(const at::Tensor& x, const at::Tensor& offsets, con
 
 at::Tensor cluster_mean_backward_cuda(const at::Tensor& grad, const at::Tensor& assignment,
                                       const at::Tensor& offsets) {
-  check_rows(grad, "cluster_mean_backward: grad");
-  check_index(assignment, "assignment", 3);
-  check_index(offsets, "offsets", 3);
+  attention_ext_checks::check_cluster_mean_backward(grad, assignment, offsets);
   check_one_device("cluster_mean_backward", {&grad, &assignment, &offsets});
   const c10::cuda::CUDAGuard guard(grad.device());
   const int64_t clusters = grad.size(2);
-  TORCH_CHECK(offsets.size(2) == clusters + 1, "cluster_mean_backward: offsets must have ",
-              clusters + 1, " columns");
   const at::Tensor grad_c = grad.contiguous(), assign_c = assignment.contiguous(),
                    offsets_c = offsets.contiguous();
   at::Tensor out = at::zeros({grad.size(0), grad.size(1), assignment.size(2), grad.size(3)}, grad.options());
@@ -157,8 +146,7 @@ at::Tensor cluster_mean_backward_cuda(const at::Tensor& grad, const at::Tensor& 
 }
 
 at::Tensor cluster_broadcast_cuda(const at::Tensor& x, const at::Tensor& assignment) {
-  check_rows(x, "cluster_broadcast: x");
-  check_index(assignment, "assignment", 3);
+  attention_ext_checks::check_cluster_broadcast(x, assignment);
   check_one_device("cluster_broadcast", {&x, &assignment});
   const c10::cuda::CUDAGuard guard(x.device());
   const at::Tensor x_c = x.contiguous(), assign_c = assignment.contiguous();
@@ -171,9 +159,7 @@ at::Tensor cluster_broadcast_cuda(const at::Tensor& x, const at::Tensor& assignm
 
 at::Tensor cluster_broadcast_backward_cuda(const at::Tensor& grad, const at::Tensor& offsets,
                                            const at::Tensor& members) {
-  check_rows(grad, "cluster_broadcast_backward: grad");
-  check_index(offsets, "offsets", 3);
-  check_index(members, "members", 3);
+  attention_ext_checks::check_cluster_broadcast_backward(grad, offsets, members);
   check_one_device("cluster_broadcast_backward", {&grad, &offsets, &members});
   const c10::cuda::CUDAGuard guard(grad.device());
   const int64_t length = grad.size(2), clusters = offsets.size(2) - 1;
@@ -233,13 +219,10 @@ __global__ void topk_keys_kernel(const scalar_t* __restrict__ weights, const int
 // For every row (cluster) the positions of its k largest weights among the valid keys,
 // largest first, ties to the lower position; slots past a short sequence's keys are -1.
 at::Tensor cluster_topk_cuda(const at::Tensor& weights, const at::Tensor& lengths, int64_t k) {
-  check_rows(weights, "cluster_topk: weights");
-  TORCH_CHECK(k >= 1, "cluster_topk: k must be >= 1, got ", k);
+  attention_ext_checks::check_cluster_topk(weights, lengths, k);
   const c10::cuda::CUDAGuard guard(weights.device());
   const int64_t batch = weights.size(0), heads = weights.size(1), rows_per_head = weights.size(2),
                 length = weights.size(3);
-  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch && lengths.scalar_type() == at::kLong,
-              "cluster_topk: lengths must be an int64 tensor of shape (", batch, ")");
   check_one_device("cluster_topk", {&weights, &lengths});
   TORCH_CHECK(length < 0xffffffffLL, "cluster_topk: at most 2^32 - 2 keys per row on CUDA, got ", length);
   const int64_t slots = std::min(k, length);

@@ -18,8 +18,8 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "input_checks.h"
-#include "top_k_floor.h"
+#include "../common/top_k_floor.h"
+#include "checks.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -30,12 +30,8 @@
 
 namespace {
 
-using attention_ext_checks::check_index;
-using attention_ext_checks::check_rows;
-
 std::tuple<at::Tensor, at::Tensor> group_by_cluster(const at::Tensor& assignment, int64_t clusters) {
-  check_index(assignment, "assignment", 3);
-  TORCH_CHECK(clusters >= 1, "group_by_cluster: clusters must be >= 1, got ", clusters);
+  attention_ext_checks::check_group_by_cluster(assignment, clusters);
   const int64_t batch = assignment.size(0), heads = assignment.size(1), length = assignment.size(2);
   const at::Tensor assign_c = assignment.contiguous();
   TORCH_CHECK(assign_c.numel() == 0 || assign_c.max().item<int64_t>() < clusters,
@@ -118,12 +114,9 @@ void copy_cluster_rows(const scalar_t* x, const int64_t* assign, const int64_t* 
 }
 
 at::Tensor cluster_mean(const at::Tensor& x, const at::Tensor& offsets, const at::Tensor& members) {
-  check_rows(x, "cluster_mean: x");
-  check_index(offsets, "offsets", 3);
-  check_index(members, "members", 3);
+  attention_ext_checks::check_cluster_mean(x, offsets, members);
   const int64_t batch = x.size(0), heads = x.size(1), length = x.size(2), dim = x.size(3);
   const int64_t clusters = offsets.size(2) - 1;
-  TORCH_CHECK(members.size(2) == length, "cluster_mean: members must have length ", length);
   const at::Tensor x_c = x.contiguous(), offsets_c = offsets.contiguous(), members_c = members.contiguous();
   at::Tensor out = at::zeros({batch, heads, clusters, dim}, x.options());
   AT_DISPATCH_FLOATING_TYPES(x.scalar_type(), "cluster_mean", [&] {
@@ -136,13 +129,9 @@ at::Tensor cluster_mean(const at::Tensor& x, const at::Tensor& offsets, const at
 
 at::Tensor cluster_mean_backward(const at::Tensor& grad, const at::Tensor& assignment,
                                  const at::Tensor& offsets) {
-  check_rows(grad, "cluster_mean_backward: grad");
-  check_index(assignment, "assignment", 3);
-  check_index(offsets, "offsets", 3);
+  attention_ext_checks::check_cluster_mean_backward(grad, assignment, offsets);
   const int64_t batch = grad.size(0), heads = grad.size(1), clusters = grad.size(2), dim = grad.size(3);
   const int64_t length = assignment.size(2);
-  TORCH_CHECK(offsets.size(2) == clusters + 1, "cluster_mean_backward: offsets must have ",
-              clusters + 1, " columns");
   const at::Tensor grad_c = grad.contiguous(), assign_c = assignment.contiguous(),
                    offsets_c = offsets.contiguous();
   at::Tensor out = at::empty({batch, heads, length, dim}, grad.options());
@@ -155,8 +144,7 @@ at::Tensor cluster_mean_backward(const at::Tensor& grad, const at::Tensor& assig
 }
 
 at::Tensor cluster_broadcast(const at::Tensor& x, const at::Tensor& assignment) {
-  check_rows(x, "cluster_broadcast: x");
-  check_index(assignment, "assignment", 3);
+  attention_ext_checks::check_cluster_broadcast(x, assignment);
   const int64_t batch = x.size(0), heads = x.size(1), clusters = x.size(2), dim = x.size(3);
   const int64_t length = assignment.size(2);
   const at::Tensor x_c = x.contiguous(), assign_c = assignment.contiguous();
@@ -171,9 +159,7 @@ at::Tensor cluster_broadcast(const at::Tensor& x, const at::Tensor& assignment) 
 
 at::Tensor cluster_broadcast_backward(const at::Tensor& grad, const at::Tensor& offsets,
                                       const at::Tensor& members) {
-  check_rows(grad, "cluster_broadcast_backward: grad");
-  check_index(offsets, "offsets", 3);
-  check_index(members, "members", 3);
+  attention_ext_checks::check_cluster_broadcast_backward(grad, offsets, members);
   const int64_t batch = grad.size(0), heads = grad.size(1), length = grad.size(2), dim = grad.size(3);
   const int64_t clusters = offsets.size(2) - 1;
   const at::Tensor grad_c = grad.contiguous(), offsets_c = offsets.contiguous(),
@@ -237,12 +223,9 @@ void topk_kernel(const scalar_t* ws, const int64_t* len, int64_t* out, int64_t g
 // (position < length), largest first, ties to the lower position. A row whose sequence
 // has fewer than k valid keys lists all of them and fills the remaining slots with -1.
 at::Tensor cluster_topk(const at::Tensor& weights, const at::Tensor& lengths, int64_t k) {
-  check_rows(weights, "cluster_topk: weights");
-  TORCH_CHECK(k >= 1, "cluster_topk: k must be >= 1, got ", k);
+  attention_ext_checks::check_cluster_topk(weights, lengths, k);
   const int64_t batch = weights.size(0), heads = weights.size(1), rows = weights.size(2),
                 length = weights.size(3);
-  TORCH_CHECK(lengths.dim() == 1 && lengths.size(0) == batch && lengths.scalar_type() == at::kLong,
-              "cluster_topk: lengths must be an int64 tensor of shape (", batch, ")");
   const int64_t slots = std::min(k, length);
   const at::Tensor w_c = weights.contiguous(), lengths_c = lengths.contiguous();
   at::Tensor out = at::full({batch, heads, rows, slots}, -1, weights.options().dtype(at::kLong));

@@ -22,8 +22,8 @@
 // Dtypes: q and v are read as they are (float32, float64, float16, bfloat16); arithmetic and
 // the returned log-sum-exp are in opmath (float, or double for float64), out and the
 // gradients in the input dtype. Head and value dims up to 32 * kMaxPerLane (256).
-#include "cuda_common.cuh"
-#include "input_checks.h"
+#include "../common/cuda_common.cuh"
+#include "checks.h"
 
 #include <torch/library.h>
 
@@ -87,33 +87,17 @@ __global__ void bucket_kernel(const acc_t* __restrict__ projected, const int64_t
 std::tuple<at::Tensor, at::Tensor> lsh_hash_cuda(const at::Tensor& q_in, const at::Tensor& rotations_in,
                                                  const at::Tensor& lengths_in,
                                                  const at::Tensor& half_buckets_in) {
-  TORCH_CHECK(q_in.dim() == 4, "lsh_hash: q must be (B, H, N, E), got ", q_in.sizes());
+  attention_ext_checks::check_lsh_hash(q_in, rotations_in, lengths_in, half_buckets_in);
   const int64_t batch = q_in.size(0), heads = q_in.size(1), length = q_in.size(2), dim = q_in.size(3);
-  TORCH_CHECK(rotations_in.dim() == 5 && rotations_in.size(0) == batch && rotations_in.size(1) == heads &&
-                  rotations_in.size(2) == dim && rotations_in.size(4) % 16 == 0,
-              "lsh_hash: rotations must be (B, H, E, R, P) with P a multiple of 16 for q ", q_in.sizes(),
-              ", got ", rotations_in.sizes());
   const auto opmath = at::toOpMathType(q_in.scalar_type());
-  TORCH_CHECK(rotations_in.scalar_type() == q_in.scalar_type() || rotations_in.scalar_type() == opmath,
-              "lsh_hash: rotations must have the dtype of q or ", opmath, ", got ", rotations_in.scalar_type());
   const int64_t rounds = rotations_in.size(3), columns = rotations_in.size(4);
-  TORCH_CHECK(lengths_in.dim() == 1 && lengths_in.size(0) == batch && half_buckets_in.dim() == 1 &&
-                  half_buckets_in.size(0) == batch,
-              "lsh_hash: lengths and half_buckets must be (B,) = (", batch, ",)");
   const c10::cuda::CUDAGuard guard(q_in.device());
   // The (B,) checks need the values on the host (two tiny copies, which wait for the GPU when
   // they are on it).
   const at::Tensor lengths_host = lengths_in.to(at::kCPU, at::kLong).contiguous();
   const at::Tensor half_host = half_buckets_in.to(at::kCPU, at::kLong).contiguous();
-  int64_t max_half = 1;
-  for (int64_t b = 0; b < batch; ++b) {
-    const int64_t valid = lengths_host.data_ptr<int64_t>()[b], half = half_host.data_ptr<int64_t>()[b];
-    TORCH_CHECK(valid >= 0 && valid <= length, "lsh_hash: lengths[", b, "] = ", valid, " is outside [0, ",
-                length, "]");
-    TORCH_CHECK(half >= 1 && half <= columns, "lsh_hash: half_buckets[", b, "] = ", half,
-                " is outside [1, ", columns, "]");
-    max_half = std::max(max_half, half);
-  }
+  const int64_t max_half = attention_ext_checks::check_lsh_hash_values(
+      lengths_host.data_ptr<int64_t>(), half_host.data_ptr<int64_t>(), batch, length, columns);
   const auto long_options = q_in.options().dtype(at::kLong);
   at::Tensor buckets = at::empty({batch, heads, rounds, length}, long_options);
   at::Tensor order = at::empty({batch, heads, rounds, length}, long_options);
@@ -195,9 +179,7 @@ struct Prepared {
 
 Prepared prepare(const at::Tensor& q, const at::Tensor& v, const at::Tensor& order_in,
                  const at::Tensor& lengths_in, int64_t chunk_size) {
-  attention_ext_checks::check_lsh_rows(q, v);
   check_one_device("lsh attention", {&q, &v});
-  attention_ext_checks::check_lsh_schedule(q, order_in, lengths_in, chunk_size);
   const int64_t per_lane = (std::max(q.size(3), v.size(3)) + kWarp - 1) / kWarp;
   TORCH_CHECK(per_lane <= kMaxPerLane, "lsh attention on CUDA: head and value dims up to ",
               kWarp * kMaxPerLane, " are supported, got ", q.size(3), " and ", v.size(3));
@@ -315,6 +297,33 @@ __device__ bool warp_position(const LshShape& s, const int64_t* order, const int
   return true;
 }
 
+// The walk of query i's windows that the forward and the backward's query pass share: round by
+// round, every key j of the window (its own chunk, then the previous one; i itself only where it
+// is alone there) with the logit q_i . k_j / sqrt(E) - log n_ij and 1 / max(||q_j||, eps);
+// on_key(j, inverse_norm, logit) for each, on_round_end(r) after each round's last.
+template <typename acc_t, int P, typename scalar_t, typename OnKey, typename OnRoundEnd>
+__device__ __forceinline__ void walk_query_windows(const Window<acc_t>& w, int64_t i, const LaneRow<acc_t, P>& query,
+                                                   const scalar_t* q_bh, const acc_t* norm_bh, int64_t dim,
+                                                   int lane, OnKey&& on_key, OnRoundEnd&& on_round_end) {
+  for (int64_t r = 0; r < w.rounds; ++r) {
+    const int64_t c = w.chunk_of[r * w.length + i];
+    const bool mask_self = w.window_size(c) > 1;
+    const int64_t* round_order = w.order + r * w.length;
+    for (int part = 0; part < (w.chunks > 1 ? 2 : 1); ++part) {
+      const int64_t kc = part == 0 ? c : w.previous(c);
+      const int64_t begin = kc * w.chunk, end = begin + chunk_size_of(kc, w.valid, w.chunk);
+      for (int64_t slot = begin; slot < end; ++slot) {
+        const int64_t j = round_order[slot];
+        if (mask_self && j == i) continue;
+        const acc_t inverse_norm = acc_t(1) / max(norm_bh[j], acc_t(1e-12));
+        const acc_t logit = query.dot(q_bh + j * dim, dim, lane) * inverse_norm * w.scale - w.log_count(r, i, j);
+        on_key(j, inverse_norm, logit);
+      }
+    }
+    on_round_end(r);
+  }
+}
+
 template <typename scalar_t, int P>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
 lsh_forward_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ v,
@@ -333,31 +342,20 @@ lsh_forward_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ 
   query.load(q_bh + i * s.dim, s.dim, lane);
   merged.fill(0);
   acc_t merged_lse = 0;
-  for (int64_t r = 0; r < s.rounds; ++r) {
-    const int64_t c = w.chunk_of[r * s.length + i];
-    const bool mask_self = w.window_size(c) > 1;
-    const int64_t* round_order = w.order + r * s.length;
-    acc_t running_max = -INFINITY, total = 0;
-    acc.fill(0);
-    for (int part = 0; part < (w.chunks > 1 ? 2 : 1); ++part) {
-      const int64_t kc = part == 0 ? c : w.previous(c);
-      const int64_t begin = kc * s.chunk, end = begin + chunk_size_of(kc, w.valid, s.chunk);
-      for (int64_t slot = begin; slot < end; ++slot) {
-        const int64_t j = round_order[slot];
-        if (mask_self && j == i) continue;
-        const acc_t inverse_norm = acc_t(1) / max(norm_bh[j], acc_t(1e-12));
-        const acc_t logit = query.dot(q_bh + j * s.dim, s.dim, lane) * inverse_norm * w.scale -
-                            w.log_count(r, i, j);
-        const acc_t new_max = max(running_max, logit);
-        const acc_t correction = exp(running_max - new_max);  // 0 on the first key
-        const acc_t weight = exp(logit - new_max);
-        total = total * correction + weight;
+  // The round's online softmax: its running maximum, sum of weights and weighted sum of values.
+  acc_t running_max = -INFINITY, total = 0;
+  acc.fill(0);
+  const auto on_key = [&](int64_t j, acc_t, acc_t logit) {
+    const acc_t new_max = max(running_max, logit);
+    const acc_t correction = exp(running_max - new_max);  // 0 on the first key
+    const acc_t weight = exp(logit - new_max);
+    total = total * correction + weight;
 #pragma unroll
-        for (int p = 0; p < P; ++p) acc.x[p] *= correction;
-        acc.add_scaled(v_bh + j * s.value_dim, s.value_dim, lane, weight);
-        running_max = new_max;
-      }
-    }
+    for (int p = 0; p < P; ++p) acc.x[p] *= correction;
+    acc.add_scaled(v_bh + j * s.value_dim, s.value_dim, lane, weight);
+    running_max = new_max;
+  };
+  const auto on_round_end = [&](int64_t r) {
     const acc_t round_lse = running_max + log(total);
     if (r == 0) {
 #pragma unroll
@@ -370,7 +368,11 @@ lsh_forward_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ 
       for (int p = 0; p < P; ++p) merged.x[p] = merged.x[p] * keep + acc.x[p] * add;
       merged_lse = both;
     }
-  }
+    running_max = -INFINITY;
+    total = 0;
+    acc.fill(0);
+  };
+  walk_query_windows(w, i, query, q_bh, norm_bh, s.dim, lane, on_key, on_round_end);
   merged.store(out + (bh * s.length + i) * s.value_dim, s.value_dim, lane);
   if (lane == 0) lse[bh * s.length + i] = merged_lse;
 }
@@ -402,25 +404,12 @@ lsh_backward_query_kernel(const scalar_t* __restrict__ grad_out, const scalar_t*
   gq.fill(0);
   const acc_t row_delta = go.dot(out + row * s.value_dim, s.value_dim, lane);
   const acc_t row_lse = lse[row];
-  for (int64_t r = 0; r < s.rounds; ++r) {
-    const int64_t c = w.chunk_of[r * s.length + i];
-    const bool mask_self = w.window_size(c) > 1;
-    const int64_t* round_order = w.order + r * s.length;
-    for (int part = 0; part < (w.chunks > 1 ? 2 : 1); ++part) {
-      const int64_t kc = part == 0 ? c : w.previous(c);
-      const int64_t begin = kc * s.chunk, end = begin + chunk_size_of(kc, w.valid, s.chunk);
-      for (int64_t slot = begin; slot < end; ++slot) {
-        const int64_t j = round_order[slot];
-        if (mask_self && j == i) continue;
-        const acc_t inverse_norm = acc_t(1) / max(norm_bh[j], acc_t(1e-12));
-        const acc_t logit = query.dot(q_bh + j * s.dim, s.dim, lane) * inverse_norm * w.scale -
-                            w.log_count(r, i, j);
-        const acc_t p = exp(logit - row_lse);
-        const acc_t dlogit = p * (go.dot(v_bh + j * s.value_dim, s.value_dim, lane) - row_delta) * w.scale;
-        gq.add_scaled(q_bh + j * s.dim, s.dim, lane, dlogit * inverse_norm);  // dlogit * k_j
-      }
-    }
-  }
+  const auto on_key = [&](int64_t j, acc_t inverse_norm, acc_t logit) {
+    const acc_t p = exp(logit - row_lse);
+    const acc_t dlogit = p * (go.dot(v_bh + j * s.value_dim, s.value_dim, lane) - row_delta) * w.scale;
+    gq.add_scaled(q_bh + j * s.dim, s.dim, lane, dlogit * inverse_norm);  // dlogit * k_j
+  };
+  walk_query_windows(w, i, query, q_bh, norm_bh, s.dim, lane, on_key, [](int64_t) {});
   gq.store(dq + row * s.dim, s.dim, lane);
   if (lane == 0) delta[row] = row_delta;
 }
@@ -514,6 +503,7 @@ dim3 warp_grid(const at::Tensor& q) {
 std::tuple<at::Tensor, at::Tensor> lsh_attention_forward_cuda(const at::Tensor& q_in, const at::Tensor& v_in,
                                                               const at::Tensor& order,
                                                               const at::Tensor& lengths, int64_t chunk_size) {
+  attention_ext_checks::check_lsh_attention(q_in, v_in, order, lengths, chunk_size);
   const c10::cuda::CUDAGuard guard(q_in.device());
   Prepared p = prepare(q_in, v_in, order, lengths, chunk_size);
   const at::Tensor q = q_in.contiguous(), v = v_in.contiguous();
@@ -537,14 +527,11 @@ std::tuple<at::Tensor, at::Tensor> lsh_attention_forward_cuda(const at::Tensor& 
 std::tuple<at::Tensor, at::Tensor> lsh_attention_backward_cuda(
     const at::Tensor& grad_out_in, const at::Tensor& q_in, const at::Tensor& v_in, const at::Tensor& order,
     const at::Tensor& lengths, const at::Tensor& out_in, const at::Tensor& lse_in, int64_t chunk_size) {
+  attention_ext_checks::check_lsh_attention_backward(grad_out_in, q_in, v_in, order, lengths, out_in, lse_in,
+                                                     chunk_size);
+  check_one_device("lsh attention backward", {&q_in, &grad_out_in, &out_in, &lse_in});
   const c10::cuda::CUDAGuard guard(q_in.device());
   Prepared p = prepare(q_in, v_in, order, lengths, chunk_size);
-  TORCH_CHECK(grad_out_in.sizes() == v_in.sizes() && out_in.sizes() == v_in.sizes(),
-              "lsh attention backward: grad_out and out must have the shape of v");
-  TORCH_CHECK(lse_in.dim() == 3 && lse_in.size(0) == q_in.size(0) && lse_in.size(1) == q_in.size(1) &&
-                  lse_in.size(2) == q_in.size(2),
-              "lsh attention backward: lse must be (B, H, N), got ", lse_in.sizes());
-  check_one_device("lsh attention backward", {&q_in, &grad_out_in, &out_in, &lse_in});
   const auto opmath = at::toOpMathType(q_in.scalar_type());
   const at::Tensor q = q_in.contiguous(), v = v_in.contiguous();
   const at::Tensor grad_out = grad_out_in.to(q.scalar_type()).contiguous();

@@ -31,9 +31,9 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "input_checks.h"
-#include "top_k_floor.h"
-#include "vector_exp.h"
+#include "../common/checks.h"
+#include "../common/top_k_floor.h"
+#include "../common/vector_exp.h"
 
 #if defined(__AVX512F__)
 #include <immintrin.h>

@@ -25,8 +25,8 @@
 // Codes computed from float projections can differ from the CPU's where a projection lies
 // within rounding of its threshold (the two sum in different orders); float64 inputs
 // give the same codes in practice.
-#include "cuda_common.cuh"
-#include "input_checks.h"
+#include "../common/cuda_common.cuh"
+#include "checks.h"
 
 #include <torch/library.h>
 
@@ -37,11 +37,8 @@ namespace {
 
 using namespace attention_ext_cuda;
 
-using attention_ext_checks::check_codes;
-
-// The CPU operators' check, then the device: the kernels read the lengths.
-void check_lengths(const at::Tensor& lengths, int64_t batch) {
-  attention_ext_checks::check_lengths(lengths, batch);
+// After the operator's checks (checks.h), the device: the kernels read the lengths.
+void check_lengths_on_gpu(const at::Tensor& lengths) {
   TORCH_CHECK(lengths.is_cuda(), "lengths must be on the CUDA device of the codes/queries, got ",
               lengths.device());
 }
@@ -99,8 +96,8 @@ __global__ void hash_pack_kernel(const acc_t* __restrict__ proj, const double* _
 
 at::Tensor hyperplane_hash_cuda(const at::Tensor& queries, const at::Tensor& planes,
                                 const at::Tensor& offsets, const at::Tensor& lengths) {
-  const int64_t bits = attention_ext_checks::check_hash_inputs(queries, planes, offsets);
-  check_lengths(lengths, queries.size(0));
+  const int64_t bits = attention_ext_checks::check_hyperplane_hash(queries, planes, offsets, lengths);
+  check_lengths_on_gpu(lengths);
   const c10::cuda::CUDAGuard guard(queries.device());
   const int64_t batch = queries.size(0), heads = queries.size(1), length = queries.size(2);
   const int64_t groups = batch * heads;
@@ -195,9 +192,8 @@ __global__ void kmeans_init_kernel(const int64_t* __restrict__ codes, const int6
 
 at::Tensor hamming_kmeans_init_cuda(const at::Tensor& codes, const at::Tensor& lengths, int64_t clusters,
                                     int64_t seed) {
-  check_codes(codes);
-  check_lengths(lengths, codes.size(0));
-  TORCH_CHECK(clusters >= 1, "hamming_kmeans_init: clusters must be >= 1, got ", clusters);
+  attention_ext_checks::check_hamming_kmeans_init(codes, lengths, clusters);
+  check_lengths_on_gpu(lengths);
   const c10::cuda::CUDAGuard guard(codes.device());
   const int64_t heads = codes.size(1), length = codes.size(2), groups = codes.size(0) * heads;
   at::Tensor centroids = at::zeros({codes.size(0), heads, clusters}, codes.options());
@@ -360,13 +356,11 @@ __global__ void kmeans_assign_kernel(const int64_t* __restrict__ codes, const in
 std::tuple<at::Tensor, at::Tensor> hamming_kmeans_cuda(const at::Tensor& codes, const at::Tensor& lengths,
                                                        const at::Tensor& initial_centroids,
                                                        int64_t iterations, int64_t bits) {
-  check_codes(codes);
-  check_lengths(lengths, codes.size(0));
-  attention_ext_checks::check_kmeans_inputs(codes, initial_centroids, iterations, bits);
+  const int64_t clusters =
+      attention_ext_checks::check_hamming_kmeans(codes, lengths, initial_centroids, iterations, bits);
+  check_lengths_on_gpu(lengths);
   const c10::cuda::CUDAGuard guard(codes.device());
   const int64_t heads = codes.size(1), length = codes.size(2);
-  const int64_t clusters = initial_centroids.size(2);
-  TORCH_CHECK(clusters < (int64_t{1} << 31), "hamming_kmeans: too many clusters: ", clusters);
   const int64_t groups = codes.size(0) * heads;
   at::Tensor centroids = initial_centroids.to(codes.device()).contiguous().clone();
   at::Tensor assignment = at::empty({codes.size(0), heads, length}, codes.options());

@@ -37,7 +37,7 @@
 #include <ATen/Parallel.h>
 #include <torch/library.h>
 
-#include "input_checks.h"
+#include "checks.h"
 
 #include <algorithm>
 #include <cmath>
@@ -46,9 +46,6 @@
 #include <vector>
 
 namespace {
-
-using attention_ext_checks::check_codes;
-using attention_ext_checks::check_lengths;
 
 // Valid length of batch row b, clipped to [0, length].
 inline int64_t valid_length(const int64_t* lengths, int64_t b, int64_t length) {
@@ -127,8 +124,7 @@ void hyperplane_hash_kernel(const scalar_t* proj, const double* offset, const in
 
 at::Tensor hyperplane_hash(const at::Tensor& queries, const at::Tensor& planes,
                            const at::Tensor& offsets, const at::Tensor& lengths) {
-  const int64_t bits = attention_ext_checks::check_hash_inputs(queries, planes, offsets);
-  check_lengths(lengths, queries.size(0));
+  const int64_t bits = attention_ext_checks::check_hyperplane_hash(queries, planes, offsets, lengths);
   const int64_t batch = queries.size(0), heads = queries.size(1), length = queries.size(2);
   const int64_t groups = batch * heads;
 
@@ -153,9 +149,7 @@ at::Tensor hyperplane_hash(const at::Tensor& queries, const at::Tensor& planes,
 
 at::Tensor hamming_kmeans_init(const at::Tensor& codes, const at::Tensor& lengths,
                                int64_t clusters, int64_t seed) {
-  check_codes(codes);
-  check_lengths(lengths, codes.size(0));
-  TORCH_CHECK(clusters >= 1, "hamming_kmeans_init: clusters must be >= 1, got ", clusters);
+  attention_ext_checks::check_hamming_kmeans_init(codes, lengths, clusters);
   const int64_t heads = codes.size(1), length = codes.size(2);
   const int64_t groups = codes.size(0) * heads;
   const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.contiguous();
@@ -234,34 +228,21 @@ inline void nearest_centroids(const int64_t* x, const int64_t* cent, int64_t clu
   for (int lane = 0; lane < kCodesAtOnce; ++lane) out[lane] = nearest[lane];
 }
 
-std::tuple<at::Tensor, at::Tensor> hamming_kmeans(const at::Tensor& codes, const at::Tensor& lengths,
-                                                  const at::Tensor& initial_centroids,
-                                                  int64_t iterations, int64_t bits) {
-  check_codes(codes);
-  check_lengths(lengths, codes.size(0));
-  attention_ext_checks::check_kmeans_inputs(codes, initial_centroids, iterations, bits);
-  const int64_t heads = codes.size(1), length = codes.size(2);
-  const int64_t clusters = initial_centroids.size(2);
-  TORCH_CHECK(clusters < (int64_t{1} << 31), "hamming_kmeans: too many clusters: ", clusters);
-  const int64_t groups = codes.size(0) * heads;
-  const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.contiguous();
-  at::Tensor centroids = initial_centroids.contiguous().clone();
-  at::Tensor assignment = at::empty({codes.size(0), heads, length}, codes.options());
-  const int64_t* code = codes_c.data_ptr<int64_t>();
-  const int64_t* len = lengths_c.data_ptr<int64_t>();
-  int64_t* cent_all = centroids.data_ptr<int64_t>();
-  int64_t* assign_all = assignment.data_ptr<int64_t>();
+// Hamming K-Means over every (batch, head): the codes and lengths it reads, the centroids and
+// the assignment it writes. A (batch, head) is settled once an update leaves all its centroids
+// unchanged: its assignment is then already the nearest-centroid one and no later step changes
+// it, so it is skipped (the result is the same as running all iterations).
+struct KMeansRun {
+  const int64_t* code;   // (B, H, N)
+  const int64_t* len;    // (B,)
+  int64_t* cent_all;     // (B, H, C)
+  int64_t* assign_all;   // (B, H, N)
+  int64_t heads, length, clusters, bits;
+  std::vector<uint8_t> settled;   // per (batch, head)
 
-  bool any_kmeans = false;  // some (batch, head) has more valid queries than clusters
-  for (int64_t b = 0; b < codes.size(0); ++b)
-    any_kmeans = any_kmeans || valid_length(len, b, length) > clusters;
-
-  // A (batch, head) is settled once an update leaves all its centroids unchanged: its
-  // assignment is then already the nearest-centroid one and no later step changes it,
-  // so it is skipped (the result is the same as running all iterations).
-  std::vector<uint8_t> settled(groups, 0);
-
-  auto assign = [&](int64_t begin, int64_t end) {
+  // Assigns flat positions begin..end-1 of (batch, head, position) to their nearest centroids
+  // (-1 for padded ones; its own cluster for each query of a head with at most C of them).
+  void assign(int64_t begin, int64_t end) {
     for (int64_t index = begin; index < end; ++index) {
       const int64_t g = index / length, i = index % length;
       if (settled[g]) continue;
@@ -280,9 +261,12 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans(const at::Tensor& codes, const
         --index;  // the loop's ++index comes next
       }
     }
-  };
+  }
 
-  auto update = [&](int64_t begin, int64_t end) {
+  // Moves every centroid of (batch, head)s begin..end-1 to the majority vote of its members'
+  // bits (an exact tie keeps the bit, a cluster without members its code), and marks a head
+  // whose centroids did not change as settled.
+  void update(int64_t begin, int64_t end) {
     std::vector<int64_t> ones(clusters * 64), members(clusters);
     for (int64_t g = begin; g < end; ++g) {
       const int64_t valid = valid_length(len, g / heads, length);
@@ -320,28 +304,46 @@ std::tuple<at::Tensor, at::Tensor> hamming_kmeans(const at::Tensor& codes, const
       }
       settled[g] = !changed;
     }
-  };
+  }
+};
+
+std::tuple<at::Tensor, at::Tensor> hamming_kmeans(const at::Tensor& codes, const at::Tensor& lengths,
+                                                  const at::Tensor& initial_centroids,
+                                                  int64_t iterations, int64_t bits) {
+  const int64_t clusters =
+      attention_ext_checks::check_hamming_kmeans(codes, lengths, initial_centroids, iterations, bits);
+  const int64_t heads = codes.size(1), length = codes.size(2);
+  const int64_t groups = codes.size(0) * heads;
+  const at::Tensor codes_c = codes.contiguous(), lengths_c = lengths.contiguous();
+  at::Tensor centroids = initial_centroids.contiguous().clone();
+  at::Tensor assignment = at::empty({codes.size(0), heads, length}, codes.options());
+  KMeansRun run{codes_c.data_ptr<int64_t>(), lengths_c.data_ptr<int64_t>(), centroids.data_ptr<int64_t>(),
+                assignment.data_ptr<int64_t>(), heads, length, clusters, bits, std::vector<uint8_t>(groups, 0)};
 
   if (groups >= at::get_num_threads()) {
     // Enough (batch, head)s to share out: each thread runs whole K-Means on its own,
     // with no barrier per step and the head's codes kept in cache.
     at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) {
       for (int64_t g = begin; g < end; ++g) {
-        for (int64_t it = 0; it < iterations && !settled[g]; ++it) {
-          assign(g * length, (g + 1) * length);
-          update(g, g + 1);
+        for (int64_t it = 0; it < iterations && !run.settled[g]; ++it) {
+          run.assign(g * length, (g + 1) * length);
+          run.update(g, g + 1);
         }
-        assign(g * length, (g + 1) * length);
+        run.assign(g * length, (g + 1) * length);
       }
     });
     return {assignment, centroids};
   }
   // Few (batch, head)s (batch 1, one head): every step is shared out over the positions.
+  bool any_kmeans = false;  // some (batch, head) has more valid queries than clusters
+  for (int64_t b = 0; b < codes.size(0); ++b)
+    any_kmeans = any_kmeans || valid_length(run.len, b, length) > clusters;
+  const auto assign = [&](int64_t begin, int64_t end) { run.assign(begin, end); };
   if (any_kmeans) {
     for (int64_t it = 0; it < iterations; ++it) {
       at::parallel_for(0, groups * length, 256, assign);
-      at::parallel_for(0, groups, 1, update);
-      if (std::all_of(settled.begin(), settled.end(), [](uint8_t s) { return s != 0; })) break;
+      at::parallel_for(0, groups, 1, [&](int64_t begin, int64_t end) { run.update(begin, end); });
+      if (std::all_of(run.settled.begin(), run.settled.end(), [](uint8_t s) { return s != 0; })) break;
     }
   }
   at::parallel_for(0, groups * length, 256, assign);
