@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from asr.data.datamodule import DataConfig, as_data_config, validate_data_config
+from asr.presets import register_presets
 from attention_ext import AttentionConfigError, ValidatedAttention, validate_attention
 
 
@@ -120,7 +121,9 @@ class TrainConfig:
 
 
 def register_schema() -> None:
+    """The schema, and the presets made from corpus setups and attentions (asr/presets.py)."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
+    register_presets()
 
 
 def _require(ok: bool, key: str, value: Any, rule: str) -> None:

@@ -20,13 +20,14 @@ from asr.evaluate import EvaluateConfig, evaluate, load_model
 from asr.exit_status import INTERRUPTED, USAGE_ERROR
 from asr.model.checkpoint import CheckpointError
 from asr.model.recognizer import CheckpointMismatchError
+from asr.presets import preset_names
 from asr.train import remove_unused_run_folder, train
 from attention_ext import AttentionConfigError
 from tiny_runs import CONF, ROOT, TINY, compose_config, tiny_config
 
 # The synth presets train here on the tiny synthetic corpus; the corpus presets (wsj_*, timit_*, ...)
 # are composed, validated and trained on the recipe fixtures in tests/recipes/test_presets_on_fixtures.py.
-PRESETS = sorted(p.stem for p in (CONF / "conf").glob("synth_*.yaml"))
+PRESETS = [name for name in preset_names() if name.startswith("synth_")]
 
 def metrics_rows(run_dir: Path) -> list[dict]:
     rows = []

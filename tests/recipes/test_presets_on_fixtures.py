@@ -1,4 +1,4 @@
-"""The corpus presets (conf/conf/{wsj,timit,librispeech,switchboard}_*.yaml): they compose and validate,
+"""The corpus presets ({wsj,timit,librispeech,switchboard}_<attention>, asr/presets.py): they compose and validate,
 the WSJ ones carry the paper's numbers, the mini LibriSpeech one is small (it trains on the corpus
 of test_librispeech_download.py), and one preset per corpus trains on that recipe's fixture tree
 (built by the recipe tests, prepared by the recipe) - WSJ through the documented command line.
@@ -24,6 +24,7 @@ from hydra import compose, initialize_config_dir
 from asr.config import ConfigError, attention_settings, validate_config
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError
+from asr.presets import corpus_setups, preset_names
 from asr.train import train
 from recipes.librispeech.prepare import MINI_OUT, prepare_librispeech
 from recipes.switchboard.prepare import prepare_switchboard
@@ -37,7 +38,7 @@ from test_wsj import LEXICON, build_ldc_discs
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
-PRESETS = sorted(p.stem for p in (CONF / "conf").glob("*.yaml"))
+PRESETS = [name for name in preset_names() if name not in corpus_setups()]
 CORPORA = ("wsj", "timit", "librispeech", "switchboard")
 SMALL_PRESETS = ("librispeech_mini_iclustered",)   # sized for a CPU or one GPU, not the paper's setups
 ATTENTIONS = ("full", "shared_full", "lsh1", "lsh4", "clustered", "iclustered", "linear", "agglomerative")
