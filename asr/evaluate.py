@@ -257,11 +257,11 @@ def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, 
 
 def prepare_missing_split(config: DataConfig, split: str, progress: bool = True) -> None:
     """Prepares the corpus into data.root when the split's manifest is missing and a preparer is
-    registered for it (asr.data.corpus_preparers: synth, asterisk), as asr.train does; for any other
+    in its recipe (asr.data.corpus_recipes: synth, asterisk), as asr.train does; for any other
     corpus, or a folder holding the split under another corpus name (data.corpus forgotten), the
     missing manifest is load_cuts' error saying what to do. A preparer that fails (a package to
     install, a damaged file) is one EvaluationError line."""
-    from asr.data.corpus_preparers import corpus_preparer
+    from asr.data.corpus_recipes import corpus_preparer
     from asr.data.manifests import cuts_path, other_corpora
     if cuts_path(config.root, config.corpus, split).is_file() or other_corpora(Path(config.root), config.corpus,
                                                                                 split):

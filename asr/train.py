@@ -55,9 +55,9 @@ from omegaconf import DictConfig, OmegaConf
 
 from asr.config import ConfigError, register_schema, validate_config
 from asr.config_help import schema_help
-from asr.data.corpus_preparers import corpus_preparer, unregistered_note
+from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_hint, unregistered_note
 from asr.data.datamodule import SpeechDataModule
-from asr.data.manifests import ManifestError, preparation_hint
+from asr.data.manifests import ManifestError
 from asr.decoding.evaluation import keep_decoding_files_in_run
 from asr.fault_injection import pause_point
 from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
@@ -166,8 +166,8 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | Non
 
 # ---- the corpus ----------------------------------------------------------------------------------
 def ensure_corpus(cfg: DictConfig) -> None:
-    """Generates a corpus whose manifests are missing when a preparer is registered for it
-    (asr.data.corpus_preparers: the built-in synthetic corpus); for any other corpus (the user's copy
+    """Generates a corpus whose manifests are missing when its recipe has a preparer
+    (asr.data.corpus_recipes: the built-in synthetic corpus); for any other corpus (the user's copy
     of WSJ, TIMIT, ...) missing manifests are a ConfigError naming the recipe command."""
     data = cfg.data
     root = Path(data.root)
@@ -175,18 +175,18 @@ def ensure_corpus(cfg: DictConfig) -> None:
                if not (root / f"{data.corpus}_cuts_{split}.jsonl.gz").is_file()]
     if not missing:
         return
-    preparer = corpus_preparer(data.corpus)
-    if preparer is None:   # a real corpus is the user's: say how to prepare it, never guess
+    recipe = corpus_recipe(data.corpus)
+    if recipe is None or recipe.preparer is None:   # a real corpus is the user's: say how to prepare it, never guess
         where = (f"data.root={str(root)!r} does not exist, so it holds no {data.corpus} manifests"
                  if not root.is_dir() else
                  f"data.root={str(root)!r} has no {data.corpus}_cuts_<split>.jsonl.gz for split(s) {missing}")
         raise ConfigError(f"{where}; {preparation_hint(data.corpus, root)}, then run again with "
                           f"data.root=<that folder> ({unregistered_note()})")
     log.info("corpus %s: manifests missing in %s, generating them (once)", data.corpus, root)
-    # the schema's synth_corpus section sizes the built-in corpus; other preparers take no options
-    options = OmegaConf.to_container(cfg.synth_corpus, resolve=True) if data.corpus == "synth" else {}
+    # a config section may size the corpus (synth_corpus for the built-in one)
+    options = OmegaConf.to_container(cfg[recipe.options_section], resolve=True) if recipe.options_section else {}
     try:
-        report = preparer(root, progress=True, **options)
+        report = recipe.preparer(root, progress=True, **options)
     except ValueError as error:   # an option value it refuses, or data.root made with other settings
         raise ConfigError(f"corpus {data.corpus} in data.root={str(root)!r}: {error}") from None
     log.info("corpus %s: %s", data.corpus, report)

@@ -3,7 +3,7 @@
 A module may import its own package and the packages below it, never one above it (README,
 "Layout"). The check reads every module's import statements, also those inside functions, and
 importlib.import_module / __import__ calls with a literal name. asr reaches a recipe only through
-the corpus-preparer entry points (asr/data/corpus_preparers.py), which this check cannot see and
+the corpus-recipe entry point (asr/data/corpus_recipes.py), which this check cannot see and
 need not: they name no package in asr's code.
 """
 from __future__ import annotations

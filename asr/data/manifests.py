@@ -21,6 +21,8 @@ from pathlib import Path
 
 from lhotse import CutSet
 
+from asr.data.corpus_recipes import preparation_hint
+
 
 # How many offending items an error message lists before it says "and N more".
 MAX_LISTED = 20
@@ -28,28 +30,6 @@ MAX_LISTED = 20
 
 class ManifestError(ValueError):
     """The manifests (or the audio they point to) cannot be used as they are; the message says why and what to do."""
-
-
-# The command that writes each corpus's manifests (recipes/<corpus>/README.md says what to download
-# or buy); error messages about missing manifests name it with the folder the config points at.
-PREPARE_COMMANDS = {
-    "synth": "python -m recipes.synth.prepare --out {root}",
-    "wsj": "python -m recipes.wsj.prepare --corpus-dir WSJ0_DIR WSJ1_DIR --lexicon cmudict-0.7b --out {root}",
-    "timit": "python -m recipes.timit.prepare --corpus-dir TIMIT_DIR --out {root}",
-    "librispeech": "python -m recipes.librispeech.prepare --corpus-dir LIBRISPEECH_DIR (or --download mini|all) --out {root}",
-    "switchboard": ("python -m recipes.switchboard.prepare --corpus-dir LDC97S62_DIR "
-                    "--transcripts-dir swb_ms98_transcriptions --out {root}"),
-    # dev/test only (real speech for evaluation), from two Debian packages the recipe names
-    "asterisk": "python -m recipes.asterisk.prepare --out {root}",
-}
-
-
-def preparation_hint(corpus: str, root: str | os.PathLike) -> str:
-    """'prepare them with `python -m recipes.<corpus>.prepare ... --out <root>` (see its README)'."""
-    if corpus not in PREPARE_COMMANDS:
-        return (f"write them with a recipe for corpus {corpus!r} (recipes/README.md says how to add one) "
-                f"into {root}")
-    return f"prepare them with `{PREPARE_COMMANDS[corpus].format(root=root)}` (see recipes/{corpus}/README.md)"
 
 
 def cuts_path(root: str | os.PathLike, corpus: str, split: str) -> Path:

@@ -4,6 +4,21 @@
 word and ARPAbet phone targets; see README.md in this folder.
 """
 
+from asr.data.corpus_recipes import CorpusRecipe
+
+
+def generate(out_dir, **options) -> dict:
+    """What asr.train runs when the synth manifests are missing: prepare_synth, imported only then."""
+    from recipes.synth.prepare import prepare_synth
+
+    return prepare_synth(out_dir, **options)
+
+
+# The built-in corpus: asr.train generates it itself, sized by the config's synth_corpus section
+# (recipes/corpora.py finds this).
+RECIPE = CorpusRecipe("synth", prepare_command="python -m recipes.synth.prepare --out {root}",
+                      preparer=generate, options_section="synth_corpus")
+
 
 def __getattr__(name):
     # Lazy, so that `python -m recipes.synth.prepare` does not import the module twice.

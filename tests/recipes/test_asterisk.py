@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-from importlib.metadata import EntryPoint
 from pathlib import Path
 
 import numpy as np
@@ -374,21 +373,15 @@ def tiny_model(tmp_path_factory) -> Path:
 
 
 def registered_asterisk(monkeypatch, sounds: Path, transcripts: Path) -> None:
-    """The asterisk entry point as pyproject.toml declares it, the recipe reading the fixture packages."""
-    import asr.data.corpus_preparers as corpus_preparers
-    point = EntryPoint(name="asterisk", value="recipes.asterisk.prepare:prepare_asterisk",
-                       group=corpus_preparers.GROUP)
-    monkeypatch.setattr(corpus_preparers, "entry_points",
-                        lambda group, name=None: [point] if name in (None, "asterisk") else [])
+    """The asterisk recipe as the project registers it, reading the fixture packages."""
     monkeypatch.setattr(asterisk, "SOUNDS_DIR", sounds)
     monkeypatch.setattr(asterisk, "TRANSCRIPTS", transcripts)
 
 
-def test_pyproject_registers_the_asterisk_preparer():
-    import tomllib
-    declared = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())
-    assert declared["project"]["entry-points"]["asr.corpus_preparers"]["asterisk"] == \
-        "recipes.asterisk.prepare:prepare_asterisk"
+def test_the_asterisk_recipe_has_a_preparer():
+    from asr.data.corpus_recipes import corpus_recipe
+    recipe = corpus_recipe("asterisk")
+    assert recipe.preparer is not None and recipe.prepare_command == "python -m recipes.asterisk.prepare --out {root}"
 
 
 @needs_programs
