@@ -68,7 +68,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config, validate_data_config
 from asr.data.dataset import batch_references
-from asr.data.manifests import ManifestError
+from asr.data.manifests import ManifestError, corpus_root, cuts_path, default_root, other_corpora
 from asr.exit_status import SUCCESS, run_command
 from asr.metrics import percent
 from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
@@ -262,17 +262,15 @@ def prepare_missing_split(config: DataConfig, split: str, progress: bool = True)
     missing manifest is load_cuts' error saying what to do. A preparer that fails (a package to
     install, a damaged file) is one EvaluationError line."""
     from asr.data.corpus_recipes import corpus_preparer
-    from asr.data.manifests import cuts_path, other_corpora
-    if cuts_path(config.root, config.corpus, split).is_file() or other_corpora(Path(config.root), config.corpus,
-                                                                                split):
+    root = corpus_root(config.root)
+    if cuts_path(root, config.corpus, split).is_file() or other_corpora(root, config.corpus, split):
         return
     preparer = corpus_preparer(config.corpus)
     if preparer is None:
         return
-    log.warning("corpus %s: no %s manifest in %s, preparing the corpus there (once)", config.corpus, split,
-                config.root)
+    log.warning("corpus %s: no %s manifest in %s, preparing the corpus there (once)", config.corpus, split, root)
     try:
-        preparer(Path(config.root), progress=progress)
+        preparer(root, progress=progress)
     except (ValueError, RuntimeError, OSError) as error:   # a preparer's own errors: usage, problems, files
         raise EvaluationError(f"data.corpus={config.corpus}: preparing its manifests in {config.root} failed: "
                               f"{error}") from error
@@ -324,7 +322,7 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
     else:
         trained = trained_data_config(checkpoint)
         if "corpus" in overrides and "root" not in overrides and overrides["corpus"] != trained.get("corpus"):
-            settings["root"] = str(Path("data") / overrides["corpus"])   # another corpus: where its recipe writes
+            settings["root"] = default_root(overrides["corpus"])   # another corpus: where its recipe writes
         if "root" not in settings:
             raise EvaluationError(f"{checkpoint} is not inside an asr.train run folder (no ../config.yaml), "
                                   "so its corpus is unknown: give data.corpus=... (data.root=...) or data_dir=...")
@@ -346,7 +344,7 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
         prepare_missing_split(config, split, settings["progress"])
     datamodule = SpeechDataModule(config, frame_subsampling=model.encoder.subsampling, filterbank=frontend)
     datamodule.set_tokenizers({kind: model.tokenizers[kind].state_dict() for kind in config.targets})
-    source = source if data_dir is not None else f"{config.root}/{config.corpus}_cuts_{split}.jsonl.gz"
+    source = source if data_dir is not None else str(cuts_path(config.root, config.corpus, split))
     return EvaluationData(datamodule, split, scored, source)
 
 

@@ -57,7 +57,7 @@ from asr.config import ConfigError, register_schema, validate_config
 from asr.config_help import schema_help
 from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_hint, unregistered_note
 from asr.data.datamodule import SpeechDataModule
-from asr.data.manifests import ManifestError
+from asr.data.manifests import ManifestError, corpus_root, cuts_path, manifest_name
 from asr.decoding.evaluation import keep_decoding_files_in_run
 from asr.fault_injection import pause_point
 from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
@@ -170,16 +170,16 @@ def ensure_corpus(cfg: DictConfig) -> None:
     (asr.data.corpus_recipes: the built-in synthetic corpus); for any other corpus (the user's copy
     of WSJ, TIMIT, ...) missing manifests are a ConfigError naming the recipe command."""
     data = cfg.data
-    root = Path(data.root)
+    root = corpus_root(data.root)
     missing = [split for split in (data.train_split, data.dev_split, data.test_split)
-               if not (root / f"{data.corpus}_cuts_{split}.jsonl.gz").is_file()]
+               if not cuts_path(root, data.corpus, split).is_file()]
     if not missing:
         return
     recipe = corpus_recipe(data.corpus)
     if recipe is None or recipe.preparer is None:   # a real corpus is the user's: say how to prepare it, never guess
         where = (f"data.root={str(root)!r} does not exist, so it holds no {data.corpus} manifests"
                  if not root.is_dir() else
-                 f"data.root={str(root)!r} has no {data.corpus}_cuts_<split>.jsonl.gz for split(s) {missing}")
+                 f"data.root={str(root)!r} has no {manifest_name(data.corpus, 'cuts', '<split>')} for split(s) {missing}")
         raise ConfigError(f"{where}; {preparation_hint(data.corpus, root)}, then run again with "
                           f"data.root=<that folder> ({unregistered_note()})")
     log.info("corpus %s: manifests missing in %s, generating them (once)", data.corpus, root)
@@ -372,7 +372,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     with one_process_at_a_time(run_dir / ".data_preparation.lock"):
         ensure_corpus(cfg)
         # the corpus's lexicon and LM travel with the run folder (asr.decoding.evaluation.model_decoding_files)
-        keep_decoding_files_in_run(run_dir, cfg.data.root)
+        keep_decoding_files_in_run(run_dir, corpus_root(cfg.data.root))
         datamodule.setup("fit")
         if cfg.test:   # the test split's features too, now, not concurrently by every process later
             datamodule.setup("test")

@@ -45,7 +45,7 @@ from asr.data.dataset import SpeechBatchDataset
 from asr.data.feature_cache import (FeatureStats, StoredFeatures, attach_features, feature_directory,
                                     global_feature_stats)
 from asr.data.features import FilterBank
-from asr.data.manifests import load_cuts
+from asr.data.manifests import corpus_root, load_cuts
 from asr.data.tokenizers import (SENTENCEPIECE_TYPES, TOKENIZER_KINDS, Tokenizer, build_tokenizers,
                                  encode_targets, tokenizer_from_state_dict)
 
@@ -108,7 +108,7 @@ def as_data_config(cfg: Any) -> DataConfig:
 
 def feature_cache_folder(cfg: DataConfig) -> Path:
     """Where the features are cached: data.cache_dir, or by default {data.root}/features."""
-    return Path(cfg.cache_dir) if cfg.cache_dir else Path(cfg.root) / "features"
+    return Path(cfg.cache_dir) if cfg.cache_dir else corpus_root(cfg.root) / "features"
 
 
 def can_write(path: Path) -> bool:

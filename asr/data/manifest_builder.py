@@ -52,6 +52,7 @@ from lhotse.audio import AudioSource as LhotseAudioSource
 from tqdm.auto import tqdm
 
 from asr.data.audio_source import AudioMissingError, AudioSource, AudioSourceError
+from asr.data.manifests import manifest_path
 
 SAMPLE_RATE = 16000
 SPLITS = ("train", "dev", "test")  # every recipe writes these; some add more (librispeech: dev_other, ...)
@@ -110,10 +111,6 @@ def problem_policy_option(kind: str) -> str | None:
 
 def report_path(out_dir: Path, corpus: str) -> Path:
     return Path(out_dir) / f"{corpus}_report.json"
-
-
-def manifest_path(out_dir: Path, corpus: str, kind: str, split: str) -> Path:
-    return Path(out_dir) / f"{corpus}_{kind}_{split}.jsonl.gz"
 
 
 def previous_complete_report(out_dir: Path, corpus: str, settings: dict) -> dict | None:

@@ -32,8 +32,34 @@ class ManifestError(ValueError):
     """The manifests (or the audio they point to) cannot be used as they are; the message says why and what to do."""
 
 
+# The one spelling of a manifest's file name: recipes write, and everything here reads,
+# {root}/{corpus}_{kind}_{split}.jsonl.gz with kind recordings, supervisions or cuts.
+MANIFEST_NAME = "{corpus}_{kind}_{split}.jsonl.gz"
+
+
+def manifest_name(corpus: str, kind: str, split: str) -> str:
+    """The file name; a `*` or `<split>` in place of a part gives a glob pattern or a message's wording."""
+    return MANIFEST_NAME.format(corpus=corpus, kind=kind, split=split)
+
+
+def manifest_path(root: str | os.PathLike, corpus: str, kind: str, split: str) -> Path:
+    return corpus_root(root) / manifest_name(corpus, kind, split)
+
+
 def cuts_path(root: str | os.PathLike, corpus: str, split: str) -> Path:
-    return Path(root) / f"{corpus}_cuts_{split}.jsonl.gz"
+    """What the data module reads: the split's cuts (each with its recording and supervision)."""
+    return manifest_path(root, corpus, "cuts", split)
+
+
+def default_root(corpus: str) -> str:
+    """Where each recipe writes by default (--out) and each data config reads (data.root)."""
+    return f"data/{corpus}"
+
+
+def corpus_root(root: str | os.PathLike) -> Path:
+    """data.root as a folder: `~` expanded; a relative one is relative to the working folder (a
+    run's stored one may be elsewhere: asr.decoding.evaluation's stored_corpus_folders)."""
+    return Path(os.fspath(root)).expanduser()
 
 
 def listing(items, limit: int = MAX_LISTED) -> str:
@@ -56,10 +82,10 @@ def _absolute_sources(cut, root: Path):
 
 def other_corpora(root: Path, corpus: str, split: str) -> list[str]:
     """The corpus names other than `corpus` that have a `<name>_cuts_<split>.jsonl.gz` in `root`."""
-    suffix = f"_cuts_{split}.jsonl.gz"
+    suffix = manifest_name("", "cuts", split)
     if not root.is_dir():
         return []
-    return sorted(path.name[:-len(suffix)] for path in root.glob(f"*{suffix}")
+    return sorted(path.name[:-len(suffix)] for path in root.glob(manifest_name("*", "cuts", split))
                   if path.name[:-len(suffix)] not in ("", corpus))
 
 
@@ -67,7 +93,7 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
               limit: int | None = None) -> CutSet:
     """Read `{root}/{corpus}_cuts_{split}.jsonl.gz` into memory (the first `limit` cuts when given),
     check its structure and make audio paths absolute."""
-    root = Path(root)
+    root = corpus_root(root)
     path = cuts_path(root, corpus, split)
     if not path.is_file():
         other = other_corpora(root, corpus, split)
@@ -79,7 +105,7 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
                 f"({', '.join(cuts_path(root, name, split).name for name in other)}), not of corpus {corpus!r}: "
                 f"add {names}")
         hint = preparation_hint(corpus, root)
-        present = sorted(p.name for p in root.glob("*_cuts_*.jsonl.gz")) if root.is_dir() else []
+        present = sorted(p.name for p in root.glob(manifest_name("*", "cuts", "*"))) if root.is_dir() else []
         raise ManifestError(
             f"manifest {path} not found (corpus={corpus!r}, split={split!r}); {hint}, or point data.root / "
             f"data.corpus / data.*_split at existing manifests" + (f" (found: {', '.join(present)})" if present else ""))

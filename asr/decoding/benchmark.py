@@ -26,6 +26,7 @@ import numpy as np
 import torch
 from omegaconf import OmegaConf
 
+from asr.data.manifests import corpus_root, default_root, manifest_path
 from asr.decoding.evaluation import corpus_decoding_files, model_decoding_files, resolve_settings, word_head
 from asr.decoding.lexicon_decoder import ParallelLexiconDecoder
 from asr.metrics import phone_error_rate, word_error_rate
@@ -53,7 +54,7 @@ def simulated_emissions(root: Path, split: str, per: float, seed: int):
     tokenizer = build_tokenizer("phones")
     rng = np.random.default_rng(seed)
     vocab = tokenizer.vocab_size
-    with gzip.open(root / f"synth_supervisions_{split}.jsonl.gz", "rt") as handle:
+    with gzip.open(manifest_path(root, "synth", "supervisions", split), "rt") as handle:
         rows = [json.loads(line) for line in handle]
     emissions, greedy = [], []
     for row in rows:
@@ -94,12 +95,12 @@ def model_emissions(config: BenchmarkConfig):
                 out.extend(scores[i, :int(n)] for i, n in enumerate(lengths))
         references.extend(batch["texts"])
     text = (model.tokenizers[text_head], text_rows) if text_head else None
-    return rows, references, model.tokenizers[head], forward, data.datamodule.cfg.root, text
+    return rows, references, model.tokenizers[head], forward, corpus_root(data.datamodule.cfg.root), text
 
 
 def run(config: BenchmarkConfig) -> list[dict]:
     if config.simulate_per is not None:
-        root = Path(config.data_root or "data/synth")
+        root = corpus_root(config.data_root or default_root("synth"))
         rows, references, phone_refs, tokenizer, greedy_phones = simulated_emissions(
             root, config.split, config.simulate_per, config.seed)
         forward, text = 0.0, None

@@ -30,6 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
+from asr.data.manifests import corpus_root
 from asr.decoding.lexicon import LexiconFileError
 from asr.decoding.lexicon_decoder import LexiconDecoderSettings, ParallelLexiconDecoder
 
@@ -77,7 +78,7 @@ def _stored_corpus_folders(run: Path) -> list[Path]:
         return []
     if not root:
         return []
-    root = Path(str(root)).expanduser()
+    root = corpus_root(root)
     if root.is_absolute():
         return [root]
     bases: list[Path] = []

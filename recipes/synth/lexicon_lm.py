@@ -16,6 +16,7 @@ import gzip
 import json
 from pathlib import Path
 
+from asr.data.manifests import manifest_path
 from asr.decoding.lexicon import read_lexicon, write_lexicon
 from asr.decoding.ngram import estimate_arpa
 from asr.decoding.pronunciation import add_weak_forms, synthesiser_pronunciations
@@ -27,7 +28,7 @@ LM_ORDER = 3
 
 def transcripts(out_dir: Path, corpus: str, split: str) -> list[str]:
     """The word transcripts of one split, from its supervision manifest."""
-    path = out_dir / f"{corpus}_supervisions_{split}.jsonl.gz"
+    path = manifest_path(out_dir, corpus, "supervisions", split)
     with gzip.open(path, "rt", encoding="utf-8") as handle:
         return [json.loads(line)["text"] for line in handle if line.strip()]
 

@@ -60,6 +60,7 @@ import numpy as np
 
 from asr.exit_status import run_command
 from recipes.synth.lexicon_lm import write_lexicon_and_lm
+from asr.data.manifests import manifest_path
 from asr.data.synthesiser_phonemes import UnmappablePhonemeError
 from recipes.synth.sentences import load_sentences, normalise_text
 from recipes.synth.voices import (
@@ -309,7 +310,7 @@ def _is_complete(out_dir: Path, request: dict) -> dict | None:
     if not path.is_file():
         return None
     report = json.loads(path.read_text())
-    manifests = [out_dir / f"{CORPUS}_{kind}_{split}.jsonl.gz"
+    manifests = [manifest_path(out_dir, CORPUS, kind, split)
                  for split in SPLITS for kind in ("recordings", "supervisions", "cuts")]
     if report.get("request") != request or not all(p.is_file() for p in manifests):
         return None
@@ -439,7 +440,7 @@ def _write_manifests(out_dir: Path, kept: dict[str, list[dict]]) -> None:
             for recording in recordings)
         # Written to a temporary name first: a manifest that exists is always whole.
         for kind, manifest in (("recordings", recordings), ("supervisions", supervisions), ("cuts", cuts)):
-            path = out_dir / f"{CORPUS}_{kind}_{split}.jsonl.gz"
+            path = manifest_path(out_dir, CORPUS, kind, split)
             partial = path.with_name(path.name.replace(".jsonl.gz", ".partial.jsonl.gz"))
             manifest.to_file(partial)
             os.replace(partial, path)
