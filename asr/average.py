@@ -25,8 +25,9 @@ from typing import Optional
 
 import torch
 
-from asr.exit_status import SUCCESS, run_command
-from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointError, read_checkpoint
+from asr.command_line import run_key_value_command
+from asr.model.checkpoint import (CHECKPOINT_FORMAT, FORMAT_KEY, AtomicCheckpointIO, CheckpointError,
+                                  read_checkpoint)
 
 COMMAND = "asr.average"
 EPOCH_CHECKPOINTS = "epoch-*.ckpt"
@@ -148,20 +149,15 @@ def average(options: dict) -> Path:
     if out.resolve() in {p.resolve() for p in paths}:
         raise AveragingError(f"out={out} is one of the checkpoints to average; write the average elsewhere")
     averaged = average_checkpoints(paths)
-    from asr.train import AtomicCheckpointIO   # how asr.train writes checkpoints: whole or not at all
-    AtomicCheckpointIO().save_checkpoint(averaged, out)
+    AtomicCheckpointIO().save_checkpoint(averaged, out)   # as asr.train writes them: whole or not at all
     print(f"averaged {len(paths)} checkpoints: {', '.join(str(p) for p in paths)}")
     print(f"wrote {out}")
     return out
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if any(arg in ("-h", "--help") for arg in argv):
-        print(__doc__)
-        return SUCCESS
-    return run_command(COMMAND, lambda: average(parse_arguments(argv)) and None,
-                       usage_errors=(AveragingError, CheckpointError))
+    return run_key_value_command(COMMAND, __doc__, lambda arguments: average(parse_arguments(arguments)) and None,
+                                 argv, usage_errors=(AveragingError, CheckpointError))
 
 
 if __name__ == "__main__":

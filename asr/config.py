@@ -79,7 +79,7 @@ class TrainerConfig:
     early_stopping_patience: Optional[int] = None  # validations without a better primary error
     torch_threads: Optional[int] = None  # torch.set_num_threads; None: torch's default
     # Debugging: every process writes the utterance ids of each batch it ran to
-    # <run folder>/batches/rank<global rank>.jsonl (see asr.train.BatchRecorder).
+    # <run folder>/batches/rank<global rank>.jsonl (see asr.callbacks.BatchRecorder).
     record_batches: bool = False
     # Diagnosis: every N steps, per-layer gradient norms, query norms and attention entropy into
     # <run folder>/diagnostics.csv (asr.model.diagnostics); None: off.

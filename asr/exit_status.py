@@ -6,7 +6,8 @@
          message says what to change, and nothing was computed
     130  interrupted with Ctrl-C (128 + SIGINT, what shells report for it)
 
-`run_command` gives an argparse-style command these statuses; asr.train (Hydra) maps them itself.
+`run_command` gives a command these statuses (asr.command_line.run_key_value_command wraps it for
+the key=value commands); asr.train (Hydra) maps them itself.
 """
 from __future__ import annotations
 
@@ -38,3 +39,4 @@ def run_command(command: str, body: Callable[[], int | None], usage_errors: tupl
         print(f"\n{command}: interrupted{'; ' + resume_hint if resume_hint else ''}", file=sys.stderr)
         return INTERRUPTED
     return SUCCESS if status is None else status
+

@@ -44,67 +44,19 @@ file failed, 2 for a usage error (bad option, checkpoint, no audio files), 0 oth
 """
 from __future__ import annotations
 
-import json
-import math
-import shutil
-import subprocess
 import sys
-from dataclasses import dataclass, field
-from fractions import Fraction
 from pathlib import Path
-from typing import Iterator, Optional
 
-import numpy as np
-import torch
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
-
-from asr.data.features import FilterBank
-from asr.exit_status import FAILURE, SUCCESS, run_command
+from asr.command_line import key_value_config, run_key_value_command
+from asr.decoding.lexicon import LexiconFileError
+from asr.decoding.ngram import LanguageModelError
+from asr.evaluation import EvaluationError, check_decoding_options
+from asr.exit_status import FAILURE, SUCCESS
 from asr.model.checkpoint import CheckpointError
-from asr.model.ctc import BLANK_ID, decode_transcripts
-from asr.model.recognizer import EVALUATION_SEED, SpeechRecognizer, seed_evaluation_batch
-from asr.warning_filters import install_warning_filters
+from asr.transcription import TranscribeConfig, TranscriptionError, transcribe
 from attention_ext import AttentionConfigError
 
 COMMAND = "asr.transcribe"
-# what a folder is searched for (a file named on the command line is tried whatever its name)
-AUDIO_EXTENSIONS = (".wav", ".flac", ".ogg", ".oga", ".opus", ".mp3", ".m4a", ".aac", ".wma", ".aif", ".aiff",
-                    ".au", ".caf", ".w64", ".sph", ".nist", ".webm")
-PROGRESS_BAR_FROM = 4          # files; fewer get no progress bar
-ENERGY_SMOOTHING_FRAMES = 10   # 100 ms: a pause between words, not a stop closure inside one
-
-
-class TranscriptionError(ValueError):
-    """A usage error: an argument, or no audio to transcribe; the message says what to do."""
-
-
-class AudioReadError(RuntimeError):
-    """An audio file that cannot be read; the message names the file."""
-
-
-@dataclass
-class TranscribeConfig:
-    checkpoint: Optional[str] = None     # the .ckpt to transcribe with (required)
-    attention: Optional[str] = None      # attention spec; None: the one the model was trained with
-    decoder: str = "greedy"              # greedy | beam (CTC prefix beam search, no LM) | lexicon (+ LM)
-    beam_size: int = 8
-    lexicon: Optional[str] = None        # decoder=lexicon: word -> phones file (needs lm=); None: the model's
-    lm: Optional[str] = None             # ARPA (.arpa/.arpa.gz); None: the model's; none: no LM
-    extra_lexicon: Optional[str] = None  # decoder=lexicon: entries added on top of the lexicon
-    lm_weight: float = 1.0
-    word_score: float = 0.0
-    beam: int = 50                       # the lexicon decoder's beam
-    restrict_lexicon: bool = False       # decode only the lexicon words the LM knows (else: <unk> probability)
-    out: Optional[str] = None            # JSON lines file
-    device: str = "cpu"                  # cpu | cuda | cuda:N
-    seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention
-    window: float = 20.0                 # seconds: the longest piece the model sees at once
-    overlap: float = 2.0                 # seconds shared by neighbouring pieces (half on each side of a cut)
-    batch_seconds: float = 200.0         # padded seconds of audio per batch
-    threads: Optional[int] = None        # torch.set_num_threads; None: torch's default
-    progress: bool = True
-    files: list = field(default_factory=list)   # the positional arguments
 
 
 # ---- arguments ------------------------------------------------------------------------------------
@@ -123,23 +75,15 @@ def parse_arguments(argv: list[str]) -> tuple[TranscribeConfig, dict[str, str]]:
     known = [name for name in TranscribeConfig.__dataclass_fields__ if name != "files"]
     if any(item.partition("=")[0] == "files" for item in dotlist):
         raise TranscriptionError("give the audio files and folders as plain arguments, not files=...")
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(TranscribeConfig), OmegaConf.from_dotlist(dotlist))
-    except OmegaConfBaseException as error:
-        raise TranscriptionError(f"{error.msg if hasattr(error, 'msg') else error}; the options are: "
-                                 f"{', '.join(known)}, attention.<option>") from None
-    config = TranscribeConfig(**{**OmegaConf.to_container(merged), "files": paths})
+    config = key_value_config(TranscribeConfig, dotlist, TranscriptionError, noun="options", known=known,
+                              also=", attention.<option>")
+    config.files = paths
     if not config.checkpoint:
         raise TranscriptionError("give the checkpoint to transcribe with: checkpoint=PATH (a .ckpt file, e.g. "
                                  "runs/<preset>/<time>/checkpoints/best.ckpt)")
     if not paths:
         raise TranscriptionError("give audio files or folders to transcribe, e.g. "
                                  "python -m asr.transcribe checkpoint=best.ckpt talk.wav recordings/")
-    from asr.evaluate import DECODERS, EvaluationError, check_device
-    if config.decoder not in DECODERS:
-        raise TranscriptionError(f"decoder={config.decoder!r}; choose one of {', '.join(DECODERS)}")
-    if config.beam_size < 1:
-        raise TranscriptionError(f"beam_size={config.beam_size} must be >= 1")
     if not config.window >= 1.0:
         raise TranscriptionError(f"window={config.window} must be at least 1 second")
     if not 0.2 <= config.overlap <= config.window / 2:
@@ -148,347 +92,24 @@ def parse_arguments(argv: list[str]) -> tuple[TranscribeConfig, dict[str, str]]:
     if not config.batch_seconds >= config.window:
         raise TranscriptionError(f"batch_seconds={config.batch_seconds} must be at least window={config.window}")
     try:
-        check_device(config.device)
+        check_decoding_options(config)
     except EvaluationError as error:
-        raise TranscriptionError(str(error)) from None
-    from asr.decoding.evaluation import check_lexicon_options
-    from asr.decoding.lexicon import LexiconFileError
-    try:
-        check_lexicon_options(config.decoder, config.lexicon, config.lm, config.extra_lexicon)
-    except LexiconFileError as error:
         raise TranscriptionError(str(error)) from None
     return config, attention_options
 
 
-def audio_files(arguments: list[str]) -> list[Path]:
-    """The files named, and the audio files (by extension) under the folders named, sorted per
-    folder; TranscriptionError for a path that does not exist or a folder without audio."""
-    found: list[Path] = []
-    for argument in arguments:
-        path = Path(argument)
-        if path.is_dir():
-            inside = sorted(p for p in path.rglob("*") if p.is_file() and p.suffix.lower() in AUDIO_EXTENSIONS)
-            if not inside:
-                raise TranscriptionError(f"folder {path} holds no audio files ({', '.join(AUDIO_EXTENSIONS)})")
-            found.extend(inside)
-        elif path.exists():
-            found.append(path)
-        else:
-            raise TranscriptionError(f"{path}: no such file or folder")
-    return list(dict.fromkeys(found))     # a file named twice is transcribed once
-
-
-# ---- audio ----------------------------------------------------------------------------------------
-@dataclass
-class Audio:
-    samples: np.ndarray      # mono float32 in [-1, 1] at the model's sample rate
-    sample_rate: int         # the file's own rate
-    channels: int            # the file's own channel count
-    duration: float          # seconds
-
-
-def _read_with_soundfile(path: Path) -> tuple[np.ndarray, int]:
-    import soundfile
-    data, rate = soundfile.read(str(path), dtype="float32", always_2d=True)
-    return data, rate
-
-
-def _read_with_ffmpeg(path: Path) -> tuple[np.ndarray, int]:
-    probe = subprocess.run(["ffprobe", "-v", "error", "-select_streams", "a:0", "-show_entries",
-                            "stream=sample_rate,channels", "-of", "json", str(path)],
-                           capture_output=True, text=True)
-    streams = json.loads(probe.stdout or "{}").get("streams") if probe.returncode == 0 else None
-    if not streams:
-        reason = probe.stderr.strip().splitlines()[-1] if probe.stderr.strip() else "no audio stream"
-        raise AudioReadError(reason)
-    rate, channels = int(streams[0]["sample_rate"]), int(streams[0]["channels"])
-    decoded = subprocess.run(["ffmpeg", "-v", "error", "-nostdin", "-i", str(path), "-map", "0:a:0",
-                              "-f", "f32le", "-acodec", "pcm_f32le", "-"], capture_output=True)
-    if decoded.returncode != 0:
-        raise AudioReadError(decoded.stderr.decode(errors="replace").strip().splitlines()[-1])
-    data = np.frombuffer(decoded.stdout, dtype=np.float32)
-    return data[: len(data) // channels * channels].reshape(-1, channels), rate
-
-
-def resample(samples: np.ndarray, from_rate: int, to_rate: int) -> np.ndarray:
-    """`samples` at `from_rate` -> at `to_rate` (polyphase FIR filter, scipy's Kaiser window)."""
-    if from_rate == to_rate:
-        return samples
-    from scipy.signal import resample_poly
-    ratio = Fraction(to_rate, from_rate)
-    return resample_poly(samples, ratio.numerator, ratio.denominator).astype(np.float32)
-
-
-def read_audio(path: Path, sample_rate: int) -> Audio:
-    """The file's audio as mono float32 at `sample_rate`; AudioReadError saying why it cannot."""
-    try:
-        data, rate = _read_with_soundfile(path)
-    except Exception as soundfile_error:        # soundfile raises several types for unreadable files
-        if shutil.which("ffmpeg") is None or shutil.which("ffprobe") is None:
-            raise AudioReadError(f"soundfile cannot read it ({soundfile_error}) and ffmpeg is not installed") from None
-        try:
-            data, rate = _read_with_ffmpeg(path)
-        except AudioReadError as error:
-            raise AudioReadError(f"neither soundfile ({soundfile_error}) nor ffmpeg ({error}) can read it") from None
-    if data.size == 0:
-        raise AudioReadError("it holds no samples")
-    mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
-    return Audio(resample(np.ascontiguousarray(mono, dtype=np.float32), rate, sample_rate), rate, data.shape[1],
-                 len(data) / rate)
-
-
-def probe_duration(path: Path) -> float:
-    """The file's duration in seconds, read from its header (for sorting); 0 when unknown, so the
-    file is read first and a broken one is reported early."""
-    try:
-        import soundfile
-        return float(soundfile.info(str(path)).duration)
-    except Exception:
-        return 0.0
-
-
-# ---- cutting long recordings ----------------------------------------------------------------------
-@dataclass(frozen=True)
-class Piece:
-    """A piece of a recording, in feature frames: the model runs on [start, end); the frames
-    [keep_start, keep_end) are this piece's own, the rest is context shared with its neighbours."""
-    start: int
-    end: int
-    keep_start: int
-    keep_end: int
-
-
-def frame_energies(samples: np.ndarray, frame_shift: int) -> np.ndarray:
-    """Energy (sum of squares) of each frame_shift block of samples (10 ms), for finding pauses.
-    Linear, not log: averaged over 100 ms, a few silent frames inside speech do not outweigh a
-    whole quiet pause."""
-    blocks = samples[: len(samples) // frame_shift * frame_shift].reshape(-1, frame_shift).astype(np.float64)
-    return np.square(blocks).sum(axis=1)
-
-
-def cut_into_pieces(energies: np.ndarray, num_frames: int, window: int, context: int, step: int) -> list[Piece]:
-    """Pieces of a recording of `num_frames` feature frames that the model sees at most `window`
-    frames of at once: each cut lies at the quietest point (lowest `energies`, smoothed over
-    ENERGY_SMOOTHING_FRAMES) between half a window and a full window (less the context on both
-    sides) after the previous cut, and every piece gets `context` frames of the neighbouring audio
-    on each side. Cuts and context are multiples of `step` (the encoder's subsampling), so each
-    kept encoder frame of a piece is the frame at the same time in the whole recording."""
-    window, context = window // step * step, math.ceil(context / step) * step
-    if window - 2 * context < window // 2:
-        raise ValueError(f"a window of {window} frames leaves no room for {context} frames of context on each side")
-    if num_frames <= window:
-        return [Piece(0, num_frames, 0, num_frames)]
-    smoothed = np.convolve(energies, np.ones(ENERGY_SMOOTHING_FRAMES) / ENERGY_SMOOTHING_FRAMES, mode="same")
-    cuts = [0]
-    while num_frames - cuts[-1] + context > window:
-        low, high = cuts[-1] + window // 2, cuts[-1] + window - 2 * context
-        candidates = np.arange(math.ceil(low / step) * step, high + 1, step)
-        candidates = candidates[candidates < len(smoothed)]
-        cuts.append(int(candidates[np.argmin(smoothed[candidates])]) if len(candidates) else high // step * step)
-    cuts.append(num_frames)
-    return [Piece(max(0, a - context), min(num_frames, b + context), a, b) for a, b in zip(cuts, cuts[1:])]
-
-
-# ---- running the model ----------------------------------------------------------------------------
-@dataclass
-class Recording:
-    """A file being transcribed: its audio, its pieces, and the kept log-probs of each piece."""
-    path: Path
-    audio: Audio
-    pieces: list[Piece]
-    kept: dict[int, dict[str, torch.Tensor]] = field(default_factory=dict)   # piece -> head -> (T', V)
-
-    @property
-    def done(self) -> bool:
-        return len(self.kept) == len(self.pieces)
-
-
-def piece_features(frontend: FilterBank, recording: Recording, piece: Piece) -> torch.Tensor:
-    """The features of frames [start, end) of the recording, computed from just the samples they
-    cover (the same numbers as those frames of the whole recording's features)."""
-    first = piece.start * frontend.frame_shift
-    last = (piece.end - 1) * frontend.frame_shift + frontend.frame_length
-    features = frontend(recording.audio.samples[first:last])
-    assert len(features) == piece.end - piece.start
-    return features
-
-
-def run_batch(model: SpeechRecognizer, frontend: FilterBank, batch: list[tuple[Recording, int]], batch_index: int,
-              seed: int) -> None:
-    """Runs the model on a batch of pieces and stores each piece's kept log-probs (on the CPU)."""
-    features = [piece_features(frontend, recording, recording.pieces[index]) for recording, index in batch]
-    lengths = torch.tensor([len(f) for f in features])
-    padded = torch.nn.utils.rnn.pad_sequence(features, batch_first=True)
-    seed_evaluation_batch(seed, batch_index)      # as asr.evaluate does
-    with torch.no_grad():
-        log_probs, out_lengths = model(padded.to(model.device), lengths.to(model.device))
-    step = model.encoder.subsampling
-    for row, ((recording, index), out_length) in enumerate(zip(batch, out_lengths.tolist())):
-        piece = recording.pieces[index]
-        first = (piece.keep_start - piece.start) // step
-        last = out_length if piece.keep_end == piece.end else (piece.keep_end - piece.start) // step
-        recording.kept[index] = {kind: scores[row, first:last].float().cpu() for kind, scores in log_probs.items()}
-
-
-def mean_confidence(log_probs: torch.Tensor) -> float:
-    """Mean posterior of the frames where the best path emits a token; with none, of the blanks."""
-    best, tokens = log_probs.max(dim=-1)
-    emitting = tokens != BLANK_ID
-    chosen = best[emitting] if bool(emitting.any()) else best
-    return float(chosen.exp().mean()) if len(chosen) else 0.0
-
-
-def finish(model: SpeechRecognizer, recording: Recording, decoder: str, beam_size: int, word_decoder=None) -> dict:
-    """The record of a transcribed file: duration and, per head, hypothesis and confidence; with a
-    word_decoder (head, ParallelLexiconDecoder), also the words of that head through the lexicon."""
-    record = {"file": str(recording.path), "duration": round(recording.audio.duration, 3)}
-    head_decoder = "greedy" if decoder == "lexicon" else decoder
-    for kind, tokenizer in model.tokenizers.items():
-        joined = torch.cat([recording.kept[index][kind] for index in range(len(recording.pieces))])
-        hypothesis = decode_transcripts(joined[None], torch.tensor([len(joined)]), tokenizer, head_decoder,
-                                        beam_size)[0]
-        record[kind] = {"hypothesis": hypothesis, "confidence": round(mean_confidence(joined), 4)}
-        if word_decoder is not None and kind == word_decoder[0]:
-            words = word_decoder[1].submit(joined.numpy()).get()
-            record["lexicon"] = {"head": kind, "hypothesis": words}
-    return record
-
-
-@dataclass
-class Outcome:
-    records: list[dict]                  # transcribed files, in the order they finished
-    failures: dict[str, str]             # file -> why it was skipped
-
-
-def transcribe_files(model: SpeechRecognizer, files: list[Path], config: TranscribeConfig,
-                     emit=lambda record: None, warn=lambda message: None, word_decoder=None) -> Outcome:
-    """Transcribes `files` (shortest first, pieces batched up to config.batch_seconds of padded
-    audio); `emit` gets each file's record as soon as it is done, `warn` each note and failure;
-    `word_decoder` (head, ParallelLexiconDecoder) adds each file's lexicon words."""
-    from tqdm.auto import tqdm
-    frontend = model.frontend
-    frames_per_second = 1000.0 / frontend.frame_shift_ms
-    window = int(config.window * frames_per_second)
-    context = int(config.overlap / 2 * frames_per_second)
-    budget = config.batch_seconds * frames_per_second          # padded frames per batch
-    step = model.encoder.subsampling
-    outcome = Outcome([], {})
-    ordered = sorted(files, key=probe_duration)
-    bar = tqdm(total=len(ordered), desc="transcribe", unit="file", leave=False,
-               disable=not config.progress or len(ordered) < PROGRESS_BAR_FROM)
-
-    def recordings() -> Iterator[Recording]:
-        for path in ordered:
-            try:
-                audio = read_audio(path, frontend.sampling_rate)
-            except AudioReadError as error:
-                outcome.failures[str(path)] = str(error)
-            else:
-                num_frames = frontend.num_frames(len(audio.samples))
-                if num_frames == 0:
-                    outcome.failures[str(path)] = (f"it is shorter than one {frontend.frame_length_ms:g} ms "
-                                                   "feature frame")
-                else:
-                    if audio.channels > 1:
-                        warn(f"note: {path} has {audio.channels} channels; mixed down to mono (their mean)")
-                    energies = frame_energies(audio.samples, frontend.frame_shift)
-                    yield Recording(path, audio, cut_into_pieces(energies, num_frames, window, context, step))
-                    continue
-            warn(f"skipped {path}: {outcome.failures[str(path)]}")
-            emit({"file": str(path), "error": outcome.failures[str(path)]})
-            bar.update(1)
-
-    pending: list[Recording] = []
-    batch: list[tuple[Recording, int]] = []
-    batch_index = 0
-
-    def flush() -> None:
-        nonlocal batch, batch_index
-        if batch:
-            run_batch(model, frontend, batch, batch_index, config.seed)
-            batch_index += 1
-            batch = []
-        for recording in [r for r in pending if r.done]:
-            record = finish(model, recording, config.decoder, config.beam_size, word_decoder)
-            outcome.records.append(record)
-            emit(record)
-            pending.remove(recording)
-            bar.update(1)
-
-    for recording in recordings():
-        pending.append(recording)
-        for index, piece in enumerate(recording.pieces):
-            longest = max([piece.end - piece.start] + [r.pieces[i].end - r.pieces[i].start for r, i in batch])
-            if batch and longest * (len(batch) + 1) > budget:
-                flush()
-            batch.append((recording, index))
-    flush()
-    bar.close()
-    return outcome
-
-
-def format_line(record: dict, kinds: list[str]) -> str:
-    return "\t".join([record["file"], f"{record['duration']:.2f}s"]
-                     + [f"{kind}: {record[kind]['hypothesis']}" for kind in kinds]
-                     + ([f"lexicon: {record['lexicon']['hypothesis']}"] if "lexicon" in record else []))
-
-
-def start_lexicon_decoder(model: SpeechRecognizer, config: TranscribeConfig):
-    """decoder=lexicon: (head, ParallelLexiconDecoder) with the lexicon and LM given, or else the
-    model's (asr.decoding.evaluation.model_decoding_files); None for the other decoders."""
-    if config.decoder != "lexicon":
-        return None
-    from asr.decoding.evaluation import model_decoding_files, settings_from_command, start_word_decoder
-    settings = settings_from_command(config, model_decoding_files(config.checkpoint))
-    return start_word_decoder(model.tokenizers, settings, workers=1)
-
-
 # ---- the command ----------------------------------------------------------------------------------
-def transcribe(config: TranscribeConfig, attention_options: dict[str, str] | None = None,
-               print_line=print) -> Outcome:
-    from asr.evaluate import evaluation_attention, load_model
-    if config.threads:
-        torch.set_num_threads(config.threads)
-    files = audio_files(config.files)
-    model = load_model(config.checkpoint, config.device)
-    model.set_attention(evaluation_attention(model, config.attention, attention_options))
-    kinds = list(model.tokenizers)
-    word_decoder = start_lexicon_decoder(model, config)
-    out = open(config.out, "w") if config.out else None
-    try:
-        def emit(record: dict) -> None:
-            if "error" not in record:
-                print_line(format_line(record, kinds))
-            if out is not None:
-                out.write(json.dumps(record) + "\n")
-                out.flush()
-        return transcribe_files(model, files, config, emit,
-                                warn=lambda message: print(f"{COMMAND}: {message}", file=sys.stderr),
-                                word_decoder=word_decoder)
-    finally:
-        if out is not None:
-            out.close()
-        if word_decoder is not None:
-            word_decoder[1].close()
-
-
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if any(arg in ("-h", "--help") for arg in argv):
-        print(__doc__)
-        return SUCCESS
-    install_warning_filters()
-    from asr.decoding.lexicon import LexiconFileError
-    from asr.decoding.ngram import LanguageModelError
-    return run_command(COMMAND, lambda: _transcribe_and_report(argv),
-                       usage_errors=(TranscriptionError, AttentionConfigError, CheckpointError, LexiconFileError,
-                                     LanguageModelError))
+    return run_key_value_command(COMMAND, __doc__, _transcribe_and_report, argv,
+                                 usage_errors=(TranscriptionError, AttentionConfigError, CheckpointError,
+                                               LexiconFileError, LanguageModelError))
 
 
 def _transcribe_and_report(argv: list[str]) -> int:
     config, attention_options = parse_arguments(argv)
     from tqdm.auto import tqdm
-    outcome = transcribe(config, attention_options, print_line=tqdm.write)
+    outcome = transcribe(config, attention_options, print_line=tqdm.write,
+                         warn=lambda message: print(f"{COMMAND}: {message}", file=sys.stderr))
     if outcome.failures:
         names = ", ".join(outcome.failures)
         print(f"{COMMAND}: error: {len(outcome.failures)} of {len(outcome.failures) + len(outcome.records)} "

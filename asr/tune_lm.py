@@ -21,18 +21,12 @@ from pathlib import Path
 from typing import List, Optional
 
 import torch
-from omegaconf import OmegaConf
-from omegaconf.errors import OmegaConfBaseException
 
-from asr.data.manifests import ManifestError
 from asr.decoding.evaluation import model_decoding_files, resolve_settings, start_word_decoder, word_head
-from asr.decoding.lexicon import LexiconFileError
-from asr.decoding.ngram import LanguageModelError
-from asr.evaluate import EvaluationError, evaluation_data, load_model, run_folder_of, trained_data_config
-from asr.exit_status import SUCCESS, run_command
+from asr.evaluation import USAGE_ERRORS, EvaluationError, evaluation_data, load_model
+from asr.command_line import key_value_config, run_key_value_command
 from asr.metrics import word_error_rate
-from asr.model.checkpoint import CheckpointError
-from asr.warning_filters import install_warning_filters
+from asr.run_folder import run_folder_of, trained_data_config
 
 
 @dataclass
@@ -52,12 +46,7 @@ class TuneConfig:
 
 
 def parse_arguments(argv: list[str]) -> TuneConfig:
-    try:
-        merged = OmegaConf.merge(OmegaConf.structured(TuneConfig), OmegaConf.from_dotlist(list(argv)))
-    except OmegaConfBaseException as error:
-        raise EvaluationError(f"{getattr(error, 'msg', error)}; the arguments are: "
-                              f"{', '.join(TuneConfig.__dataclass_fields__)}") from None
-    config = TuneConfig(**OmegaConf.to_container(merged))
+    config = key_value_config(TuneConfig, argv, EvaluationError)
     if not config.checkpoint:
         raise EvaluationError("give the checkpoint: checkpoint=PATH")
     if not config.lm_weights or not config.word_scores:
@@ -134,20 +123,13 @@ def format_table(report: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    if any(arg in ("-h", "--help") for arg in argv):
-        print(__doc__)
-        return SUCCESS
-    install_warning_filters()
+    return run_key_value_command("asr.tune_lm", __doc__, tune_and_print, argv, usage_errors=USAGE_ERRORS)
 
-    def tune_and_print() -> None:
-        report = tune(parse_arguments(argv))
-        print(format_table(report))
-        print(f"wrote {report['out']}")
 
-    return run_command("asr.tune_lm", tune_and_print,
-                       usage_errors=(EvaluationError, ManifestError, CheckpointError, LexiconFileError,
-                                     LanguageModelError))
+def tune_and_print(argv: list[str]) -> None:
+    report = tune(parse_arguments(argv))
+    print(format_table(report))
+    print(f"wrote {report['out']}")
 
 
 if __name__ == "__main__":

@@ -173,7 +173,33 @@ def build_manifests(
         if not _SPLIT_NAME.match(utterance.split):
             raise ValueError(f"utterance {utterance.id}: split {utterance.split!r} must be lowercase a-z, 0-9, _")
 
-    # Audio: every recording some utterance uses, converted (or referenced) once.
+    converted, failed = _convert_recordings(corpus, recordings, utterances, audio_dir, out_dir, jobs, progress)
+    problems += failed.values()
+    kept = _usable_utterances(utterances, recordings, converted, failed, problems)
+
+    policies = {"oov_policy": oov_policy, "bad_data_policy": bad_data_policy, None: "drop"}
+    stopping = [p for p in problems if policies[problem_policy_option(p.kind)] == "error"]
+    oov_counts = Counter(word for u in utterances for word in u.oov_words)
+    report = _report(corpus, settings, problems + left_out, kept, oov_counts, out_dir,
+                     status="failed" if stopping else "complete")
+    report["dropped_utterances"] = len(utterances) - len(kept) + len(left_out)
+    if stopping:
+        _write_json(report_path(out_dir, corpus), report)
+        raise PreparationError(_failure_message(corpus, stopping, out_dir))
+
+    by_split: dict[str, list] = defaultdict(list)
+    for item in kept:
+        by_split[item[0].split].append(item)
+    for split in _ordered_splits(by_split):
+        _write_split(corpus, out_dir, split, by_split[split], phone_set)
+    _write_json(report_path(out_dir, corpus), report)
+    return report
+
+
+def _convert_recordings(corpus: str, recordings: dict[str, RecordingSpec], utterances: list[UtteranceSpec],
+                        audio_dir: Path, out_dir: Path, jobs: int | None, progress: bool
+                        ) -> tuple[dict[str, Recording], dict[str, Problem]]:
+    """Every recording some utterance uses, converted (or referenced) once: (converted, failed)."""
     needed = sorted({u.recording_id for u in utterances if u.recording_id in recordings})
     converted: dict[str, Recording] = {}
     failed: dict[str, Problem] = {}
@@ -184,11 +210,16 @@ def build_manifests(
         ):
             if isinstance(result, Problem):
                 failed[recording_id] = result
-                problems.append(result)
             else:
                 converted[recording_id] = result
+    return converted, failed
 
-    # Utterances: keep those whose audio, segment and words are all usable.
+
+def _usable_utterances(utterances: list[UtteranceSpec], recordings: dict[str, RecordingSpec],
+                       converted: dict[str, Recording], failed: dict[str, Problem], problems: list[Problem]
+                       ) -> list[tuple[UtteranceSpec, Recording, float, float]]:
+    """The utterances whose audio, segment and words are all usable, with their recording and
+    segment; a Problem appended to `problems` for each of the others."""
     kept: list[tuple[UtteranceSpec, Recording, float, float]] = []
     for utterance in utterances:
         if utterance.recording_id not in recordings:
@@ -220,24 +251,7 @@ def build_manifests(
             )
             continue
         kept.append((utterance, recording, start, end))
-
-    policies = {"oov_policy": oov_policy, "bad_data_policy": bad_data_policy, None: "drop"}
-    stopping = [p for p in problems if policies[problem_policy_option(p.kind)] == "error"]
-    oov_counts = Counter(word for u in utterances for word in u.oov_words)
-    report = _report(corpus, settings, problems + left_out, kept, oov_counts, out_dir,
-                     status="failed" if stopping else "complete")
-    report["dropped_utterances"] = len(utterances) - len(kept) + len(left_out)
-    if stopping:
-        _write_json(report_path(out_dir, corpus), report)
-        raise PreparationError(_failure_message(corpus, stopping, out_dir))
-
-    by_split: dict[str, list] = defaultdict(list)
-    for item in kept:
-        by_split[item[0].split].append(item)
-    for split in _ordered_splits(by_split):
-        _write_split(corpus, out_dir, split, by_split[split], phone_set)
-    _write_json(report_path(out_dir, corpus), report)
-    return report
+    return kept
 
 
 def _prepare_recording(spec: RecordingSpec, audio_dir: Path, out_dir: Path) -> Recording | Problem:

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Optional
 
 from asr.data.manifests import corpus_root
+from asr.run_folder import run_folder_of, stored_data_config
 from asr.decoding.lexicon import LexiconFileError
 from asr.decoding.lexicon_decoder import LexiconDecoderSettings, ParallelLexiconDecoder
 
@@ -62,18 +63,13 @@ def corpus_decoding_files(folder: str | Path | None) -> DecodingFiles:
     return DecodingFiles(lexicon if lexicon.is_file() else None, lm if lm.is_file() else None, [folder])
 
 
-def _run_folder(checkpoint: str | Path) -> Path | None:
-    run = Path(checkpoint).resolve().parent.parent       # <run>/checkpoints/<name>.ckpt
-    return run if (run / "config.yaml").is_file() else None
-
-
 def _stored_corpus_folders(run: Path) -> list[Path]:
     """Where the corpus folder of an older run folder may be: its config.yaml's data.root as an
     absolute path, relative to Hydra's recorded working folder, to each folder above the run
     folder, and to the current working folder (see the module docstring)."""
     import yaml
     try:
-        root = ((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("data") or {}).get("root")
+        root = stored_data_config(run).get("root")
     except (OSError, yaml.YAMLError):
         return []
     if not root:
@@ -98,7 +94,7 @@ def model_decoding_files(checkpoint: str | Path) -> DecodingFiles:
     """The lexicon and LM of the model in `checkpoint`: its run folder's decoding/ folder, else
     the first corpus folder found from the run's stored data.root that holds a lexicon (with
     the LM beside it, or None); never mixes a lexicon of one folder with an LM of another."""
-    run = _run_folder(checkpoint)
+    run = run_folder_of(checkpoint)
     if run is None:
         return DecodingFiles()
     searched: list[Path] = []

@@ -1,4 +1,5 @@
-"""Reading an asr.train checkpoint: the one place that opens a .ckpt and checks it can be used.
+"""Checkpoint files: the one place that opens a .ckpt and checks it can be used, and the one
+writer (`AtomicCheckpointIO`: asr.train's checkpoints and asr.average's are whole or absent).
 
     checkpoint = read_checkpoint("runs/synth_full/<time>/checkpoints/best.ckpt")
     checkpoint["hyper_parameters"]   # model, attention, optim, feature_dim, tokenizers, frontend
@@ -24,13 +25,17 @@ when last.ckpt itself is damaged.
 """
 from __future__ import annotations
 
+import os
 import pickle
+import tempfile
 import zipfile
 from pathlib import Path
 
 import torch
+from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from asr.data.features import FilterBank
+from asr.fault_injection import pause_point
 from attention_ext import AttentionConfigError, available_attentions, validate_attention
 
 FORMAT_KEY = "asr_checkpoint_format"
@@ -179,3 +184,31 @@ def feature_frontend(hyper_parameters: dict) -> FilterBank:
         raise ValueError(f"its front-end computes {frontend.num_mel_bins} mel bins, but the model takes "
                          f"feature_dim={hyper_parameters['feature_dim']}")
     return frontend
+
+
+class AtomicCheckpointIO(TorchCheckpointIO):
+    """Writes each checkpoint to a temporary file in its folder, fsyncs it, and renames it over the
+    old one, so `last.ckpt` and `best.ckpt` are always either the old or the new file, whole: a run
+    killed (kill -9, out of memory, a lost machine) during a write leaves at most a stray
+    `.<name>.*.tmp`, never a truncated checkpoint that a resume would then trust."""
+
+    def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        descriptor, temporary = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(descriptor, "wb") as handle:
+                torch.save(checkpoint, handle)
+                handle.flush()
+                os.fsync(handle.fileno())
+            if path.exists():
+                pause_point("checkpoint_replace")   # the fault suite kills here (asr.fault_injection)
+            os.replace(temporary, path)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+        folder = os.open(path.parent, os.O_RDONLY)   # the rename itself survives a power loss
+        try:
+            os.fsync(folder)
+        finally:
+            os.close(folder)

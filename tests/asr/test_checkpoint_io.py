@@ -1,11 +1,12 @@
-"""asr.train's AtomicCheckpointIO: a checkpoint file is the old one or the new one, whole, whatever happens."""
+"""AtomicCheckpointIO (asr.model.checkpoint), which asr.train writes with: a checkpoint file is the old one or the new one, whole, whatever happens."""
 from __future__ import annotations
 
 import pytest
 import torch
 
-from asr import train as train_module
-from asr.train import AtomicCheckpointIO
+from asr import training
+from asr.model import checkpoint as checkpoint_module
+from asr.model.checkpoint import AtomicCheckpointIO
 
 
 def test_a_write_replaces_the_checkpoint_whole(tmp_path):
@@ -28,7 +29,7 @@ def test_a_write_that_dies_halfway_leaves_the_old_checkpoint(tmp_path, monkeypat
         handle.write(b"PK\x03\x04 half a checkpoint")   # bytes reach the disk, then the process "dies"
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(train_module.torch, "save", dies_halfway)
+    monkeypatch.setattr(checkpoint_module.torch, "save", dies_halfway)
     with pytest.raises(KeyboardInterrupt):
         io.save_checkpoint({"step": 2}, path)
     assert path.read_bytes() == old_bytes
@@ -45,7 +46,7 @@ def test_training_writes_its_checkpoints_through_it(tiny_synth, tmp_path, monkey
 
     monkeypatch.setattr(AtomicCheckpointIO, "save_checkpoint", recording)
     from tiny_runs import tiny_config
-    train_module.train(tiny_config(tiny_synth, "conf=synth_full", "test=false"), tmp_path / "run")
+    training.train(tiny_config(tiny_synth, "conf=synth_full", "test=false"), tmp_path / "run")
     assert {p.rsplit("/", 1)[-1] for p in map(str, written)} == {"best.ckpt", "last.ckpt"}
 
 
@@ -55,7 +56,7 @@ def test_a_damaged_last_checkpoint_falls_back_to_the_newest_usable_one(tiny_synt
     from tiny_runs import tiny_config
     run = tmp_path / "run"
     common = ("conf=synth_full", "test=false")
-    first = train_module.train(tiny_config(tiny_synth, *common, "trainer.max_epochs=2"), run)
+    first = training.train(tiny_config(tiny_synth, *common, "trainer.max_epochs=2"), run)
     last, best = run / "checkpoints" / "last.ckpt", run / "checkpoints" / "best.ckpt"
     steps_per_epoch = first["steps"] // 2
     best_step = torch.load(best, weights_only=True)["global_step"]
@@ -69,7 +70,7 @@ def test_a_damaged_last_checkpoint_falls_back_to_the_newest_usable_one(tiny_synt
     assert message.endswith(f"checkpoints in the same folder that can be used (newest first): {best}")
 
     caplog.set_level("WARNING", logger="asr.train")
-    resumed = train_module.train(tiny_config(tiny_synth, *common, "trainer.max_epochs=3", "ckpt_path=last"), run)
+    resumed = training.train(tiny_config(tiny_synth, *common, "trainer.max_epochs=3", "ckpt_path=last"), run)
     said = caplog.text
     assert f"passing over checkpoint {last} is not a PyTorch checkpoint" in said
     assert f"resuming from {best}, the newest checkpoint that can be used" in said
@@ -86,7 +87,7 @@ def test_no_usable_checkpoint_names_every_file_and_its_problem(tiny_synth, tmp_p
     (run / "checkpoints" / "last.ckpt").write_text("")
     (run / "checkpoints" / "best.ckpt").write_text("not a checkpoint")
     with pytest.raises(CheckpointError) as error:
-        train_module.train(tiny_config(tiny_synth, "conf=synth_full", "ckpt_path=last"), run)
+        training.train(tiny_config(tiny_synth, "conf=synth_full", "ckpt_path=last"), run)
     message = str(error.value)
     assert message.startswith(f"no checkpoint in {run / 'checkpoints'} can be used: ")
     assert f"checkpoint {run / 'checkpoints' / 'last.ckpt'} is not a PyTorch checkpoint" in message
@@ -99,7 +100,7 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_with_ckpt_path_la
     run.mkdir()
     (run / "config.yaml").write_text("# written at the start of a run that was killed before its first epoch ended\n")
     caplog.set_level("WARNING", logger="asr.train")
-    result = train_module.train(tiny_config(tiny_synth, "conf=synth_full", "test=false", "trainer.max_steps=1",
+    result = training.train(tiny_config(tiny_synth, "conf=synth_full", "test=false", "trainer.max_steps=1",
                                             "ckpt_path=last"), run)
     assert result["steps"] == 1
     assert "has no checkpoint yet (the run stopped before its first one); starting it from the beginning" in caplog.text

@@ -24,7 +24,8 @@ from omegaconf import OmegaConf
 from asr.data.datamodule import SpeechDataModule
 from asr.model.recognizer import SpeechRecognizer
 from asr.config import ConfigError
-from asr.train import check_launch_shares_run_folder, ensure_corpus, run_folder
+from asr.run_folder import check_launch_shares_run_folder, run_folder
+from asr.training import ensure_corpus
 from tiny_runs import ROOT, TINY, compose_config
 
 

@@ -15,12 +15,13 @@ import torch
 import yaml
 
 from asr import cross_matrix
-from asr.evaluate import (EvaluateConfig, EvaluationError, decode_split, default_out_dir, evaluate,
-                          evaluation_data, load_model, main, parse_arguments)
+from asr.evaluate import main, parse_arguments
+from asr.evaluation import (EvaluateConfig, EvaluationError, decode_split, default_out_dir, evaluate,
+                            evaluation_data, load_model)
 from asr.data.features import FilterBank
 from asr.exit_status import USAGE_ERROR
 from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointError, read_checkpoint
-from asr.train import train
+from asr.training import train
 from attention_ext import AttentionConfigError, validate_attention
 from tiny_runs import ROOT, tiny_config
 

@@ -304,7 +304,7 @@ def test_the_out_of_vocabulary_rate_counted_by_hand(tmp_path):
 def trained_run(tiny_synth, tmp_path_factory) -> tuple[Path, dict]:
     """A tiny model trained on the tiny corpus, which ships a lexicon and an LM: the run's test
     results gain the lexicon decoder's WER."""
-    from asr.train import train
+    from asr.training import train
     from tiny_runs import tiny_config
     run = tmp_path_factory.mktemp("lexicon_run")
     results = train(tiny_config(tiny_synth, "conf=synth_full"), run)
@@ -320,7 +320,7 @@ def test_training_ends_with_the_lexicon_wer_when_the_corpus_has_a_lexicon_and_lm
 
 
 def test_evaluate_with_the_lexicon_decoder_records_its_settings_and_scores_its_words(trained_run, tiny_synth, tmp_path):
-    from asr.evaluate import EvaluateConfig, evaluate
+    from asr.evaluation import EvaluateConfig, evaluate
     from asr.metrics import word_error_rate
     run, _ = trained_run
     checkpoint = str(run / "checkpoints" / "best.ckpt")
@@ -353,7 +353,7 @@ def kaldi_folder(tiny_synth: Path, folder: Path, added_word: str = "") -> tuple[
 
 
 def test_a_kaldi_directory_gets_a_per_from_the_reference_lexicon(trained_run, tiny_synth, tmp_path):
-    from asr.evaluate import EvaluateConfig, evaluate
+    from asr.evaluation import EvaluateConfig, evaluate
     from asr.metrics import phone_error_rate
     run, _ = trained_run
     folder, cuts = kaldi_folder(tiny_synth, tmp_path / "kaldi", "zyzzyva")
@@ -370,7 +370,7 @@ def test_a_kaldi_directory_gets_a_per_from_the_reference_lexicon(trained_run, ti
 
 def test_per_never_depends_on_the_decoding_lexicon_and_data_dir_keeps_the_models_files(trained_run, tiny_synth,
                                                                                        tmp_path):
-    from asr.evaluate import EvaluateConfig, evaluate
+    from asr.evaluation import EvaluateConfig, evaluate
     run, _ = trained_run
     checkpoint = str(run / "checkpoints" / "best.ckpt")
     folder, cuts = kaldi_folder(tiny_synth, tmp_path / "kaldi")
@@ -419,7 +419,8 @@ def test_the_oov_rate_of_new_words_and_an_extra_lexicon_with_the_models_lm(train
 
 
 def test_a_lexicon_without_an_lm_is_a_usage_error_naming_both_fixes(trained_run, tiny_synth, tmp_path, capsys):
-    from asr.evaluate import EvaluateConfig, evaluate, main as evaluate_main
+    from asr.evaluate import main as evaluate_main
+    from asr.evaluation import EvaluateConfig, evaluate
     from asr.transcribe import main as transcribe_main
     from asr.tune_lm import main as tune_main
     run, _ = trained_run
@@ -566,7 +567,7 @@ def test_a_corpus_lm_and_cmudict_are_installed_lowercased_and_restricted_to_the_
 
 
 def test_transcribe_with_the_lexicon_decoder_gives_evaluates_words(trained_run, tiny_synth, tmp_path, capsys):
-    from asr.evaluate import EvaluateConfig, evaluate
+    from asr.evaluation import EvaluateConfig, evaluate
     from asr.exit_status import SUCCESS
     from asr.transcribe import main as transcribe
     run, _ = trained_run

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from asr.config import ConfigError, validate_config
-from asr.train import EpochTimer, build_trainer, train
+from asr.callbacks import EpochTimer
+from asr.training import build_trainer, train
 from attention_ext import build_attention
 from tiny_runs import compose_config, tiny_config
 

@@ -18,7 +18,6 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-import asr.train  # noqa: F401  (registers the schema, the presets and the resolvers, as `python -m asr.train` does)
 from asr.presets import corpus_setups, preset_names
 from tiny_runs import compose_config
 

@@ -16,12 +16,13 @@ import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
 from asr.config import ConfigError, validate_config
-from asr.evaluate import EvaluateConfig, evaluate, load_model
+from asr.evaluation import EvaluateConfig, evaluate, load_model
 from asr.exit_status import INTERRUPTED, USAGE_ERROR
 from asr.model.checkpoint import CheckpointError
 from asr.model.recognizer import CheckpointMismatchError
 from asr.presets import preset_names
-from asr.train import remove_unused_run_folder, train
+from asr.run_folder import remove_unused_run_folder
+from asr.training import train
 from attention_ext import AttentionConfigError
 from tiny_runs import CONF, ROOT, TINY, compose_config, tiny_config
 
@@ -285,7 +286,7 @@ def test_stop_reason_names_the_budget_that_ended_training():
 
     from lightning.pytorch.callbacks import EarlyStopping, Timer
 
-    from asr.train import stop_reason
+    from asr.training import stop_reason
 
     def trainer(callbacks=(), max_steps=-1, max_epochs=1000, epoch=3, step=120):
         return SimpleNamespace(callbacks=list(callbacks), max_steps=max_steps, max_epochs=max_epochs,

@@ -11,12 +11,13 @@ import pytest
 import soundfile
 import torch
 
-from asr.evaluate import EvaluateConfig, evaluate
+from asr.evaluation import EvaluateConfig, evaluate
 from asr.exit_status import FAILURE, SUCCESS, USAGE_ERROR
 from asr.model import encoder as encoder_module
 from asr.model.recognizer import SpeechRecognizer
-from asr.transcribe import (Piece, TranscribeConfig, cut_into_pieces, frame_energies, main, resample,
-                            transcribe_files)
+from asr.transcribe import main
+from asr.transcription import (Piece, TranscribeConfig, cut_into_pieces, frame_energies, resample,
+                               transcribe_files)
 
 
 @pytest.fixture

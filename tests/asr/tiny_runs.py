@@ -5,6 +5,8 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
+from asr.config import register_schema
+
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
 # Every preset keeps its attention; only the sizes shrink.
@@ -15,6 +17,7 @@ TINY = ["model.layers=1", "model.heads=2", "model.head_dim=8", "model.ff_dim=32"
 
 
 def compose_config(*overrides: str):
+    register_schema()   # the schema and the presets, as `python -m asr.train` registers them
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 

@@ -21,11 +21,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from asr.config import ConfigError, attention_settings, validate_config
+from asr.config import ConfigError, attention_settings, register_schema, validate_config
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError
 from asr.presets import corpus_setups, preset_names
-from asr.train import train
+from asr.training import train
 from recipes.librispeech.prepare import MINI_OUT, prepare_librispeech
 from recipes.switchboard.prepare import prepare_switchboard
 from recipes.timit.prepare import prepare_timit
@@ -48,6 +48,7 @@ TINY = ["trainer.max_steps=2", "trainer.enable_progress_bar=false", "trainer.log
 
 
 def compose_config(*overrides: str):
+    register_schema()   # the schema and the presets, as `python -m asr.train` registers them
     with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
         return compose(config_name="config", overrides=list(overrides))
 

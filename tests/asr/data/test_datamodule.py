@@ -370,7 +370,7 @@ def test_data_benchmark_exits_2_with_one_line_for_a_folder_without_manifests(tmp
     from asr.data import benchmark
     assert benchmark.main(["--root", str(tmp_path / "nothing")]) == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and error[0].startswith("asr.data.benchmark: error: manifest ")
+    assert len(error) == 1 and error[0].startswith("asr.data_benchmark: error: manifest ")
     write_corpus(tmp_path / "c", {"train": make_utterances(2, 1, "tr")}, "synth")
     assert benchmark.main(["--root", str(tmp_path / "c"), "--max-duration", "-1"]) == 2
     assert "data.max_duration=-1.0 must be a positive" in capsys.readouterr().err

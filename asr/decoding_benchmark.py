@@ -1,7 +1,7 @@
 """Greedy vs prefix beam vs lexicon-only vs lexicon + LM on one split, side by side in one run.
 
-    python -m asr.decoding.benchmark checkpoint=runs/.../best.ckpt [split=test workers=2 lm_weight=1 word_score=0]
-    python -m asr.decoding.benchmark simulate_per=0.05 data_root=/work/data/synth   # no model (see below)
+    python -m asr.decoding_benchmark checkpoint=runs/.../best.ckpt [split=test workers=2 lm_weight=1 word_score=0]
+    python -m asr.decoding_benchmark simulate_per=0.05 data_root=/work/data/synth   # no model (see below)
 
 The model runs once over the split (its forward time is printed); each decoder then decodes the
 same saved log-probabilities, and the table gives per decoder the WER, its decoding seconds and
@@ -24,11 +24,12 @@ from typing import Optional
 
 import numpy as np
 import torch
-from omegaconf import OmegaConf
 
 from asr.data.manifests import corpus_root, default_root, manifest_path
 from asr.decoding.evaluation import corpus_decoding_files, model_decoding_files, resolve_settings, word_head
 from asr.decoding.lexicon_decoder import ParallelLexiconDecoder
+from asr.evaluation import USAGE_ERRORS, EvaluationError, evaluation_data, load_model
+from asr.command_line import key_value_config, run_key_value_command
 from asr.metrics import phone_error_rate, word_error_rate
 
 
@@ -78,7 +79,6 @@ def simulated_emissions(root: Path, split: str, per: float, seed: int):
 def model_emissions(config: BenchmarkConfig):
     """(the lexicon head's log-probs, references, its tokenizer, forward seconds, corpus folder,
     the first word head's tokenizer and log-probs, or None)."""
-    from asr.evaluate import evaluation_data, load_model
     model = load_model(config.checkpoint)
     overrides = {"root": config.data_root} if config.data_root else {}
     data = evaluation_data(model, config.checkpoint, config.split, None, overrides, progress=False)
@@ -148,14 +148,15 @@ def run(config: BenchmarkConfig) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    config = BenchmarkConfig(**OmegaConf.to_container(OmegaConf.merge(OmegaConf.structured(BenchmarkConfig),
-                                                                       OmegaConf.from_dotlist(argv))))
+    return run_key_value_command("asr.decoding_benchmark", __doc__, lambda arguments: run(parse_arguments(arguments))
+                                 and None, argv, usage_errors=USAGE_ERRORS)
+
+
+def parse_arguments(argv: list[str]) -> BenchmarkConfig:
+    config = key_value_config(BenchmarkConfig, argv, EvaluationError)
     if config.checkpoint is None and config.simulate_per is None:
-        print("give checkpoint=PATH, or simulate_per=P data_root=CORPUS", file=sys.stderr)
-        return 2
-    run(config)
-    return 0
+        raise EvaluationError("give checkpoint=PATH, or simulate_per=P data_root=CORPUS")
+    return config
 
 
 if __name__ == "__main__":

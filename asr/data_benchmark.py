@@ -1,6 +1,6 @@
 """How fast the data pipeline is on this machine: feature precomputation and one epoch of batches.
 
-    python -m asr.data.benchmark --root data/synth [--corpus synth] [--split train] [--limit N]
+    python -m asr.data_benchmark --root data/synth [--corpus synth] [--split train] [--limit N]
 
 Prints two tables, each measured in this one run:
 1. precomputing the fbank features of the split into a fresh temporary folder with 1 and 2 processes;
@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-mel-bins", type=int, default=40)
     parser.add_argument("--max-duration", type=float, default=200.0)
     args = parser.parse_args(argv)
-    return run_command("asr.data.benchmark", lambda: benchmark(args), usage_errors=(BadArguments, ManifestError))
+    return run_command("asr.data_benchmark", lambda: benchmark(args), usage_errors=(BadArguments, ManifestError))
 
 
 class BadArguments(ValueError):

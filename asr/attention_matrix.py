@@ -1,0 +1,333 @@
+"""The train-with x evaluate-with matrix (Table 1 of the paper): the library behind
+`python -m asr.cross_matrix` (whose docstring describes the files it writes).
+
+Columns are trained models, rows evaluate-with attention specs; `run` evaluates every missing cell
+(`compute_column`: one model loaded once, each row's attention swapped in, asr.evaluation's
+`decode_split`), keeps each cell as a file so a started-again run reuses it, and writes the tables
+(`format_markdown`, `write_csv`) and the pictures (`plot`, `plot_speed_accuracy`).
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from asr.evaluation import (EvaluationError, check_device, decode_split, evaluation_attention, evaluation_data,
+                            load_model, write_outputs)
+from asr.fault_injection import pause_point
+from asr.metrics import percent
+from asr.model.checkpoint import read_checkpoint
+from asr.run_folder import run_folder_of
+from attention_ext import AttentionConfigError, SharedQKRequiredError
+
+
+INVALID = "-"
+
+
+@dataclass
+class Column:
+    label: str
+    checkpoint: Path
+
+
+def parse_columns(arguments: list[str]) -> list[Column]:
+    """'LABEL=PATH' or 'PATH' (labelled by its run folder, or the file name) -> columns."""
+    columns = []
+    for argument in arguments:
+        label, equals, path = argument.partition("=")
+        if not equals:
+            path = argument
+            run = run_folder_of(path)
+            label = run.name if run is not None else Path(path).stem
+            # runs/<preset>/<timestamp>/: the preset names the column better than the time
+            if run is not None and run.parent.name and any(ch.isdigit() for ch in run.name[:4]):
+                label = run.parent.name
+        read_checkpoint(path)   # a column that cannot be evaluated stops the matrix before any cell runs
+        columns.append(Column(label, Path(path)))
+    labels = [column.label for column in columns]
+    duplicated = sorted({label for label in labels if labels.count(label) > 1})
+    if duplicated:
+        raise EvaluationError(f"two checkpoints share the column name(s) {duplicated}; name them LABEL=PATH")
+    return columns
+
+
+def checkpoint_identity(path: Path) -> dict:
+    stat = path.stat()
+    return {"path": str(path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+
+
+def _safe(text: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in text)
+
+
+def cell_path(out: Path, column: str, spec: str) -> Path:
+    return out / "cells" / f"{_safe(column)}__{_safe(spec)}.json"
+
+
+def _write_json_atomic(path: Path, value: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temporary = path.with_suffix(".json.tmp")
+    temporary.write_text(json.dumps(value, indent=2) + "\n")
+    os.replace(temporary, path)     # a cell file that exists is complete
+
+
+def evaluation_settings(args: argparse.Namespace) -> dict:
+    """What besides the checkpoint and attention decides a cell's numbers (cached cells must match)."""
+    settings = {"split": args.split, "data_dir": args.data_dir, "data": dict(args.data), "decoder": args.decoder,
+                "beam_size": args.beam_size, "seed": args.seed, "limit": args.limit}
+    if args.decoder == "lexicon":
+        settings.update(lexicon=args.lexicon, lm=args.lm, lm_weight=args.lm_weight, word_score=args.word_score)
+        if args.extra_lexicon:     # only then: cells computed before the option existed stay valid
+            settings["extra_lexicon"] = args.extra_lexicon
+    return settings
+
+
+def compute_column(column: Column, specs: list[str], args: argparse.Namespace, progress) -> None:
+    """Evaluates the missing cells of one column (the model and its data are loaded once)."""
+    settings = evaluation_settings(args)
+    identity = checkpoint_identity(column.checkpoint)
+    todo = []
+    for spec in specs:
+        path = cell_path(args.out, column.label, spec)
+        if path.is_file():
+            cached = json.loads(path.read_text())
+            if cached.get("checkpoint") == identity and cached.get("settings") == settings:
+                progress(f"{column.label} x {spec}: cached")
+                continue
+        todo.append(spec)
+    if not todo:
+        return
+    model = load_model(column.checkpoint, args.device)
+    trained = dict(model.hparams.attention)
+    data = None
+    for spec in todo:
+        cell = {"column": column.label, "spec": spec, "checkpoint": identity, "settings": settings,
+                "trained_with": trained}
+        attention = evaluation_attention(model, spec)
+        try:
+            # refuses lsh / shared_full without shared QK, and options above the head dim,
+            # changing nothing
+            model.set_attention(attention)
+        except AttentionConfigError as error:
+            cell.update(valid=False, reason=str(error))
+            _write_json_atomic(cell_path(args.out, column.label, spec), cell)
+            why = ("needs shared query/key projections" if isinstance(error, SharedQKRequiredError)
+                   else "does not fit the model's head dim")
+            progress(f"{column.label} x {spec}: {INVALID} ({why})")
+            continue
+        if data is None:
+            split = "eval" if args.data_dir else args.split
+            data = evaluation_data(model, column.checkpoint, split, args.data_dir, dict(args.data),
+                                   progress=False)
+        pause_point("cross_matrix_cell")   # the fault suite kills here (asr.fault_injection)
+        word_decoder = None
+        if args.decoder == "lexicon":
+            from asr.decoding.evaluation import model_decoding_files, resolve_settings, start_word_decoder
+            word_decoder = start_word_decoder(model.tokenizers, resolve_settings(
+                args.lexicon, args.lm, model_decoding_files(column.checkpoint), args.extra_lexicon, dashes=True,
+                lm_weight=args.lm_weight, word_score=args.word_score))
+        try:
+            result = decode_split(model, data, args.decoder, args.beam_size, args.seed, args.limit,
+                                  progress=sys.stderr.isatty(), word_decoder=word_decoder)
+        finally:
+            if word_decoder is not None:
+                word_decoder[1].close()
+        cell.update(valid=True, evaluated_with=attention.as_config(),
+                    same_as_training=attention.as_config() == trained, split=data.split,
+                    utterances=len(result.utterances), error_rates=result.rates, **result.timing())
+        write_outputs(args.out / "hypotheses" / _safe(column.label) / _safe(spec), result, cell)
+        _write_json_atomic(cell_path(args.out, column.label, spec), cell)
+        rates = result.rates
+        progress(f"{column.label} x {spec}: PER {percent(rates.get('per'))} WER {percent(rates.get('wer'))}, "
+                 f"{cell['forward_ms_per_utterance']:.1f} ms/utt")
+
+
+def load_cells(out: Path, columns: list[Column], specs: list[str]) -> dict[tuple[str, str], dict]:
+    return {(column.label, spec): json.loads(cell_path(out, column.label, spec).read_text())
+            for column in columns for spec in specs}
+
+
+def metric_of(cell: dict, metric: str) -> float | None:
+    return cell.get("error_rates", {}).get(metric) if cell.get("valid") else None
+
+
+def row_forward_ms(cells: dict, columns: list[Column], spec: str) -> float | None:
+    """Mean forward time per utterance of a row over its valid cells."""
+    times = [cells[column.label, spec]["forward_ms_per_utterance"] for column in columns
+             if cells[column.label, spec].get("valid")]
+    return sum(times) / len(times) if times else None
+
+
+def matrix_rows(cells: dict, columns: list[Column], specs: list[str]) -> list[dict]:
+    """One dict per evaluate-with row: per column PER, WER, validity and the training mark."""
+    rows = []
+    for spec in specs:
+        row = {"evaluate_with": spec, "forward_ms_per_utterance": row_forward_ms(cells, columns, spec),
+               "cells": {}}
+        for column in columns:
+            cell = cells[column.label, spec]
+            row["cells"][column.label] = {
+                "valid": bool(cell.get("valid")), "same_as_training": bool(cell.get("same_as_training")),
+                "per": metric_of(cell, "per"), "wer": metric_of(cell, "wer"), "cer": metric_of(cell, "cer"),
+                "wer_lexicon": metric_of(cell, "wer_lexicon"),
+                "forward_ms_per_utterance": cell.get("forward_ms_per_utterance"),
+                "reason": cell.get("reason")}
+        rows.append(row)
+    return rows
+
+
+def _cell_text(cell: dict, metric: str) -> str:
+    if not cell["valid"]:
+        return INVALID
+    value = cell[metric]
+    text = "n/a" if value is None else f"{100 * value:.2f}"
+    return f"**{text}***" if cell["same_as_training"] else text
+
+
+def format_markdown(rows: list[dict], columns: list[Column], metrics: list[str], split: str) -> str:
+    lines = []
+    for metric in metrics:
+        lines.append(f"{metric.upper().replace('_LEXICON', ' (lexicon + LM)')} (%) on {split}; columns: trained with, rows: evaluated with; "
+                     f"**x*** = evaluated with the training attention; {INVALID} = not a valid pair")
+        lines.append("")
+        header = ["evaluate with \\ train with"] + [c.label for c in columns] + ["forward ms/utt"]
+        lines.append("| " + " | ".join(header) + " |")
+        lines.append("|" + "|".join(["---"] + ["---:"] * (len(header) - 1)) + "|")
+        for row in rows:
+            forward = row["forward_ms_per_utterance"]
+            cells = [_cell_text(row["cells"][c.label], metric) for c in columns]
+            lines.append("| " + " | ".join([row["evaluate_with"], *cells,
+                                             "-" if forward is None else f"{forward:.1f}"]) + " |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def write_csv(rows: list[dict], columns: list[Column], path: Path) -> None:
+    with open(path, "w", newline="") as handle:
+        writer = csv.writer(handle)
+        writer.writerow(["evaluate_with", "train_with", "valid", "same_as_training", "per", "wer", "cer",
+                         "forward_ms_per_utterance"])
+        for row in rows:
+            for column in columns:
+                cell = row["cells"][column.label]
+                writer.writerow([row["evaluate_with"], column.label, cell["valid"], cell["same_as_training"],
+                                 *("" if cell[m] is None else f"{cell[m]:.6f}" for m in ("per", "wer", "cer")),
+                                 "" if cell["forward_ms_per_utterance"] is None
+                                 else f"{cell['forward_ms_per_utterance']:.3f}"])
+
+
+def plot(rows: list[dict], columns: list[Column], metric: str, out: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    values = [[row["cells"][c.label][metric] if row["cells"][c.label]["valid"] else math.nan for c in columns]
+              for row in rows]
+    figure, axis = plt.subplots(figsize=(1.6 * len(columns) + 3, 0.5 * len(rows) + 2))
+    data = [[math.nan if v is None else 100 * v for v in line] for line in values]
+    image = axis.imshow(data, cmap="viridis_r", aspect="auto")
+    axis.set_xticks(range(len(columns)), [c.label for c in columns], rotation=30, ha="right")
+    axis.set_yticks(range(len(rows)), [row["evaluate_with"] for row in rows])
+    for i, row in enumerate(rows):
+        for j, column in enumerate(columns):
+            cell = row["cells"][column.label]
+            axis.text(j, i, _cell_text(cell, metric).replace("*", ""), ha="center", va="center",
+                      fontsize=8, color="black" if cell["valid"] else "gray",
+                      fontweight="bold" if cell["same_as_training"] else "normal")
+    axis.set_xlabel("trained with")
+    axis.set_ylabel("evaluated with")
+    figure.colorbar(image, label=f"{metric.upper()} (%)")
+    figure.tight_layout()
+    figure.savefig(out / "matrix_heatmap.png", dpi=120)
+    plt.close(figure)
+
+    plot_speed_accuracy(rows, columns, metric, out / "speed_accuracy.png")
+
+
+def plot_speed_accuracy(rows: list[dict], columns: list[Column], metric: str, path: Path) -> None:
+    """Error against forward time: one panel per training attention (a shared time axis, each panel's
+    error axis its own, so close rows stay apart; the heatmap compares across columns), each
+    evaluate-with row one colour and marker in every panel, named once in a shared legend; the
+    training attention's own point is ringed. Text labels beside the points ran into one unreadable
+    band where many rows score alike, so the legend names them instead."""
+    import matplotlib.pyplot as plt
+    markers = "osD^v<>phX*P"
+    colours = plt.get_cmap("tab20").colors
+    style = {row["evaluate_with"]: (colours[i % len(colours)], markers[i % len(markers)])
+             for i, row in enumerate(rows)}
+    panels = max(1, len(columns))
+    width = min(3, panels)
+    height = math.ceil(panels / width)
+    figure, axes = plt.subplots(height, width, figsize=(3.6 * width + 2.2, 3.0 * height + 0.6),
+                                sharex=True, squeeze=False)
+    for index, axis in enumerate(axes.flat):
+        if index >= len(columns):
+            axis.set_visible(False)
+            continue
+        column = columns[index]
+        for row in rows:
+            cell = row["cells"][column.label]
+            if not cell["valid"] or cell[metric] is None or cell["forward_ms_per_utterance"] is None:
+                continue
+            colour, marker = style[row["evaluate_with"]]
+            axis.scatter(cell["forward_ms_per_utterance"], 100 * cell[metric], color=colour, marker=marker, s=36,
+                         edgecolors="black" if cell["same_as_training"] else "none", linewidths=1.2)
+        axis.set_title(f"trained with {column.label}", fontsize=9)
+        axis.grid(alpha=0.3)
+        axis.set_ylabel(f"{metric.upper()} (%)")
+        if index // width == height - 1 or index + width >= len(columns):
+            axis.set_xlabel("forward ms per utterance")
+    handles = [plt.Line2D([], [], linestyle="", marker=marker, color=colour, label=spec)
+               for spec, (colour, marker) in style.items()]
+    handles.append(plt.Line2D([], [], linestyle="", marker="o", markerfacecolor="white", markeredgecolor="black",
+                              label="(ringed: the training attention)"))
+    figure.legend(handles=handles, title="evaluated with", loc="center right", fontsize=8, title_fontsize=8)
+    figure.tight_layout(rect=(0, 0, 1 - 2.3 / (3.6 * width + 2.2), 1))
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
+def run(args: argparse.Namespace, progress=print) -> dict:
+    """Computes the missing cells and writes the tables; returns the matrix as JSON-ready dict."""
+    check_device(args.device)
+    from asr.decoding.evaluation import check_lexicon_options
+    check_lexicon_options(args.decoder, args.lexicon, args.lm, args.extra_lexicon, dashes=True)
+    columns = parse_columns(args.checkpoints)
+    specs = list(dict.fromkeys(args.specs))
+    from attention_ext import parse_attention_spec
+    for spec in specs:
+        parse_attention_spec(spec)              # a bad row fails before any evaluation
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    args.out.mkdir(parents=True, exist_ok=True)
+    from tqdm.auto import tqdm
+    total = len(columns) * len(specs)
+    done = 0   # our own count: a bar disabled (stderr not a terminal) counts nothing
+    with tqdm(total=total, desc="cells", unit="cell", disable=not sys.stderr.isatty(), leave=False) as bar:
+        def report(line: str) -> None:
+            nonlocal done
+            done += 1
+            bar.update(1)
+            bar.write(f"[cross_matrix {done}/{total}] {line}", file=sys.stdout)
+        for column in columns:
+            compute_column(column, specs, args, report)
+    cells = load_cells(args.out, columns, specs)
+    rows = matrix_rows(cells, columns, specs)
+    split = next((cell["split"] for cell in cells.values() if cell.get("valid")), args.split or "test")
+    metrics = [m for m in ("per", "wer_lexicon" if args.decoder == "lexicon" else "wer") if any(row["cells"][c.label][m] is not None
+                                                  for row in rows for c in columns)]
+    (args.out / "matrix.md").write_text(format_markdown(rows, columns, metrics, split))
+    write_csv(rows, columns, args.out / "matrix.csv")
+    matrix = {"split": split, "columns": [{"label": c.label, "checkpoint": str(c.checkpoint)} for c in columns],
+              "rows": rows, "settings": evaluation_settings(args), "threads": torch.get_num_threads(),
+              "device": args.device}
+    (args.out / "matrix.json").write_text(json.dumps(matrix, indent=2) + "\n")
+    if metrics:
+        plot(rows, columns, metrics[0], args.out)
+    return matrix

@@ -1,0 +1,65 @@
+"""The Lightning callbacks asr.training adds to a run besides Lightning's own (checkpoints, early
+stopping), asr.progress's bar and asr.model.diagnostics: the batches each process ran, the time of
+each epoch, every epoch's checkpoint."""
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+
+class BatchRecorder(Callback):
+    """trainer.record_batches=true: each process appends one JSON line per batch it runs to
+    <run folder>/batches/rank<global rank>.jsonl: {"fn": fit|validate|test, "stage": train|val|test,
+    "epoch", "batch", "ids": [utterance ids], "padding": stand-in batch (asr.data.batching)}.
+    For checking how data is split over DDP processes; off by default."""
+
+    def __init__(self, folder: Path):
+        self.folder = folder
+
+    def _record(self, trainer, stage: str, batch: dict, batch_index: int) -> None:
+        if trainer.sanity_checking:
+            return
+        self.folder.mkdir(parents=True, exist_ok=True)
+        line = {"fn": str(trainer.state.fn.value), "stage": stage, "epoch": trainer.current_epoch,
+                "batch": batch_index, "ids": list(batch["ids"]), "padding": bool(batch.get("padding"))}
+        with open(self.folder / f"rank{trainer.global_rank}.jsonl", "a") as f:
+            f.write(json.dumps(line) + "\n")
+
+    def on_train_batch_start(self, trainer, module, batch, batch_index) -> None:
+        self._record(trainer, "train", batch, batch_index)
+
+    def on_validation_batch_start(self, trainer, module, batch, batch_index, dataloader_index=0) -> None:
+        self._record(trainer, "val", batch, batch_index)
+
+    def on_test_batch_start(self, trainer, module, batch, batch_index, dataloader_index=0) -> None:
+        self._record(trainer, "test", batch, batch_index)
+
+
+class EpochTimer(Callback):
+    """Wall-clock seconds of each training epoch, with and without its validation."""
+
+    def __init__(self):
+        self.epochs: list[dict[str, float]] = []
+        self._start = self._validation_start = None
+
+    def on_train_epoch_start(self, trainer, module) -> None:
+        self._start, self._validation_start = time.perf_counter(), None
+
+    def on_validation_start(self, trainer, module) -> None:
+        if self._start is not None and not trainer.sanity_checking and self._validation_start is None:
+            self._validation_start = time.perf_counter()
+
+    def on_train_epoch_end(self, trainer, module) -> None:
+        if self._start is None:   # a resume that restarts at the end of its checkpoint's epoch (with max_steps)
+            return
+        end = time.perf_counter()
+        self.epochs.append({"epoch": trainer.current_epoch,
+                            "train_seconds": (self._validation_start or end) - self._start,
+                            "seconds": end - self._start})
+
+
+class EpochCheckpoint(ModelCheckpoint):
+    """Keeps every epoch's checkpoint; its own class so Lightning keeps its state apart from `latest`'s."""

@@ -1,0 +1,245 @@
+"""One training run: `train(cfg, run_dir)` checks the config, makes the built-in corpus if it is
+missing, builds the data module, the model and the Lightning Trainer, fits, tests the best
+checkpoint and writes results.json. `python -m asr.train` (asr/train.py) is the command around it:
+Hydra, the run folder's log and the exit statuses.
+
+The flow, top to bottom: check the config -> make the corpus if it is the built-in one and
+missing -> data module (tokenizers, feature stats) -> model -> Lightning fit -> test the best
+checkpoint (`score_best_checkpoint`) -> results.json.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import time
+from contextlib import contextmanager
+from pathlib import Path
+
+import lightning as L
+import torch
+from hydra.core.hydra_config import HydraConfig
+from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, Timer
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from omegaconf import DictConfig, OmegaConf
+
+from asr.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer
+from asr.config import ConfigError, validate_config
+from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_hint, unregistered_note
+from asr.data.datamodule import SpeechDataModule
+from asr.data.manifests import corpus_root, cuts_path, manifest_name
+from asr.decoding.evaluation import keep_decoding_files_in_run
+from asr.evaluation import lexicon_test_rates
+from asr.model.checkpoint import AtomicCheckpointIO
+from asr.model.diagnostics import TrainingDiagnostics
+from asr.model.encoder import compile_encoder
+from asr.model.recognizer import SpeechRecognizer, check_state_dict_fits
+from asr.progress import EpochProgressBar
+from asr.run_folder import check_launch_shares_run_folder, one_process_at_a_time, resolve_checkpoint
+
+log = logging.getLogger("asr.train")
+# train.log only (asr.train's train_log_keeps_the_console): what the console gets by print,
+# Lightning's table and a failure's traceback, which the console has in their own form.
+file_log = logging.getLogger("asr.train.file")
+file_log.propagate = False
+
+
+def ensure_corpus(cfg: DictConfig) -> None:
+    """Generates a corpus whose manifests are missing when its recipe has a preparer
+    (asr.data.corpus_recipes: the built-in synthetic corpus); for any other corpus (the user's copy
+    of WSJ, TIMIT, ...) missing manifests are a ConfigError naming the recipe command."""
+    data = cfg.data
+    root = corpus_root(data.root)
+    missing = [split for split in (data.train_split, data.dev_split, data.test_split)
+               if not cuts_path(root, data.corpus, split).is_file()]
+    if not missing:
+        return
+    recipe = corpus_recipe(data.corpus)
+    if recipe is None or recipe.preparer is None:   # a real corpus is the user's: say how to prepare it, never guess
+        where = (f"data.root={str(root)!r} does not exist, so it holds no {data.corpus} manifests"
+                 if not root.is_dir() else
+                 f"data.root={str(root)!r} has no {manifest_name(data.corpus, 'cuts', '<split>')} for split(s) {missing}")
+        raise ConfigError(f"{where}; {preparation_hint(data.corpus, root)}, then run again with "
+                          f"data.root=<that folder> ({unregistered_note()})")
+    log.info("corpus %s: manifests missing in %s, generating them (once)", data.corpus, root)
+    # a config section may size the corpus (synth_corpus for the built-in one)
+    options = OmegaConf.to_container(cfg[recipe.options_section], resolve=True) if recipe.options_section else {}
+    try:
+        report = recipe.preparer(root, progress=True, **options)
+    except ValueError as error:   # an option value it refuses, or data.root made with other settings
+        raise ConfigError(f"corpus {data.corpus} in data.root={str(root)!r}: {error}") from None
+    log.info("corpus %s: %s", data.corpus, report)
+
+
+def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
+                  ) -> tuple[L.Trainer, ModelCheckpoint, ModelCheckpoint]:
+    """The Trainer, and its checkpoints of the best (lowest primary error) and of the latest epoch."""
+    t = cfg.trainer
+    tensorboard = TensorBoardLogger(save_dir=str(run_dir), name="logs", default_hp_metric=False)
+    csv = CSVLogger(save_dir=str(run_dir), name="logs", version=tensorboard.version)
+    best = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="best", monitor="val/primary_error",
+                           mode="min", save_top_k=1, enable_version_counter=False)
+    # Not save_last=True: Lightning (2.6) rewrites that last.ckpt only in epochs where `best` improved,
+    # so it could hold an older epoch than the latest one. A checkpoint without a monitor keeps the
+    # newest epoch, rewritten at the end of every epoch (what ckpt_path=last resumes).
+    latest = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="last", save_top_k=1,
+                             enable_version_counter=False)
+    callbacks: list[Callback] = [best, latest, timer]
+    if t.keep_epoch_checkpoints:   # for asr.average: each epoch's weights, with its validation rates
+        callbacks.append(EpochCheckpoint(dirpath=run_dir / "checkpoints", filename="epoch-{epoch:03d}",
+                                         save_top_k=-1, auto_insert_metric_name=False,
+                                         enable_version_counter=False))
+    if t.enable_progress_bar:   # k/N with an ETA, and the time budget left (asr.progress)
+        callbacks.append(EpochProgressBar())
+    if t.record_batches:
+        callbacks.append(BatchRecorder(run_dir / "batches"))
+    if t.diagnostics_every_n_steps:
+        callbacks.append(TrainingDiagnostics(t.diagnostics_every_n_steps, run_dir / "diagnostics.csv"))
+    if t.early_stopping_patience:
+        callbacks.append(EarlyStopping(monitor="val/primary_error", mode="min",
+                                       patience=t.early_stopping_patience))
+    limits = {key: (int(value) if value > 1 else float(value))
+              for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches")
+              if (value := t[key]) is not None}
+    trainer = L.Trainer(
+        # CSV first: it warns about a non-empty folder if TensorBoard has written there before it
+        default_root_dir=str(run_dir), logger=[csv, tensorboard], callbacks=callbacks,
+        max_epochs=t.max_epochs, max_steps=t.max_steps,
+        max_time=None if t.max_minutes is None else {"minutes": float(t.max_minutes)},
+        accelerator=t.accelerator, devices=t.devices, num_nodes=t.num_nodes, strategy=t.strategy,
+        precision=t.precision,
+        gradient_clip_val=cfg.optim.clip_norm or None, gradient_clip_algorithm="norm",
+        log_every_n_steps=t.log_every_n_steps,
+        val_check_interval=t.val_check_interval,   # None: after each epoch (and no info line about it)
+        check_val_every_n_epoch=t.check_val_every_n_epoch, num_sanity_val_steps=t.num_sanity_val_steps,
+        enable_progress_bar=t.enable_progress_bar, deterministic=t.deterministic,
+        use_distributed_sampler=False,   # the data module's lhotse samplers shard by rank themselves
+        plugins=[AtomicCheckpointIO()],
+        **limits)
+    return trainer, best, latest
+
+
+@contextmanager
+def ctrl_c_as_keyboard_interrupt(trainer: L.Trainer):
+    """Lightning turns Ctrl-C inside fit and test into sys.exit(1) after its own clean shutdown;
+    raise it again as the KeyboardInterrupt it was, so the command can exit with INTERRUPTED."""
+    try:
+        yield
+    except SystemExit:
+        if trainer.interrupted:
+            raise KeyboardInterrupt from None
+        raise
+
+
+def train(cfg: DictConfig, run_dir: Path) -> dict:
+    """Trains (or resumes) one run in `run_dir`, tests its best checkpoint, writes results.json."""
+    started = time.perf_counter()
+    # everything that can be checked is checked before the run folder gets anything of ours
+    attention = validate_config(cfg)
+    check_launch_shares_run_folder(cfg.run_dir)
+    resume_from, checkpoint = resolve_checkpoint(cfg.ckpt_path, run_dir)
+    if corpus_preparer(cfg.data.corpus) is None:
+        ensure_corpus(cfg)   # a real corpus is only checked, never prepared: its missing manifests stop us here
+    if cfg.trainer.torch_threads:
+        torch.set_num_threads(cfg.trainer.torch_threads)
+    run_dir.mkdir(parents=True, exist_ok=True)
+    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    L.seed_everything(cfg.seed, workers=True)
+    datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
+    if checkpoint is not None:
+        datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
+    with one_process_at_a_time(run_dir / ".data_preparation.lock"):
+        ensure_corpus(cfg)
+        # the corpus's lexicon and LM travel with the run folder (asr.decoding.evaluation.model_decoding_files)
+        keep_decoding_files_in_run(run_dir, corpus_root(cfg.data.root))
+        datamodule.setup("fit")
+        if cfg.test:   # the test split's features too, now, not concurrently by every process later
+            datamodule.setup("test")
+    model = build_model(cfg, attention, datamodule)
+    if checkpoint is not None:
+        check_state_dict_fits(model, checkpoint["state_dict"], f"checkpoint {resume_from}")
+        log.info("resuming from %s (epoch %s, step %s)", resume_from, checkpoint.get("epoch"),
+                 checkpoint.get("global_step"))
+        del checkpoint
+    parameters = sum(p.numel() for p in model.parameters())
+    log.info("model: %d parameters, attention %s %s, targets %s", parameters, attention.name,
+             attention.options, list(datamodule.tokenizers))
+
+    timer = EpochTimer()
+    trainer, best, latest = build_trainer(cfg, run_dir, timer)
+    with ctrl_c_as_keyboard_interrupt(trainer):
+        trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+    log.info("training stopped: %s", stop_reason(trainer))
+
+    best_path = best.best_model_path or latest.best_model_path   # the latest one when nothing was validated
+    results = {
+        "preset": _preset_name(), "run_dir": str(run_dir), "attention": attention.name,
+        "attention_options": attention.options, "parameters": parameters,
+        "epochs": trainer.current_epoch, "steps": trainer.global_step,
+        "seconds_per_epoch": _mean([e["seconds"] for e in timer.epochs]),
+        "train_seconds_per_epoch": _mean([e["train_seconds"] for e in timer.epochs]),
+        "epoch_times": timer.epochs, "best_checkpoint": best_path,
+        "best_val_primary_error": None if best.best_model_score is None else float(best.best_model_score),
+        "val": getattr(model, "last_error_rates", {}).get("val", {}),
+    }
+    if cfg.test and best_path:
+        results["test"] = score_best_checkpoint(trainer, model, datamodule, best_path, bool(cfg.data.progress))
+    results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
+    if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def build_model(cfg: DictConfig, attention, datamodule: SpeechDataModule) -> SpeechRecognizer:
+    """A new model for the config, its tokenizers and feature statistics from the data module."""
+    model = SpeechRecognizer(
+        model=OmegaConf.to_container(cfg.model, resolve=True),
+        attention=attention,
+        optim=OmegaConf.to_container(cfg.optim, resolve=True),
+        feature_dim=datamodule.feature_dim,
+        tokenizers={kind: tokenizer.state_dict() for kind, tokenizer in datamodule.tokenizers.items()},
+        frontend=datamodule.filterbank.options)
+    model.set_feature_stats(datamodule.feature_mean, datamodule.feature_std)
+    if cfg.trainer.compile:
+        compile_encoder(model.encoder)
+    return model
+
+
+def score_best_checkpoint(trainer: L.Trainer, model: SpeechRecognizer, datamodule: SpeechDataModule,
+                         best_path: str, progress: bool) -> dict:
+    """The end of training: the test split's error rates of the best checkpoint, and (process 0)
+    its words through the run's lexicon and LM when the corpus shipped them (results["test"])."""
+    with ctrl_c_as_keyboard_interrupt(trainer):
+        metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best_path)
+    for name, value in sorted((metrics or [{}])[0].items()):   # Lightning printed them as a table
+        file_log.info("%-24s %s", name, value)
+    rates = model.last_error_rates.get("test", {})
+    if trainer.is_global_zero:
+        rates.update(lexicon_test_rates(best_path, progress) or {})
+    return rates
+
+
+def stop_reason(trainer: L.Trainer) -> str:
+    """Why fit returned: the time budget, early stopping, the step budget or the epochs."""
+    where = f"after {trainer.current_epoch} epoch(s), {trainer.global_step} steps"
+    timer = next((c for c in trainer.callbacks if isinstance(c, Timer)), None)
+    if timer is not None and timer.time_remaining() is not None and timer.time_remaining() <= 0:
+        return f"the time budget trainer.max_minutes={timer._duration / 60:g} ran out {where}"
+    early = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
+    if early is not None and early.stopped_epoch:
+        return f"early stopping: no better {early.monitor} for {early.patience} validations, {where}"
+    if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
+        return f"the step budget trainer.max_steps={trainer.max_steps} was reached {where}"
+    if trainer.max_epochs is not None and 0 < trainer.max_epochs <= trainer.current_epoch:
+        return f"trainer.max_epochs={trainer.max_epochs} epochs done ({trainer.global_step} steps)"
+    return f"Lightning ended fit {where}"
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _preset_name() -> str | None:
+    try:
+        return HydraConfig.get().runtime.choices.get("conf")
+    except ValueError:   # called outside Hydra (tests)
+        return None
