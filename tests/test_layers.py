@@ -1,4 +1,5 @@
-"""Layers only point down: attention_ext (bottom) <- asr <- recipes (top).
+"""Layers only point down: attention_ext (bottom) <- asr <- recipes (top), and inside asr the
+commands (modules run as `python -m asr.X`) sit above the library: no module of asr imports one.
 
 A module may import its own package and the packages below it, never one above it (README,
 "Layout"). The check reads every module's import statements, also those inside functions, and
@@ -66,4 +67,51 @@ def test_the_check_finds_a_planted_upward_import(tmp_path):
         "attention_ext/bad.py:2: attention_ext imports asr (a layer above it)",
         "attention_ext/bad.py:3: attention_ext imports recipes.lexicon (a layer above it)",
         "asr/sub/bad.py:4: asr imports recipes.synth.prepare (a layer above it)",
+    ]
+
+
+# ---- inside asr: commands above the library ---------------------------------------------------------
+def command_modules(root: Path) -> dict[str, Path]:
+    """Dotted name -> path of every asr module that runs as a command (`if __name__ == "__main__":`)."""
+    commands = {}
+    for path in sorted((root / "asr").rglob("*.py")):
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        if any(isinstance(node, ast.If) and "__name__" in ast.unparse(node.test) and "__main__" in ast.unparse(node.test)
+               for node in tree.body):
+            commands[".".join(path.relative_to(root).with_suffix("").parts)] = path
+    return commands
+
+
+def imports_of_commands(root: Path) -> list[str]:
+    """'path:line: asr.x imports the command asr.y' for every import of a command module inside asr."""
+    commands = command_modules(root)
+    found = []
+    for path in sorted((root / "asr").rglob("*.py")):
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        for line, name in imported_names(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if name in commands and name != module:
+                found.append(f"{path.relative_to(root)}:{line}: {module} imports the command {name}")
+    return found
+
+
+def test_no_module_of_asr_imports_a_command():
+    commands = command_modules(REPO)
+    assert {"asr.train", "asr.evaluate", "asr.transcribe", "asr.data_benchmark"} <= set(commands)
+    assert not any(name.startswith(("asr.data.", "asr.model.", "asr.decoding.")) for name in commands), \
+        "a command inside a library folder"
+    assert imports_of_commands(REPO) == []
+
+
+def test_the_check_finds_a_planted_import_of_a_command(tmp_path):
+    (tmp_path / "asr" / "data").mkdir(parents=True)
+    (tmp_path / "asr" / "__init__.py").write_text("")
+    (tmp_path / "asr" / "run.py").write_text("import sys\n\nif __name__ == '__main__':\n    sys.exit(0)\n")
+    (tmp_path / "asr" / "library.py").write_text("import os\n")
+    (tmp_path / "asr" / "other.py").write_text("from asr.library import x\n\nif __name__ == \"__main__\":\n    pass\n")
+    (tmp_path / "asr" / "data" / "bad.py").write_text("def late():\n    from asr.run import main\n")
+    (tmp_path / "asr" / "worse.py").write_text("import asr.other\n")
+    assert set(command_modules(tmp_path)) == {"asr.run", "asr.other"}
+    assert imports_of_commands(tmp_path) == [
+        "asr/data/bad.py:2: asr.data.bad imports the command asr.run",
+        "asr/worse.py:1: asr.worse imports the command asr.other",
     ]
