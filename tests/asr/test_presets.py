@@ -29,9 +29,10 @@ def resolved(preset: str) -> dict:
     return OmegaConf.to_container(compose_config(f"conf={preset}"), resolve=True)
 
 
-def test_the_preset_names_are_those_of_before_and_the_corpus_setups():
-    assert sorted(set(preset_names()) - set(EXPECTED)) == sorted(corpus_setups())
-    assert set(EXPECTED) <= set(preset_names())
+def test_every_preset_name_of_before_is_still_one_and_so_is_every_corpus_setup():
+    # (a new attention or corpus adds names: its presets compose and validate in
+    # tests/recipes/test_presets_on_fixtures.py, without an entry here)
+    assert set(EXPECTED) | set(corpus_setups()) <= set(preset_names())
 
 
 @pytest.mark.parametrize("corpus", corpus_setups())
