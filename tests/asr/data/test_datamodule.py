@@ -367,7 +367,7 @@ def test_a_read_only_corpus_folder_needs_a_writable_cache_dir(tmp_path, monkeypa
 
 
 def test_data_benchmark_exits_2_with_one_line_for_a_folder_without_manifests(tmp_path, capsys):
-    from asr.data import benchmark
+    from asr import data_benchmark as benchmark
     assert benchmark.main(["--root", str(tmp_path / "nothing")]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert len(error) == 1 and error[0].startswith("asr.data_benchmark: error: manifest ")
