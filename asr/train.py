@@ -421,6 +421,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         if trainer.is_global_zero:   # words through the run's lexicon and LM, when the corpus shipped them
             from asr.evaluate import lexicon_test_rates
             results["test"].update(lexicon_test_rates(best_path, bool(cfg.data.progress)) or {})
+        if trainer.is_global_zero and cfg.data.real_speech_test:   # the honest number: real voices
+            from asr.evaluate import real_speech_rates
+            results["real_speech"] = real_speech_rates(best_path, cfg.data.real_speech_test, cfg.data.root,
+                                                       bool(cfg.data.progress))
     results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
     if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them
         (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
@@ -543,6 +547,11 @@ def run(cfg: DictConfig) -> None:
             f"CER {percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})"
             + (f"\n      lexicon + LM: WER {percent(test['wer_lexicon'])}  CER {percent(test['cer_lexicon'])}"
                if "wer_lexicon" in test else ""))
+    real = results.get("real_speech") or {}
+    if real:
+        say(f"real speech ({real['corpus']} test): PER {percent(real.get('per'))}"
+            + (f"  lexicon + LM: WER {percent(real['wer_lexicon'])}  (words outside the LM {percent(real['oov_lm'])})"
+               if "wer_lexicon" in real else ""))
 
 
 def main() -> None:

@@ -87,6 +87,8 @@ class DataConfig:
     max_train_utterances: Optional[int] = None  # use only the first N training cuts (quick runs)
     skip_bad_audio: bool = False          # false: missing/corrupt audio is an error listing every cut
     progress: bool = True                 # progress bars for feature computation
+    # a real-speech corpus asr.train also scores at the end (PER, lexicon + LM WER), prepared beside data.root: asterisk; null: none
+    real_speech_test: Optional[str] = None
 
 
 def as_data_config(cfg: Any) -> DataConfig:
