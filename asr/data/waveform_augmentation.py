@@ -107,6 +107,11 @@ def validate_augment_config(cfg: AugmentConfig) -> None:
         if len(pair) != 2 or not lowest < float(pair[0]) <= float(pair[1]):
             raise ValueError(f"data.augment.{name}={pair} must be [low, high] with low <= high"
                              + (" and low > 0" if lowest == 0.0 else ""))
+
+
+def check_augment_sources(cfg: AugmentConfig) -> None:
+    """ValueError naming `data.augment.noise_source` / `rir_source` when it is not there (checked by
+    asr.train at start-up; an evaluation of a model trained with them never needs them)."""
     for name in ("rir_source", "noise_source"):
         value = getattr(cfg, name)
         if value is not None and not Path(value).exists():

@@ -179,12 +179,18 @@ def test_augmented_training_batches_are_repeatable_and_evaluation_batches_untouc
     ({"noise_prob": 1.5}, "data.augment.noise_prob=1.5 must be a probability in [0, 1]"),
     ({"noise_snr": [20.0, 10.0]}, "data.augment.noise_snr=[20.0, 10.0] must be [low, high] with low <= high"),
     ({"volume_range": [0.0, 2.0]}, "data.augment.volume_range=[0.0, 2.0] must be [low, high] with low <= high and low > 0"),
-    ({"noise_source": "/no/such/noise"}, "data.augment.noise_source='/no/such/noise' does not exist"),
 ])
 def test_bad_values_are_refused_naming_the_option(options, message):
     with pytest.raises(ValueError) as error:
         validate_augment_config(AugmentConfig(**options))
     assert message in str(error.value)
+
+
+def test_a_missing_noise_source_is_refused_by_training_only():
+    cfg = AugmentConfig(noise_source="/no/such/noise")
+    validate_augment_config(cfg)    # an evaluation of a model trained with it does not need it
+    with pytest.raises(ValueError, match="data.augment.noise_source='/no/such/noise' does not exist"):
+        wa.check_augment_sources(cfg)
 
 
 def test_unknown_augment_key_is_refused_listing_the_options():
@@ -195,6 +201,7 @@ def test_unknown_augment_key_is_refused_listing_the_options():
 @pytest.mark.parametrize("override, message", [
     ("data.augment.reverb_prob=2", "data.augment.reverb_prob=2.0 must be a probability in [0, 1]"),
     ("data.augment.speed=[0.9,1.1]", "must include 1.0"),
+    ("data.augment.rir_source=/no/rooms", "data.augment.rir_source='/no/rooms' does not exist"),
 ])
 def test_asr_train_refuses_a_bad_value_in_one_line_with_exit_status_2(tmp_path, override, message):
     result = subprocess.run([sys.executable, "-m", "asr.train", override, f"run_root={tmp_path}"],
