@@ -48,9 +48,9 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
 
     `targets`: {cut_id: {kind: token ids}}, encoded once when the split was loaded.
     `augmenter` (training only) transforms the audio of the utterances it draws a transform for
-    (their features are then computed from it; asr.data.waveform_augmentation), seeded per utterance
-    from (seed, epoch, cut id). `specaugment` (training only) masks with `fill` (the global feature mean). Its random draws are
-    seeded from (seed, epoch, the batch's cut ids), so a run is repeatable - with any number of
+    (their features are then computed from it; asr.data.waveform_augmentation), seeded per
+    utterance from (seed, epoch, cut id). `specaugment` (training only) masks with `fill` (the
+    global feature mean). Its random draws are seeded from (seed, epoch, the batch's cut ids), so a run is repeatable - with any number of
     workers, and after resuming from a checkpoint - and every epoch draws fresh masks.
 
     The index is an `EpochBatch` (what `asr.data.batching`'s sampler yields) or a plain CutSet/list
@@ -78,8 +78,10 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
             return Batch(**self._build(list(cuts), epoch), padding=padding)
 
     def _build(self, cuts: list, epoch: int) -> dict:
-        features = [self.features.load(cut) if self.augmenter is None else self.augmenter.features(cut, epoch, self.features)
-                    for cut in cuts]
+        if self.augmenter is None:
+            features = [self.features.load(cut) for cut in cuts]
+        else:
+            features = [self.augmenter.features(cut, epoch, self.features) for cut in cuts]
         feature_lengths = torch.tensor([len(f) for f in features], dtype=torch.int64)
         padded = pad_sequences(features)
         ids = [cut.id for cut in cuts]

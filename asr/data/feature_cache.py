@@ -19,8 +19,8 @@ than float32 (the demo's 40-dim features: 408 MB as float32). Shards of the earl
 (`.npy`) are not read: their cuts are computed again and the old shards deleted.
 
 A cut's fingerprint is its audio path, the file's size and mtime, the recording's transforms (a
-speed-perturbed copy's), and the cut's start/duration/channel: regenerated audio is recomputed, everything else is reused. Work is saved shard by shard,
-so an interrupted or failed run keeps what it finished and the next run computes only the rest.
+speed-perturbed copy's), and the cut's start/duration/channel: regenerated audio is recomputed,
+everything else is reused. Work is saved shard by shard, so an interrupted or failed run keeps what it finished and the next run computes only the rest.
 Where a cut is in several shards (its audio changed), the newest shard wins; shards left with no
 live cut are deleted.
 
