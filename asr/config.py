@@ -21,6 +21,7 @@ from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from asr.data.datamodule import DataConfig, as_data_config, validate_data_config
+from asr.data.waveform_augmentation import check_augment_sources
 from asr.presets import register_presets
 from attention_ext import AttentionConfigError, ValidatedAttention, validate_attention
 
@@ -174,7 +175,9 @@ def validate_config(cfg: Any) -> ValidatedAttention:
     _require(model.subsampling in SUBSAMPLING_STRIDES, "model.subsampling", model.subsampling, "must be 1, 2 or 4")
     _require(0.0 <= model.dropout < 1.0, "model.dropout", model.dropout, "must lie in [0, 1)")
     try:
-        validate_data_config(as_data_config(cfg.data))   # data.targets among them
+        data = as_data_config(cfg.data)
+        validate_data_config(data)   # data.targets among them
+        check_augment_sources(data.augment)
     except ValueError as error:
         raise ConfigError(str(error)) from None
     targets = list(cfg.data.targets)

@@ -504,3 +504,31 @@ def lexicon_test_rates(checkpoint: str | Path, progress: bool = True) -> dict | 
         return None
     return {"wer_lexicon": report["error_rates"]["wer_lexicon"], "cer_lexicon": report["error_rates"]["cer_lexicon"],
             "oov_lm": report["out_of_vocabulary"]["lm"], "lexicon_evaluation": report["out"]}
+
+
+def real_speech_rates(checkpoint: str | Path, corpus: str, training_root: str | Path,
+                      progress: bool = True) -> dict:
+    """asr.train's closing real-speech line: the test split of `corpus` (e.g. asterisk, prepared
+    beside the training corpus, {training_root}/../{corpus}, on first use) scored with the model's
+    greedy PER and, when the model has a lexicon and LM, lexicon + LM WER with the corpus's own
+    lexicon.txt added to the model's (its words outside the LM get <unk>'s probability; the OOV rate
+    against the LM says how many)."""
+    from asr.decoding.evaluation import model_decoding_files
+    root = Path(training_root).parent / corpus
+    files = model_decoding_files(checkpoint)
+    words = files.lexicon is not None and files.lm is not None
+    config = EvaluateConfig(checkpoint=str(checkpoint), split="test", data={"corpus": corpus, "root": str(root)},
+                            decoder="lexicon" if words else "greedy", progress=progress)
+    if words and (root / "lexicon.txt").is_file():
+        config.extra_lexicon = str(root / "lexicon.txt")
+    try:
+        report = evaluate(config)
+    except EvaluationError as error:
+        # the training went well; a real-speech set that cannot be had (its Debian packages missing) is said, not fatal
+        logging.getLogger("asr.evaluation").warning("no real-speech test (%s): %s", corpus, error)
+        return {}
+    rates = report["error_rates"]
+    result = {"corpus": corpus, "per": rates.get("per"), "evaluation": report["out"]}
+    if words:
+        result.update(wer_lexicon=rates["wer_lexicon"], oov_lm=report["out_of_vocabulary"]["lm"])
+    return result

@@ -131,6 +131,11 @@ def run(cfg: DictConfig) -> None:
             f"CER {percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})"
             + (f"\n      lexicon + LM: WER {percent(test['wer_lexicon'])}  CER {percent(test['cer_lexicon'])}"
                if "wer_lexicon" in test else ""))
+    real = results.get("real_speech") or {}
+    if real:
+        say(f"real speech ({real['corpus']} test): PER {percent(real.get('per'))}"
+            + (f"  lexicon + LM: WER {percent(real['wer_lexicon'])}  (words outside the LM {percent(real['oov_lm'])})"
+               if "wer_lexicon" in real else ""))
 
 
 def main() -> None:

@@ -28,7 +28,7 @@ from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import corpus_root, cuts_path, manifest_name
 from asr.decoding.evaluation import keep_decoding_files_in_run
-from asr.evaluation import lexicon_test_rates
+from asr.evaluation import lexicon_test_rates, real_speech_rates
 from asr.model.checkpoint import AtomicCheckpointIO
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.encoder import compile_encoder
@@ -183,6 +183,9 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     }
     if cfg.test and best_path:
         results["test"] = score_best_checkpoint(trainer, model, datamodule, best_path, bool(cfg.data.progress))
+        if trainer.is_global_zero and cfg.data.real_speech_test:   # the honest number: real voices
+            results["real_speech"] = real_speech_rates(best_path, cfg.data.real_speech_test, corpus_root(cfg.data.root),
+                                                       bool(cfg.data.progress))
     results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
     if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them
         (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")

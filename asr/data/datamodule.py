@@ -8,13 +8,15 @@ and `SpeechDataModule.dataloader` (steps 5-6); each step is one call into the mo
    cuts and files, or - with `data.skip_bad_audio=true` - is left out and counted; empty transcripts
    are left out and counted (`cut_checks.drop_unusable_cuts`);
 3. encode targets: the tokenizers (built from the training text unless `set_tokenizers` gave them,
-   e.g. from a checkpoint) turn every transcript into ids; a symbol outside a tokenizer's table fails
+   e.g. from a checkpoint) turn every transcript into ids (the training split first gains its
+   speed-perturbed copies, `data.augment.speed`); a symbol outside a tokenizer's table fails
    with every offending symbol and example cuts (`tokenizers.encode_targets`);
 4. attach features: compute (or reuse) the cached features, or plan to compute them per batch
    (`feature_cache.attach_features`); then audio found corrupt there (`cut_checks.drop_bad_audio`) and
    utterances CTC cannot align (`cut_checks.drop_ctc_infeasible`: more targets than encoder frames)
    are dealt with;
-5. build the dataset: cuts -> padded tensors, SpecAugment for training (`dataset.SpeechBatchDataset`);
+5. build the dataset: cuts -> padded tensors; for training, waveform augmentation drawn per utterance
+   and epoch (`waveform_augmentation`) and SpecAugment (`dataset.SpeechBatchDataset`);
 6. build the sampler: duration-bucketed batches, this process's share (`batching.duration_bucketing_sampler`).
 
 Steps 1-4 run once per split and what they give is kept (`cut_checks.SplitData`); 5-6 are made for
@@ -48,6 +50,8 @@ from asr.data.features import FilterBank
 from asr.data.manifests import corpus_root, load_cuts
 from asr.data.tokenizers import (SENTENCEPIECE_TYPES, TOKENIZER_KINDS, Tokenizer, build_tokenizers,
                                  encode_targets, tokenizer_from_state_dict)
+from asr.data.waveform_augmentation import (AugmentConfig, WaveformAugmenter, augment_config_from, speed_factors,
+                                            transforms_on_the_fly, validate_augment_config, with_speed_copies)
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +79,16 @@ class DataConfig:
     time_masks: int = 2                   # SpecAugment time bands masked per utterance
     time_mask_width: int = 40             # frames (10 ms), each band 0..width wide ...
     time_mask_max_fraction: float = 0.2   # ... and at most this fraction of the utterance
+    # waveform augmentation of training utterances (speed, rooms, noise, channel, level): data.augment.KEY
+    augment: AugmentConfig = field(default_factory=AugmentConfig)
     max_duration: float = 200.0           # padded seconds per batch: batch size x longest utterance
     num_buckets: int = 10                 # duration buckets; a batch takes utterances of one bucket
     num_workers: int = 0                  # DataLoader workers (0 is fastest with precomputed features)
     max_train_utterances: Optional[int] = None  # use only the first N training cuts (quick runs)
     skip_bad_audio: bool = False          # false: missing/corrupt audio is an error listing every cut
     progress: bool = True                 # progress bars for feature computation
+    # a real-speech corpus asr.train also scores at the end (PER, lexicon + LM WER), prepared beside data.root: asterisk; null: none
+    real_speech_test: Optional[str] = None
 
 
 def as_data_config(cfg: Any) -> DataConfig:
@@ -103,6 +111,8 @@ def as_data_config(cfg: Any) -> DataConfig:
     cfg = dict(cfg)
     if cfg.get("targets") is not None:
         cfg["targets"] = list(cfg["targets"])
+    if "augment" in cfg:
+        cfg["augment"] = augment_config_from(cfg["augment"])
     return DataConfig(**cfg)
 
 
@@ -146,6 +156,7 @@ def validate_data_config(cfg: DataConfig) -> None:
         raise ValueError(f"data.max_train_utterances={cfg.max_train_utterances} must be >= 1 or null")
     SpecAugment(cfg.freq_masks, cfg.freq_mask_width, cfg.time_masks, cfg.time_mask_width,
                 cfg.time_mask_max_fraction)  # validates its own options
+    validate_augment_config(cfg.augment)
     if cfg.precompute_features and not can_write(feature_cache_folder(cfg)):
         if cfg.cache_dir:
             raise ValueError(f"data.cache_dir={cfg.cache_dir!r} is not writable; give a folder you can write to")
@@ -182,6 +193,7 @@ class SpeechDataModule(lightning.LightningDataModule):
         self._stats: FeatureStats | None = None
         self._start_epoch = 0            # the first training epoch of this fit (restored from a checkpoint)
         self._train_sampler = None
+        self._training_originals: list = []   # the training cuts before speed copies: babble's talkers
 
     # ----- a split's way: manifest -> checked cuts -> targets -> features -> dataset -> sampler -----
     def setup(self, stage: str | None = None) -> None:
@@ -212,6 +224,9 @@ class SpeechDataModule(lightning.LightningDataModule):
             if self._tokenizers is None:
                 self._tokenizers = build_tokenizers(cfg.targets, data.cuts, name, cfg.sentencepiece_vocab,
                                                     cfg.sentencepiece_type)
+            if name == cfg.train_split:   # speed-perturbed copies join the training set (their features are cached)
+                self._training_originals = list(data.cuts)
+                data.cuts = with_speed_copies(data.cuts, speed_factors(cfg.augment))
             data.targets = encode_targets(data.cuts, self._tokenizers, name)
             self._splits[name] = data
         if features and data.features is None:
@@ -237,8 +252,10 @@ class SpeechDataModule(lightning.LightningDataModule):
         # 5. build the dataset
         specaugment = SpecAugment(cfg.freq_masks, cfg.freq_mask_width, cfg.time_masks, cfg.time_mask_width,
                                   cfg.time_mask_max_fraction) if train and cfg.specaugment else None
+        augmenter = WaveformAugmenter(cfg.augment, self.seed, self.filterbank, self._training_originals) \
+            if train and transforms_on_the_fly(cfg.augment) else None
         dataset = SpeechBatchDataset(data.targets, data.features, specaugment,
-                                     self.feature_mean if specaugment is not None else None, self.seed)
+                                     self.feature_mean if specaugment is not None else None, self.seed, augmenter)
         # 6. build the sampler
         rank, world_size = self.process_rank()
         sampler = duration_bucketing_sampler(data.cuts, cfg.max_duration, cfg.num_buckets, shuffle=train,

@@ -13,6 +13,7 @@ from asr.data.augmentation import SpecAugment
 from asr.data.batching import EpochBatch
 from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures, single_torch_thread
 from asr.data.manifests import transcript
+from asr.data.waveform_augmentation import WaveformAugmenter
 
 
 class Batch(TypedDict):
@@ -46,8 +47,10 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
     """A map-style dataset whose index is a CutSet (what lhotse samplers yield); returns a Batch.
 
     `targets`: {cut_id: {kind: token ids}}, encoded once when the split was loaded.
-    `specaugment` (training only) masks with `fill` (the global feature mean). Its random draws are
-    seeded from (seed, epoch, the batch's cut ids), so a run is repeatable - with any number of
+    `augmenter` (training only) transforms the audio of the utterances it draws a transform for
+    (their features are then computed from it; asr.data.waveform_augmentation), seeded per
+    utterance from (seed, epoch, cut id). `specaugment` (training only) masks with `fill` (the
+    global feature mean). Its random draws are seeded from (seed, epoch, the batch's cut ids), so a run is repeatable - with any number of
     workers, and after resuming from a checkpoint - and every epoch draws fresh masks.
 
     The index is an `EpochBatch` (what `asr.data.batching`'s sampler yields) or a plain CutSet/list
@@ -55,7 +58,8 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
     """
 
     def __init__(self, targets: dict[str, dict[str, list[int]]], features: StoredFeatures | OnTheFlyFeatures,
-                 specaugment: SpecAugment | None = None, fill: torch.Tensor | None = None, seed: int = 0):
+                 specaugment: SpecAugment | None = None, fill: torch.Tensor | None = None, seed: int = 0,
+                 augmenter: WaveformAugmenter | None = None):
         if specaugment is not None and fill is None:
             raise ValueError("SpecAugment needs the fill value (the global feature mean)")
         self.targets = targets
@@ -63,6 +67,7 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
         self.specaugment = specaugment
         self.fill = fill
         self.seed = seed
+        self.augmenter = augmenter
 
     def __getitem__(self, item: EpochBatch | CutSet | list) -> Batch:
         epoch, cuts, padding = (item.epoch, item.cuts, item.padding) if isinstance(item, EpochBatch) \
@@ -73,7 +78,10 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
             return Batch(**self._build(list(cuts), epoch), padding=padding)
 
     def _build(self, cuts: list, epoch: int) -> dict:
-        features = [self.features.load(cut) for cut in cuts]
+        if self.augmenter is None:
+            features = [self.features.load(cut) for cut in cuts]
+        else:
+            features = [self.augmenter.features(cut, epoch, self.features) for cut in cuts]
         feature_lengths = torch.tensor([len(f) for f in features], dtype=torch.int64)
         padded = pad_sequences(features)
         ids = [cut.id for cut in cuts]

@@ -18,9 +18,9 @@ own spread (a std of about 8 per dimension before normalisation), and the cache 
 than float32 (the demo's 40-dim features: 408 MB as float32). Shards of the earlier float32 format
 (`.npy`) are not read: their cuts are computed again and the old shards deleted.
 
-A cut's fingerprint is its audio path, the file's size and mtime, and the cut's start/duration/
-channel: regenerated audio is recomputed, everything else is reused. Work is saved shard by shard,
-so an interrupted or failed run keeps what it finished and the next run computes only the rest.
+A cut's fingerprint is its audio path, the file's size and mtime, the recording's transforms (a
+speed-perturbed copy's), and the cut's start/duration/channel: regenerated audio is recomputed,
+everything else is reused. Work is saved shard by shard, so an interrupted or failed run keeps what it finished and the next run computes only the rest.
 Where a cut is in several shards (its audio changed), the newest shard wins; shards left with no
 live cut are deleted.
 
@@ -72,6 +72,10 @@ def audio_fingerprint(cut) -> str:
                 parts.append(f"{source.source}:missing")
         else:
             parts.append(f"{source.type}:{str(source.source)[:200]}")
+    # transforms (a speed-perturbed copy's resampling) change the audio; none: the key stays as it was
+    transforms = getattr(cut.recording, "transforms", None)
+    if transforms:
+        parts.append(json.dumps([t if isinstance(t, dict) else t.to_dict() for t in transforms], sort_keys=True))
     return f"{'|'.join(parts)}|{cut.start:.6f}|{cut.duration:.6f}|{cut.channel}"
 
 

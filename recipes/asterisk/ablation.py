@@ -8,13 +8,15 @@ Trains the demo preset (`synth_iclustered`) once per row, each for the same numb
 (a step budget: a busy machine decides nothing), into <out>/<row>/, changing only the augmentation
 (`data.augment`, SpecAugment, or the corpus's voices), then scores every model on
 
-    synth test PER          the built-in corpus's test split (asr.train's own test)
+    synth test PER          the built-in corpus's test split (data/synth, for every row)
     asterisk dev PER        real speech, the half for choosing (recipes/asterisk)
     asterisk test PER       real speech, the half for reporting
     asterisk test WER       lexicon + LM decoding: the synthetic corpus's lexicon and trigram, the
                             asterisk words added to the lexicon (their LM probability is <unk>'s)
 
-and the seconds per training step (training time / steps of the run, with the load average it ran
+all from the row's final weights (checkpoints/last.ckpt, the same step for every row: the best
+checkpoint by validation would be an earlier step for rows whose epochs end sooner), and the
+seconds per training step (training time / steps of the run, with the load average it ran
 under: a number to compare only between rows run on a quiet machine). Writes <out>/ablation.md (the
 table), ablation.json and ablation.png.
 
@@ -65,6 +67,8 @@ ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
     "all": ("all together", (SPEED, REVERB, NOISE, *CHANNEL, *VOICES)),
 }
 REAL_SPEECH = "asterisk"
+REAL_SPEECH_ROOT = Path("data/asterisk")   # prepared there on first use, as asr.evaluate does
+SYNTH_ROOT = Path("data/synth")           # the demo's corpus: its test split scores every row
 COLUMNS = ("synth test PER", "asterisk dev PER", "asterisk test PER", "asterisk test WER (lexicon + LM)",
            "s/step", "load")
 
@@ -73,7 +77,7 @@ def train_row(row: str, run_dir: Path, steps: int, extra: list[str]) -> int:
     """Trains (or resumes) one row with `python -m asr.train`; returns its exit status."""
     command = [sys.executable, "-m", "asr.train", f"conf={PRESET}", f"run_dir={run_dir}",
                "trainer.max_minutes=null", f"trainer.max_steps={steps}", "trainer.max_epochs=-1",
-               *ROWS[row][1], *extra]
+               "test=false", *ROWS[row][1], *extra]   # scored below, from the final weights
     if (run_dir / "checkpoints" / "last.ckpt").is_file():
         command.append(f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}")
     print(f"[ablation] {row}: {' '.join(command[2:])}", flush=True)
@@ -89,28 +93,32 @@ def train_row(row: str, run_dir: Path, steps: int, extra: list[str]) -> int:
     return status
 
 
-def evaluate_split(run_dir: Path, split: str) -> dict:
-    """PER (greedy) and lexicon + LM WER of the row's best checkpoint on an asterisk split (cached)."""
-    out = run_dir / "evaluations" / f"{REAL_SPEECH}_{split}"
+def evaluate_split(run_dir: Path, corpus: str, root: Path, split: str, decoder: str) -> dict:
+    """Scores the row's final weights (checkpoints/last.ckpt: every row at the same step) on a split
+    (cached in the run folder)."""
+    out = run_dir / "evaluations" / f"{corpus}_{split}_last"
     if not (out / "results.json").is_file():
         from asr import evaluate
-        trained_root = yaml.safe_load((run_dir / "config.yaml").read_text())["data"]["root"]
-        root = Path(trained_root).parent / REAL_SPEECH     # beside the training corpus: data/asterisk
-        code = evaluate.main([f"checkpoint={run_dir / 'checkpoints' / 'best.ckpt'}", f"data.corpus={REAL_SPEECH}",
-                              f"data.root={root}", f"split={split}", "decoder=lexicon",
-                              f"extra_lexicon={root / 'lexicon.txt'}", f"out={out}"])
+        arguments = [f"checkpoint={run_dir / 'checkpoints' / 'last.ckpt'}", f"data.corpus={corpus}", f"data.root={root}",
+                     f"split={split}", f"decoder={decoder}", f"out={out}"]
+        if decoder == "lexicon":
+            arguments.append(f"extra_lexicon={root / 'lexicon.txt'}")
+        code = evaluate.main(arguments)
         if code != SUCCESS:
-            raise RuntimeError(f"asr.evaluate of {run_dir} on {REAL_SPEECH} {split} ended with status {code}")
+            raise RuntimeError(f"asr.evaluate of {run_dir} on {corpus} {split} ended with status {code}")
     return json.loads((out / "results.json").read_text())
 
 
 def row_results(row: str, run_dir: Path) -> dict:
     run = json.loads((run_dir / "results.json").read_text())
-    dev, test = evaluate_split(run_dir, "dev"), evaluate_split(run_dir, "test")
+    # every row is scored on the default corpus's test split (the voices rows train on a corpus of their own)
+    synth = evaluate_split(run_dir, "synth", SYNTH_ROOT, "test", "greedy")
+    dev = evaluate_split(run_dir, REAL_SPEECH, REAL_SPEECH_ROOT, "dev", "lexicon")
+    test = evaluate_split(run_dir, REAL_SPEECH, REAL_SPEECH_ROOT, "test", "lexicon")
     train_seconds = sum(epoch["train_seconds"] for epoch in run.get("epoch_times", []))
     load = json.loads((run_dir / "load.json").read_text()) if (run_dir / "load.json").is_file() else {}
     return {"row": row, "description": ROWS[row][0], "overrides": list(ROWS[row][1]), "steps": run["steps"],
-            "synth_test_per": run["test"]["per"], "asterisk_dev_per": dev["error_rates"]["per"],
+            "synth_test_per": synth["error_rates"]["per"], "asterisk_dev_per": dev["error_rates"]["per"],
             "asterisk_test_per": test["error_rates"]["per"], "asterisk_test_wer": test["error_rates"]["wer_lexicon"],
             "asterisk_test_oov_lm": test["out_of_vocabulary"]["lm"],
             "seconds_per_step": train_seconds / run["steps"] if run["steps"] else None,

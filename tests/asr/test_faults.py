@@ -78,7 +78,11 @@ STEPS = 9   # with 4 batches an epoch (6 utterances, data.max_duration=21): two 
 
 
 def train_arguments(corpus: Path, run: Path) -> list[str]:
+    # with waveform augmentation drawn per utterance and epoch: a resumed run must draw what the
+    # uninterrupted one drew (speed copies are left out: they would change the batch counts below)
     return ["conf=synth_full", *TINY, f"data.root={corpus}", f"run_dir={run}", "data.specaugment=true",
+            "data.augment.reverb_prob=0.5", "data.augment.noise_prob=0.5", "data.augment.channel_prob=0.5",
+            "data.augment.volume_prob=0.5",
             "data.max_duration=21", "trainer.max_epochs=100", f"trainer.max_steps={STEPS}", "trainer.torch_threads=1",
             "trainer.record_batches=true", "test=false"]
 
