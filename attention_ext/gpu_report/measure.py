@@ -4,6 +4,7 @@
 
     profiles          torch.profiler of clustered-100 at N=4096 and i-clustered-100 at N=65,536
     centroid_routes   clustered attention's centroid part, route "unfused" against "sdpa", alternately
+                      (`--device cpu --routes fused unfused sdpa`: the same on this CPU, a table printed)
     training          200 steps of the demo preset through `python -m asr.train` (a subprocess)
 """
 from __future__ import annotations
@@ -134,41 +135,45 @@ ROUTE_CASES = ([("paper", PAPER_SHAPE, n, False) for n in (1024, 4096, 16384, 65
 
 
 def run_centroid_routes(out: Path, repeats: int = 10, cases=ROUTE_CASES, device: str = "cuda",
-                        dtypes=(torch.bfloat16, torch.float32)) -> dict:
-    """clustered-100, routes "unfused" and "sdpa" alternately (each timed `repeats` times per round,
-    two rounds), paper shape without padding (FlashAttention can run) and ASR shape with padding.
-    `cases`: (label, shape, N, padded)."""
+                        dtypes=(torch.bfloat16, torch.float32), routes=("unfused", "sdpa")) -> dict:
+    """clustered-100 with each centroid route of `routes`, alternately (each timed `repeats` times per
+    round, two rounds): by default on CUDA the paper shape without padding (FlashAttention can run)
+    and the ASR shape with padding. `cases`: (label, shape, N, padded)."""
     rows, checks = [], []
     for dtype in dtypes:
         for label, shape, length, padded in cases:
             lengths = torch.full((shape["batch"],), length, device=device)
             if padded:
                 lengths = torch.linspace(length // 2, length, shape["batch"], device=device).long()
-            times = {"unfused": [], "sdpa": []}
+            times = {route: [] for route in routes}
             try:
                 for _ in range(2):
                     for route in times:
                         times[route] += time_route(route, "clustered-100", shape, length, dtype, lengths, repeats,
                                                    device)
             except torch.OutOfMemoryError:
-                rows.append((str(dtype).replace("torch.", ""), label, length, "out of memory", "", "", ""))
+                rows.append((str(dtype).replace("torch.", ""), label, length) + ("out of memory",) * len(routes)
+                            + ("", ""))
                 torch.cuda.empty_cache()
                 continue
-            unfused, sdpa = statistics.median(times["unfused"]), statistics.median(times["sdpa"])
-            rows.append((str(dtype).replace("torch.", ""), label, length, f"{unfused:.3f}", f"{sdpa:.3f}",
-                         f"{unfused / sdpa:.2f}x", "sdpa" if sdpa < unfused else "unfused"))
+            medians = {route: statistics.median(t) for route, t in times.items()}
+            fastest = min(medians, key=medians.get)
+            rows.append((str(dtype).replace("torch.", ""), label, length)
+                        + tuple(f"{medians[r]:.3f}" for r in routes)
+                        + (f"{medians[routes[0]] / medians[routes[-1]]:.2f}x", fastest))
         length = max(case[2] for case in cases if case[2] <= 1024)
         ok, detail = route_outputs_agree(length, dtype, torch.tensor([length, length // 3], device=device), device)
         checks.append(dict(what=f"routes sdpa and unfused agree ({dtype}, padded)", ok=ok, detail=detail))
-    header = "| dtype | shape | N | unfused ms | sdpa ms | unfused / sdpa | faster |\n|---|---|---|---|---|---|---|"
-    table = header + "\n" + "\n".join("| " + " | ".join(str(c) for c in row) + " |" for row in rows)
+    columns = ["dtype", "shape", "N"] + [f"{r} ms" for r in routes] + [f"{routes[0]} / {routes[-1]}", "fastest"]
+    table = ("| " + " | ".join(columns) + " |\n|" + "---|" * len(columns) + "\n"
+             + "\n".join("| " + " | ".join(str(c) for c in row) + " |" for row in rows))
     wins = [row for row in rows if row[-1] == "sdpa"]
-    verdict = (f"sdpa is faster in {len(wins)} of {len(rows)} cells; choose it on CUDA with "
-               "`attention_ext.clustered.set_centroid_route('cuda', 'sdpa')` (or make it the default in "
+    verdict = (f"sdpa is the fastest in {len(wins)} of {len(rows)} cells; choose it with "
+               f"`attention_ext.clustered.set_centroid_route('{device}', 'sdpa')` (or make it the default in "
                "clustered.py's `_centroid_routes`) where it wins at the lengths you train at.")
     (out / "csv").mkdir(parents=True, exist_ok=True)
-    path = out / "csv" / "centroid_routes.csv"
-    path.write_text("dtype,shape,length,unfused_ms,sdpa_ms,ratio,faster\n"
+    path = out / "csv" / f"centroid_routes{'' if device == 'cuda' else '_' + device}.csv"
+    path.write_text(",".join(c.replace(" ", "_") for c in columns) + "\n"
                     + "\n".join(",".join(str(c) for c in row) for row in rows) + "\n")
     return dict(checks=checks, summary=f"clustered-100, forward+backward, median of {2 * repeats} per route, "
                 f"alternating:\n\n{table}\n\n{verdict}", files=[str(path.relative_to(out))], rows=rows)
@@ -196,7 +201,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--compile", choices=("true", "false"), default="false")
     parser.add_argument("--name", default="eager")
+    parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
+                        help="centroid_routes only: cpu compares the routes on this machine (table printed)")
+    parser.add_argument("--routes", nargs="+", default=["unfused", "sdpa"], help="centroid_routes only")
+    parser.add_argument("--lengths", nargs="+", type=int, default=None,
+                        help="centroid_routes only: N of the paper shape (batch 1, 6 heads x 64), no padding")
+    parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=2, help="torch threads on the cpu (default: 2)")
     args = parser.parse_args(argv)
+    if args.part == "centroid_routes" and args.device == "cpu":
+        torch.set_num_threads(args.threads)
+        cases = [("paper", PAPER_SHAPE, n, False) for n in (args.lengths or [1024, 4096])]
+        data = run_centroid_routes(args.out, args.repeats, cases, "cpu", (torch.float32,), tuple(args.routes))
+        print(f"ATen CPU capability {torch.backends.cpu.get_cpu_capability()}, {args.threads} threads")
+        print(data["summary"])
+        return 0
     if not torch.cuda.is_available():
         print("no CUDA device: torch.cuda.is_available() is False")
         return 2

@@ -162,7 +162,7 @@ def test_centroid_route_timing_and_profile_run_on_the_cpu(tmp_path):
     (row,) = data["rows"]
     assert row[:3] == ("float32", "tiny, padded", 160) and row[-1] in ("unfused", "sdpa")
     assert [c["ok"] for c in data["checks"]] == [True]
-    assert (tmp_path / "csv" / "centroid_routes.csv").read_text().count("\n") == 2
+    assert (tmp_path / "csv" / "centroid_routes_cpu.csv").read_text().count("\n") == 2
     assert "| float32 | tiny, padded | 160 |" in data["summary"]
 
     text, numbers = profile_summary("clustered-100", 256, torch.float32, tmp_path, device="cpu")
