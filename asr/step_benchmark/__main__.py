@@ -9,8 +9,10 @@ A step is what Lightning runs for one batch: forward, CTC loss, backward, gradie
 (the toolkit's own optimiser settings for both models). Every model of a workload is built from one
 seed and takes the same batches, in turn, round by round (the order rotated each round), so machine
 load hits all alike; the table gives the median of the timed rounds, the utterance-seconds of audio
-trained per wall-clock second, and each step time as a multiple of the plain model's. Lightning's
-own per-step work (logging, progress bar, callbacks) is not in it.
+trained per wall-clock second, and each step time as a multiple of the plain model's, by the wall
+clock and by the process's CPU time (which, on a machine shared with other jobs, does not count
+the time spent waiting for a core). Lightning's own per-step work (logging, progress bar,
+callbacks) is not in it.
 
 --breakdown profiles steps (torch.profiler) and prints, per model, where the time goes by stage
 (asr/step_benchmark/breakdown.py). Results: asr/step_benchmark/RESULTS.md.
@@ -54,16 +56,17 @@ def machine_header(threads: int) -> str:
 
 def format_table(results: list[StepTimes]) -> str:
     header = ("workload", "model", "params", "positions", "audio s/batch", "s/step (median)", "min-max",
-              "audio s per s", "x plain")
+              "audio s per s", "x plain", "CPU s/step", "x plain (CPU)")
     rows = []
     for workload in dict.fromkeys(r.workload.name for r in results):
         group = [r for r in results if r.workload.name == workload]
         plain = next((r for r in group if r.label == PLAIN), None)
         for r in group:
             ratio = f"{r.median / plain.median:.2f}x" if plain else "-"
+            cpu_ratio = f"{r.cpu_median / plain.cpu_median:.2f}x" if plain else "-"
             rows.append((workload, r.label, f"{r.parameters:,}", f"{r.encoder_positions:.0f}", f"{r.audio_seconds:.1f}",
                          f"{r.median:.3f}", f"{min(r.seconds):.3f}-{max(r.seconds):.3f}", f"{r.audio_per_second:.1f}",
-                         ratio))
+                         ratio, f"{r.cpu_median:.3f}", cpu_ratio))
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
     lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |",
              "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
@@ -76,12 +79,15 @@ def write_csv(results: list[StepTimes], path: Path) -> None:
     with open(path, "w", newline="") as handle:
         writer = csv.writer(handle)
         writer.writerow(["workload", "model", "parameters", "encoder_positions", "audio_seconds_per_batch",
-                         "median_s_per_step", "steps_s", "audio_s_per_wall_s", "ratio_to_plain"])
+                         "median_s_per_step", "steps_s", "audio_s_per_wall_s", "ratio_to_plain",
+                         "median_cpu_s_per_step", "cpu_steps_s", "cpu_ratio_to_plain"])
         for r in results:
             plain = next((p for p in results if p.workload.name == r.workload.name and p.label == PLAIN), None)
             writer.writerow([r.workload.name, r.label, r.parameters, f"{r.encoder_positions:.1f}",
                              f"{r.audio_seconds:.2f}", f"{r.median:.4f}", " ".join(f"{s:.4f}" for s in r.seconds),
-                             f"{r.audio_per_second:.2f}", f"{r.median / plain.median:.3f}" if plain else ""])
+                             f"{r.audio_per_second:.2f}", f"{r.median / plain.median:.3f}" if plain else "",
+                             f"{r.cpu_median:.4f}", " ".join(f"{s:.4f}" for s in r.cpu_seconds),
+                             f"{r.cpu_median / plain.cpu_median:.3f}" if plain else ""])
 
 
 def breakdown_table(workload_name: str, labels: list[str], steps: int, warmup: int) -> str:

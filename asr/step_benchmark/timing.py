@@ -17,11 +17,18 @@ class StepTimes:
     parameters: int
     audio_seconds: float                 # per batch (the mean over the batches used)
     encoder_positions: float             # mean valid encoder positions per utterance
-    seconds: list[float] = field(default_factory=list)
+    seconds: list[float] = field(default_factory=list)        # wall clock per step
+    cpu_seconds: list[float] = field(default_factory=list)    # this process's CPU time per step, all threads
 
     @property
     def median(self) -> float:
         return statistics.median(self.seconds)
+
+    @property
+    def cpu_median(self) -> float:
+        """On a machine shared with other jobs the wall clock also counts the time this process
+        waited for a core; its CPU time does not (but counts OpenMP threads spinning at barriers)."""
+        return statistics.median(self.cpu_seconds)
 
     @property
     def audio_per_second(self) -> float:
@@ -46,11 +53,12 @@ def time_workload(workload: Workload, labels: list[str], repeats: int, warmup: i
         order = list(range(len(models)))
         order = order[round_index % len(order):] + order[:round_index % len(order)]
         for i in order:
-            start = time.perf_counter()
+            start, cpu_start = time.perf_counter(), time.process_time()
             models[i].step(batch)
-            elapsed = time.perf_counter() - start
+            elapsed, cpu_elapsed = time.perf_counter() - start, time.process_time() - cpu_start
             if round_index >= warmup:
                 results[i].seconds.append(elapsed)
+                results[i].cpu_seconds.append(cpu_elapsed)
         progress(f"{workload.name}: round {round_index + 1}/{len(batches)}")
     return results
 
