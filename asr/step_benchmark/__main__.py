@@ -11,7 +11,7 @@ seed and takes the same batches, in turn, round by round (the order rotated each
 load hits all alike; the table gives the median of the timed rounds, the utterance-seconds of audio
 trained per wall-clock second, and each step time as a multiple of the plain model's, by the wall
 clock and by the process's CPU time (which, on a machine shared with other jobs, does not count
-the time spent waiting for a core). Lightning's own per-step work (logging, progress bar,
+the time spent waiting for a core; "least CPU" compares the least CPU time of each model's steps). Lightning's own per-step work (logging, progress bar,
 callbacks) is not in it.
 
 --breakdown profiles steps (torch.profiler) and prints, per model, where the time goes by stage
@@ -56,7 +56,7 @@ def machine_header(threads: int) -> str:
 
 def format_table(results: list[StepTimes]) -> str:
     header = ("workload", "model", "params", "positions", "audio s/batch", "s/step (median)", "min-max",
-              "audio s per s", "x plain", "CPU s/step", "x plain (CPU)")
+              "audio s per s", "x plain", "CPU s/step", "x plain (CPU)", "x plain (least CPU)")
     rows = []
     for workload in dict.fromkeys(r.workload.name for r in results):
         group = [r for r in results if r.workload.name == workload]
@@ -64,9 +64,10 @@ def format_table(results: list[StepTimes]) -> str:
         for r in group:
             ratio = f"{r.median / plain.median:.2f}x" if plain else "-"
             cpu_ratio = f"{r.cpu_median / plain.cpu_median:.2f}x" if plain else "-"
+            least_ratio = f"{min(r.cpu_seconds) / min(plain.cpu_seconds):.2f}x" if plain else "-"
             rows.append((workload, r.label, f"{r.parameters:,}", f"{r.encoder_positions:.0f}", f"{r.audio_seconds:.1f}",
                          f"{r.median:.3f}", f"{min(r.seconds):.3f}-{max(r.seconds):.3f}", f"{r.audio_per_second:.1f}",
-                         ratio, f"{r.cpu_median:.3f}", cpu_ratio))
+                         ratio, f"{r.cpu_median:.3f}", cpu_ratio, least_ratio))
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
     lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |",
              "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
