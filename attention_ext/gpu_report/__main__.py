@@ -53,6 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None, parts=PARTS, cuda_available=torch.cuda.is_available) -> int:
     args = build_parser().parse_args(argv)
+    args.out = args.out.resolve()   # the parts run in the repository root
     chosen = tuple(p for p in parts if p.name in args.parts)
     if args.report_only:
         results = [r for r in (load_result(args.out, p.name) for p in chosen) if r is not None]

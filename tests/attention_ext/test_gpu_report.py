@@ -156,13 +156,15 @@ def test_centroid_route_timing_and_profile_run_on_the_cpu(tmp_path):
     from attention_ext.gpu_report.measure import profile_summary, run_centroid_routes
 
     before = centroid_route("cpu")
-    data = run_centroid_routes(tmp_path, repeats=1, cases=[("tiny, padded", dict(batch=2, heads=2, dim=16), 160, True)],
+    shape = dict(batch=2, heads=2, dim=16)
+    data = run_centroid_routes(tmp_path, repeats=1, cases=[("tiny, padded", shape, 160, True), ("tiny", shape, 128, False)],
                                device="cpu", dtypes=(torch.float32,))
     assert centroid_route("cpu") == before   # every route change is undone
-    (row,) = data["rows"]
-    assert row[:3] == ("float32", "tiny, padded", 160) and row[-1] in ("unfused", "sdpa")
+    padded, unpadded = data["rows"]
+    assert padded[:3] == ("float32", "tiny, padded", 160) and padded[-1] in ("unfused", "sdpa")
+    assert unpadded[:3] == ("float32", "tiny", 128)
     assert [c["ok"] for c in data["checks"]] == [True]
-    assert (tmp_path / "csv" / "centroid_routes_cpu.csv").read_text().count("\n") == 2
+    assert (tmp_path / "csv" / "centroid_routes_cpu.csv").read_text().count("\n") == 3
     assert "| float32 | tiny, padded | 160 |" in data["summary"]
 
     text, numbers = profile_summary("clustered-100", 256, torch.float32, tmp_path, device="cpu")
