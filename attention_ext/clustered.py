@@ -212,6 +212,46 @@ def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
     return torch.softmax(scores, dim=-1)
 
 
+# How clustered attention computes its centroid part V^c = softmax(Q^c K^T / sqrt(E)) V, per device
+# type: "fused", our kernel (CPU only: the keys in blocks with an online softmax, CentroidValues);
+# "unfused", three torch operators (the (C, N) weights materialised, centroid_attention); "sdpa",
+# torch's scaled_dot_product_attention with the C centroids as queries (on CUDA FlashAttention where
+# no key is masked, else another of its backends). All three compute the same values and gradients;
+# which is fastest is measured (`python -m attention_ext.gpu_report` times "unfused" and "sdpa" on CUDA).
+CENTROID_ROUTES = ("fused", "unfused", "sdpa")
+_centroid_routes = {"cpu": "fused", "cuda": "unfused"}
+
+
+def centroid_route(device_type: str) -> str:
+    """The route clustered attention takes on `device_type` ("cpu", "cuda"; any other: "unfused")."""
+    return _centroid_routes.get(device_type, "unfused")
+
+
+def set_centroid_route(device_type: str, route: str) -> str:
+    """Chooses the centroid route of clustered attention on `device_type`; returns the previous one."""
+    if route not in CENTROID_ROUTES:
+        raise ValueError(f"centroid route {route!r}: choose one of {', '.join(CENTROID_ROUTES)}")
+    if route == "fused" and device_type != "cpu":
+        raise ValueError(f"the fused centroid route is a CPU kernel; on {device_type} choose unfused or sdpa")
+    previous = centroid_route(device_type)
+    _centroid_routes[device_type] = route
+    return previous
+
+
+def centroid_route_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
+                          clusters: QueryClusters, padded: bool = True) -> torch.Tensor:
+    """V^c (B, H, C, D) by the route chosen for q's device (centroid_route)."""
+    route = centroid_route(q.device.type)
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    if route == "fused":   # the (C, N) weights are never needed whole
+        return CentroidValues.apply(ClusterMean.apply(q, clusters) * scale, k, v, lengths)
+    if route == "sdpa":
+        key_valid = valid_positions(lengths.clamp(min=1), k.shape[2])[:, None, None, :] if padded else None
+        return torch.nn.functional.scaled_dot_product_attention(ClusterMean.apply(q, clusters), k, v,
+                                                                attn_mask=key_valid, scale=scale)
+    return torch.matmul(centroid_attention(q, k, lengths, clusters, padded), v)
+
+
 @register_attention("clustered", options=CLUSTERING_OPTIONS, number_option="clusters",
                     summary="clustered attention: one softmax per query cluster (Vyas et al. 2020)")
 class ClusteredAttention(torch.nn.Module):
@@ -233,10 +273,5 @@ class ClusteredAttention(torch.nn.Module):
         with autocast_disabled(q.device):
             q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
             clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
-            if q.device.type == "cpu":   # the (C, N) weights are never needed whole
-                centroids = ClusterMean.apply(q, clusters) * (1.0 / math.sqrt(q.shape[-1]))
-                centroid_values = CentroidValues.apply(centroids, k, v, lengths)  # eq. 3-5
-            else:
-                attention = centroid_attention(q, k, lengths, clusters, padded)
-                centroid_values = torch.matmul(attention, v)                  # eq. 5
+            centroid_values = centroid_route_values(q, k, v, lengths, clusters, padded)  # eq. 3-5
             return ClusterBroadcast.apply(centroid_values, clusters).to(input_dtype)  # eq. 6

@@ -152,6 +152,18 @@ def plot_per_element(measurements: list[Measurement], config: BenchmarkConfig, p
     plt.close(figure)
 
 
+def routes_line(device_type: str) -> str:
+    """Which route the run takes where there is a choice: the instruction sets torch's own kernels
+    (SDPA, MKL's products) use, and clustered attention's centroid route on this device."""
+    from ..clustered import centroid_route
+    route = f"clustered centroid route {centroid_route(device_type)}"
+    if device_type != "cpu":
+        return f"routes: {route}"
+    mkl = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "MKL's choice")
+    return (f"routes: {route}; ATen CPU capability {torch.backends.cpu.get_cpu_capability()}, "
+            f"MKL_ENABLE_INSTRUCTIONS={mkl}")
+
+
 def format_header(config: BenchmarkConfig, cases: list[BenchmarkCase]) -> str:
     dtype = str(config.dtype).replace("torch.", "")
     where = (f"{config.device}, {torch.get_num_threads()} threads" if config.device.type == "cpu"
@@ -161,6 +173,7 @@ def format_header(config: BenchmarkConfig, cases: list[BenchmarkCase]) -> str:
     lines = [f"attention forward+backward benchmark: torch {torch.__version__}, {where}",
              f"batch {config.batch}, {config.heads} heads, dim {config.dim}, {dtype}; "
              f"median of {config.repeats} after {config.warmup} warm-up; seed {config.seed}",
+             routes_line(config.device.type),
              "attentions:"]
     for case in cases:
         extra = []

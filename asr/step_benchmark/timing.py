@@ -1,0 +1,71 @@
+"""Training steps timed side by side: every model takes the same batches in turn, repeat by repeat."""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from asr.step_benchmark.workloads import PLAIN, TrainedModel, Workload, build_model, make_batch, parameter_count
+
+
+@dataclass
+class StepTimes:
+    workload: Workload
+    label: str
+    parameters: int
+    audio_seconds: float                 # per batch (the mean over the batches used)
+    encoder_positions: float             # mean valid encoder positions per utterance
+    seconds: list[float] = field(default_factory=list)        # wall clock per step
+    cpu_seconds: list[float] = field(default_factory=list)    # this process's CPU time per step, all threads
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.seconds)
+
+    @property
+    def cpu_median(self) -> float:
+        """On a machine shared with other jobs the wall clock also counts the time this process
+        waited for a core; its CPU time does not (but counts OpenMP threads spinning at barriers)."""
+        return statistics.median(self.cpu_seconds)
+
+    @property
+    def audio_per_second(self) -> float:
+        """Utterance-seconds of audio trained on per wall-clock second."""
+        return self.audio_seconds / self.median
+
+
+def time_workload(workload: Workload, labels: list[str], repeats: int, warmup: int,
+                  progress=lambda text: None) -> list[StepTimes]:
+    """Builds every model (all from one seed), then runs warmup + repeats rounds; in round r every
+    model trains on batch r, in an order rotated by one each round (so no model always follows the
+    same one). Returns one StepTimes per label with the timed rounds' seconds."""
+    models: list[TrainedModel] = []
+    for label in labels:
+        torch.manual_seed(0)
+        models.append(build_model(workload, label))
+    batches = [make_batch(workload, seed) for seed in range(warmup + repeats)]
+    positions = float(torch.stack([_encoder_lengths(models, b.lengths) for b in batches]).float().mean())
+    results = [StepTimes(workload, m.label, parameter_count(m.module),
+                         sum(b.audio_seconds for b in batches) / len(batches), positions) for m in models]
+    for round_index, batch in enumerate(batches):
+        order = list(range(len(models)))
+        order = order[round_index % len(order):] + order[:round_index % len(order)]
+        for i in order:
+            start, cpu_start = time.perf_counter(), time.process_time()
+            models[i].step(batch)
+            elapsed, cpu_elapsed = time.perf_counter() - start, time.process_time() - cpu_start
+            if round_index >= warmup:
+                results[i].seconds.append(elapsed)
+                results[i].cpu_seconds.append(cpu_elapsed)
+        progress(f"{workload.name}: round {round_index + 1}/{len(batches)}")
+    return results
+
+
+def _encoder_lengths(models: list[TrainedModel], lengths: torch.Tensor) -> torch.Tensor:
+    """Encoder positions of each utterance (after subsampling), from any toolkit model's front end."""
+    for model in models:
+        if model.label != PLAIN:
+            return model.module.encoder.output_lengths(lengths)
+    return model.module.frontend.output_lengths(lengths)

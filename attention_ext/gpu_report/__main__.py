@@ -1,0 +1,73 @@
+"""python -m attention_ext.gpu_report: everything owed on a GPU, in one command of at most 10 minutes.
+
+    python -m attention_ext.gpu_report                     # all parts; a rerun goes on where it stopped
+    python -m attention_ext.gpu_report --parts centroid_routes profiles
+    python -m attention_ext.gpu_report --redo benchmark_bfloat16
+
+Runs the parts of parts.PARTS (the CUDA tests; the benchmark tables in bfloat16 and float32 with
+their overtaking points against SDPA; LSH's memory per element to N=65,536; profiles of clustered-100
+and i-clustered-100; the centroid routes; 200 training steps of the demo preset eager and compiled),
+each in its own process within its budget, saving each part's result in <out>/parts/, and writes
+<out>/REPORT.md with the raw CSVs under <out>/csv/. A part that finished (passed or failed) is not
+run again; one that errored, timed out or did not fit in the time left is. Exit status: 0 when
+every part passed, 1 when a check failed or a part has no verdict, 2 without a CUDA device.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from attention_ext.gpu_report.parts import PART_NAMES, PARTS
+from attention_ext.gpu_report.report import all_passed, format_report, load_result, run_parts
+
+TOTAL_BUDGET_SECONDS = 600
+
+
+def machine_line() -> str:
+    if not torch.cuda.is_available():
+        return f"no CUDA device (torch {torch.__version__})"
+    properties = torch.cuda.get_device_properties(0)
+    return (f"{properties.name}, {properties.total_memory / 2**30:.0f} GiB, compute capability "
+            f"{properties.major}.{properties.minor}; torch {torch.__version__}, CUDA {torch.version.cuda}; "
+            f"{time.strftime('%Y-%m-%d %H:%M')}")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m attention_ext.gpu_report", description=__doc__.split("\n\n")[0],
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="parts:\n" + "\n".join(f"  {p.name:20s} {p.title} ({p.budget_seconds} s)"
+                                                                   for p in PARTS))
+    parser.add_argument("--out", type=Path, default=Path("gpu_report"), help="output folder (default: %(default)s)")
+    parser.add_argument("--parts", nargs="+", choices=PART_NAMES, default=list(PART_NAMES))
+    parser.add_argument("--redo", nargs="+", choices=PART_NAMES, default=[], help="run these again even if finished")
+    parser.add_argument("--budget", type=float, default=TOTAL_BUDGET_SECONDS,
+                        help="seconds for this run in all (default: %(default)s)")
+    parser.add_argument("--report-only", action="store_true",
+                        help="write REPORT.md from the saved part results without running anything")
+    return parser
+
+
+def main(argv: list[str] | None = None, parts=PARTS, cuda_available=torch.cuda.is_available) -> int:
+    args = build_parser().parse_args(argv)
+    args.out = args.out.resolve()   # the parts run in the repository root
+    chosen = tuple(p for p in parts if p.name in args.parts)
+    if args.report_only:
+        results = [r for r in (load_result(args.out, p.name) for p in chosen) if r is not None]
+    else:
+        if not cuda_available():
+            print("gpu_report: no CUDA device here (torch.cuda.is_available() is False); nothing was run")
+            return 2
+        results = run_parts(chosen, args.out, args.budget, tuple(args.redo))
+    args.out.mkdir(parents=True, exist_ok=True)
+    report = args.out / "REPORT.md"
+    report.write_text(format_report(chosen, results, machine_line()))
+    print(f"wrote {report}: " + ", ".join(f"{r.name} {r.status}" for r in results))
+    return 0 if results and all_passed(results) and len(results) == len(chosen) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

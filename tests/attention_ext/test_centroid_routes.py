@@ -1,0 +1,96 @@
+"""Clustered attention's centroid routes (fused kernel, unfused torch operators, SDPA with C queries)
+give the same values and gradients, with padding and any lengths, and match the dense equations."""
+import pytest
+import torch
+
+from attention_ext import build_attention
+from attention_ext.clustered import CENTROID_ROUTES, centroid_route, cluster_queries, set_centroid_route
+
+from dense_clustered_attention import clustered_attention
+from kernel_devices import DEVICES
+from random_inputs import on, random_qkv
+
+CASES = [  # (lengths, N, clusters): padded batches, a length 0 and 1, fewer queries than clusters
+    ([40, 17, 0, 1], 40, 6),
+    ([64, 64], 64, 8),
+    ([9, 30], 30, 12),
+]
+
+
+@pytest.fixture
+def route():
+    """Restores the routes a test changed."""
+    saved = {device: centroid_route(device) for device in ("cpu", "cuda")}
+    yield
+    for device, chosen in saved.items():
+        set_centroid_route(device, chosen)
+
+
+def _routes(device: str) -> list[str]:
+    return [r for r in CENTROID_ROUTES if r != "fused" or device == "cpu"]
+
+
+def _run(device, dtype, lengths, length, clusters, given_lengths=True):
+    q, k, v = on(torch.device(device), *random_qkv((len(lengths), 2, length, 16), dtype=dtype, seed=length))
+    for t in (q, k, v):
+        t.requires_grad_(True)
+    lengths = torch.tensor(lengths, device=device)
+    torch.manual_seed(7)   # the same clusters on every route
+    out = build_attention("clustered", clusters=clusters)(q, k, v, lengths if given_lengths else None)
+    weights = torch.randn(out.shape, generator=torch.Generator().manual_seed(1), dtype=dtype).to(device)
+    return (out, *torch.autograd.grad((out * weights).sum(), (q, k, v))), (q, k, v, lengths)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("lengths, length, clusters", CASES)
+def test_every_route_gives_the_same_values_and_gradients(route, device, lengths, length, clusters):
+    results = {}
+    for chosen in _routes(device):
+        set_centroid_route(device, chosen)
+        results[chosen], _ = _run(device, torch.float64, lengths, length, clusters)
+    reference = results.pop("unfused")
+    for chosen, got in results.items():
+        for name, a, b in zip(("output", "dq", "dk", "dv"), got, reference):
+            torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12, msg=f"{chosen}: {name}")
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_route_matches_the_dense_equations(route, device):
+    set_centroid_route(device, "sdpa")
+    lengths, length, clusters = [40, 17, 0, 1], 40, 6
+    (out, *_), (q, k, v, lengths_tensor) = _run(device, torch.float64, lengths, length, clusters)
+    torch.manual_seed(7)   # the clustering the call drew
+    assignment = cluster_queries(q.detach(), lengths_tensor, clusters, 63, 10).assignment
+    expected = clustered_attention(q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), lengths_tensor.cpu(),
+                                   assignment.cpu(), clusters)
+    torch.testing.assert_close(out.detach().cpu(), expected, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_sdpa_route_without_lengths_takes_no_mask(route, device):
+    set_centroid_route(device, "sdpa")
+    sdpa, _ = _run(device, torch.float64, [32, 32], 32, 5, given_lengths=False)
+    set_centroid_route(device, "unfused")
+    unfused, _ = _run(device, torch.float64, [32, 32], 32, 5, given_lengths=False)
+    for a, b in zip(sdpa, unfused):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_float32_routes_agree_within_rounding(route, device):
+    results = {}
+    for chosen in _routes(device):
+        set_centroid_route(device, chosen)
+        results[chosen], _ = _run(device, torch.float32, [40, 17, 0, 1], 40, 6)
+    for chosen, got in results.items():
+        for a, b in zip(got, results["unfused"]):
+            torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
+def test_unknown_and_impossible_routes_are_refused(route):
+    with pytest.raises(ValueError, match="choose one of"):
+        set_centroid_route("cpu", "flash")
+    with pytest.raises(ValueError, match="CPU kernel"):
+        set_centroid_route("cuda", "fused")
+    assert set_centroid_route("cpu", "sdpa") == "fused"
+    assert centroid_route("cpu") == "sdpa"

@@ -1,0 +1,172 @@
+"""The GPU report's pieces that run without a GPU: the part list, reading each part's output,
+the resume logic, the report, and the one-line exit without CUDA."""
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from attention_ext.gpu_report import __main__ as gpu_report
+from attention_ext.gpu_report.parts import (PARTS, Check, Part, PartResult, read_benchmark, read_json_part,
+                                            read_lsh_memory, read_pytest, read_training)
+from attention_ext.gpu_report.report import format_report, load_result, run_parts, save_result
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_parts_fit_in_ten_minutes_and_cover_the_issue(tmp_path):
+    assert sum(p.budget_seconds for p in PARTS) <= 600
+    names = [p.name for p in PARTS]
+    assert len(set(names)) == len(names)
+    assert {"cuda_tests", "benchmark_bfloat16", "benchmark_float32", "lsh_memory", "profiles",
+            "centroid_routes", "training_eager", "training_compiled"} == set(names)
+    for part in PARTS:
+        command = part.command(tmp_path)
+        assert command[0] == sys.executable and all(isinstance(a, str) for a in command)
+    training = {p.name: p.command(tmp_path) for p in PARTS if p.name.startswith("training")}
+    assert "true" in training["training_compiled"] and "false" in training["training_eager"]
+
+
+def test_read_pytest_counts_and_lists_failures(tmp_path):
+    log = "....F.\nFAILED tests/attention_ext/test_lsh.py::test_x[cuda] - AssertionError\n1 failed, 5 passed, 3 skipped in 9.1s\n"
+    (check,), summary, _ = read_pytest(log, tmp_path)
+    assert not check.ok and "5 passed, 1 failed" in check.detail
+    assert "test_lsh.py::test_x[cuda]" in summary
+    (check,), _, _ = read_pytest("12 passed, 600 deselected in 3.0s\n", tmp_path)
+    assert check.ok
+    (check,), _, _ = read_pytest("no tests ran in 0.1s\n", tmp_path)
+    assert not check.ok
+
+
+def test_read_benchmark_takes_every_target_line_as_a_check(tmp_path):
+    (tmp_path / "csv" / "bfloat16").mkdir(parents=True)
+    (tmp_path / "csv" / "bfloat16" / "benchmark_cuda.csv").write_text("length\n")
+    log = ("== table ==\n   N  attention ...\nwhere each attention overtakes full:\n  clustered-100: from N=4096\n"
+           "  PASS  clustered-100: overtakes SDPA at N <= 8192: from N=4096\n"
+           "  FAIL  i-clustered-100: overtakes SDPA at N <= 16384: not faster at the longest N measured\n"
+           "wrote x.csv\n")
+    checks, summary, files = read_benchmark(log, tmp_path)
+    assert [c.ok for c in checks] == [True, False]
+    assert checks[1].what.startswith("i-clustered-100")
+    assert "from N=4096" in summary and "wrote" not in summary
+    assert files == ["csv/bfloat16/benchmark_cuda.csv"]
+
+
+def test_read_lsh_memory_checks_the_spread_per_attention(tmp_path):
+    folder = tmp_path / "csv" / "lsh_memory"
+    folder.mkdir(parents=True)
+    rows = [("lsh-1", "lsh", 1024, 4.6), ("lsh-1", "lsh", 65536, 4.7), ("lsh-4", "lsh", 1024, 4.0),
+            ("lsh-4", "lsh", 65536, 6.0), ("full", "full", 1024, 8.0)]
+    (folder / "benchmark_cuda.csv").write_text("attention,name,length,memory_per_element_kib\n"
+                                               + "".join(f"{a},{n},{l},{m}\n" for a, n, l, m in rows))
+    checks, summary, _ = read_lsh_memory("", tmp_path)
+    assert [(c.what.split(":")[0], c.ok) for c in checks] == [("lsh-1", True), ("lsh-4", False)]
+    assert "max/min = 1.50" in checks[1].detail and "N=65536: 6.00 KiB" in summary
+
+
+def test_read_json_part_and_read_training(tmp_path):
+    data = {"checks": [{"what": "x", "ok": True, "detail": ""}], "summary": "table", "files": ["csv/a.csv"]}
+    path = tmp_path / "d.json"
+    path.write_text(json.dumps(data))
+    checks, summary, files = read_json_part(f"noise\nRESULT {path}\n", tmp_path)
+    assert checks == [Check("x", True, "")] and summary == "table" and files == ["csv/a.csv"]
+    assert not read_json_part("crashed", tmp_path)[0][0].ok
+
+    run = tmp_path / "runs" / "eager"
+    run.mkdir(parents=True)
+    (run / "results.json").write_text(json.dumps({"steps": 200, "wall_seconds": 50.0,
+                                                  "epoch_times": [{"train_seconds": 20.0}, {"train_seconds": 10.0}]}))
+    (check,), summary, _ = read_training(f"python -m asr.train ...\nrun folder: {run}\n", tmp_path)
+    assert check.ok and "0.150 s per step" in summary
+    (check,), _, _ = read_training("run folder: /nonexistent\n", tmp_path)
+    assert not check.ok
+
+
+def _fake_part(name: str, code: str, budget: int = 30) -> Part:
+    """A part whose process runs `code` and reads 'PASS'/'FAIL' lines like the benchmark's."""
+    return Part(name, f"fake {name}", budget, lambda out: [sys.executable, "-c", code],
+                lambda log, out: ([Check(line[5:], line.startswith("PASS")) for line in log.splitlines()
+                                   if line.startswith(("PASS", "FAIL"))], "summary of " + name, []))
+
+
+def test_run_parts_resumes_skipping_finished_parts(tmp_path):
+    counter = tmp_path / "runs.txt"
+    count = f"open({str(counter)!r}, 'a').write('x');"
+    parts = (_fake_part("good", count + "print('PASS a')"),
+             _fake_part("bad", count + "print('FAIL b')"),
+             _fake_part("crash", count + "raise SystemExit(3)"),
+             _fake_part("slow", "import time; time.sleep(30)", budget=1))
+    first = run_parts(parts, tmp_path, total_budget=100, say=lambda text: None)
+    assert [r.status for r in first] == ["passed", "failed", "error", "timeout"]
+    assert counter.read_text() == "xxx"
+    assert "exit status 3" in first[2].summary and "budget of 1 s" in first[3].summary
+    assert load_result(tmp_path, "bad") == first[1]
+
+    # a rerun runs only the parts without a verdict (error, timeout) and those named in redo
+    second = run_parts(parts[:3], tmp_path, total_budget=100, redo=("good",), say=lambda text: None)
+    assert [r.status for r in second] == ["passed", "failed", "error"]
+    assert counter.read_text() == "xxxxx"
+
+    # parts that do not fit in what is left of the budget wait for the next run
+    third = run_parts((_fake_part("later", "print('PASS c')", budget=50),), tmp_path, total_budget=10,
+                      say=lambda text: None)
+    assert third[0].status == "not run" and load_result(tmp_path, "later") is None
+
+
+def test_report_lists_every_part_and_failed_check(tmp_path):
+    results = [PartResult("good", "passed", 3.0, [Check("a", True)], "table of good", ["csv/x.csv"]),
+               PartResult("bad", "failed", 4.0, [Check("b", False, "1.5x")], "")]
+    parts = (_fake_part("good", ""), _fake_part("bad", ""))
+    text = format_report(parts, results, "H100")
+    assert "| good | passed | 3 | 1 of 1 |" in text and "| bad | failed | 4 | 0 of 1 |" in text
+    assert "Not all checks passed" in text and "- bad: b (1.5x)" in text
+    assert "table of good" in text and "`csv/x.csv`" in text
+
+
+def test_main_writes_the_report_and_exits_by_verdict(tmp_path):
+    passing = _fake_part("cuda_tests", "print('PASS a')")
+    failing = _fake_part("profiles", "print('FAIL b')")
+    assert gpu_report.main(["--out", str(tmp_path / "a")], parts=(passing,), cuda_available=lambda: True) == 0
+    assert "All checks passed" in (tmp_path / "a" / "REPORT.md").read_text()
+    assert gpu_report.main(["--out", str(tmp_path / "b")], parts=(passing, failing), cuda_available=lambda: True) == 1
+    assert "- profiles: b" in (tmp_path / "b" / "REPORT.md").read_text()
+    # the report again from the saved results, without running anything (and without CUDA)
+    (tmp_path / "b" / "REPORT.md").unlink()
+    assert gpu_report.main(["--out", str(tmp_path / "b"), "--report-only"], parts=(passing, failing),
+                           cuda_available=lambda: False) == 1
+    assert "| cuda_tests | passed |" in (tmp_path / "b" / "REPORT.md").read_text()
+
+
+def test_without_cuda_it_says_so_in_one_line_and_exits_2(tmp_path):
+    completed = subprocess.run([sys.executable, "-m", "attention_ext.gpu_report", "--out", str(tmp_path / "r")],
+                               cwd=ROOT, capture_output=True, text=True, timeout=120)
+    if "True" in subprocess.run([sys.executable, "-c", "import torch; print(torch.cuda.is_available())"],
+                                capture_output=True, text=True).stdout:
+        pytest.skip("this machine has a CUDA device")
+    assert completed.returncode == 2
+    assert completed.stdout.strip().count("\n") == 0 and "no CUDA device" in completed.stdout
+    assert not (tmp_path / "r").exists()
+
+
+def test_centroid_route_timing_and_profile_run_on_the_cpu(tmp_path):
+    """The measuring code of the profiles and centroid_routes parts, on the CPU at small sizes."""
+    import torch
+    from attention_ext.clustered import centroid_route
+    from attention_ext.gpu_report.measure import profile_summary, run_centroid_routes
+
+    before = centroid_route("cpu")
+    shape = dict(batch=2, heads=2, dim=16)
+    data = run_centroid_routes(tmp_path, repeats=1, cases=[("tiny, padded", shape, 160, True), ("tiny", shape, 128, False)],
+                               device="cpu", dtypes=(torch.float32,))
+    assert centroid_route("cpu") == before   # every route change is undone
+    padded, unpadded = data["rows"]
+    assert padded[:3] == ("float32", "tiny, padded", 160) and padded[-1] in ("unfused", "sdpa")
+    assert unpadded[:3] == ("float32", "tiny", 128)
+    assert [c["ok"] for c in data["checks"]] == [True]
+    assert (tmp_path / "csv" / "centroid_routes_cpu.csv").read_text().count("\n") == 3
+    assert "| float32 | tiny, padded | 160 |" in data["summary"]
+
+    text, numbers = profile_summary("clustered-100", 256, torch.float32, tmp_path, device="cpu")
+    assert numbers["wall_ms"] > 0 and numbers["kernel_ms"] == 0
+    assert "ms per forward+backward" in text and (tmp_path / "profiles").iterdir()
