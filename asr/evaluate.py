@@ -66,6 +66,7 @@ import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from asr.config_spelling import closest_name, unknown_argument
 from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config, validate_data_config
 from asr.data.dataset import batch_references
 from asr.data.manifests import ManifestError
@@ -130,7 +131,8 @@ def parse_arguments(argv: list[str]) -> tuple[EvaluateConfig, dict[str, str]]:
         merged = OmegaConf.merge(OmegaConf.structured(EvaluateConfig), OmegaConf.from_dotlist(dotlist))
     except OmegaConfBaseException as error:
         known = ", ".join(EvaluateConfig.__dataclass_fields__)
-        raise EvaluationError(f"{error.msg if hasattr(error, 'msg') else error}; the arguments are: {known}, "
+        raise EvaluationError(unknown_argument(error, list(EvaluateConfig.__dataclass_fields__))
+                              or f"{error.msg if hasattr(error, 'msg') else error}; the arguments are: {known}, "
                               "attention.<option>, data.<option>") from None
     config = EvaluateConfig(**OmegaConf.to_container(merged))
     if not config.checkpoint:
@@ -301,7 +303,9 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
     overrides = dict(data_overrides or {})
     unknown = sorted(set(overrides) - set(DataConfig.__dataclass_fields__))
     if unknown:
-        raise EvaluationError(f"data.{unknown[0]} is not a data option; they are: "
+        meant = closest_name(unknown[0], DataConfig.__dataclass_fields__)
+        raise EvaluationError(f"data.{unknown[0]} is not a data option; did you mean data.{meant}?" if meant else
+                              f"data.{unknown[0]} is not a data option; they are: "
                               f"{', '.join(DataConfig.__dataclass_fields__)}")
     settings = {**trained_data_config(checkpoint), **overrides}
     kinds = list(model.tokenizers)

@@ -59,6 +59,7 @@ import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from asr.config_spelling import unknown_argument
 from asr.data.features import FilterBank
 from asr.exit_status import FAILURE, SUCCESS, run_command
 from asr.model.checkpoint import CheckpointError
@@ -126,7 +127,8 @@ def parse_arguments(argv: list[str]) -> tuple[TranscribeConfig, dict[str, str]]:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TranscribeConfig), OmegaConf.from_dotlist(dotlist))
     except OmegaConfBaseException as error:
-        raise TranscriptionError(f"{error.msg if hasattr(error, 'msg') else error}; the options are: "
+        raise TranscriptionError(unknown_argument(error, known)
+                                 or f"{error.msg if hasattr(error, 'msg') else error}; the options are: "
                                  f"{', '.join(known)}, attention.<option>") from None
     config = TranscribeConfig(**{**OmegaConf.to_container(merged), "files": paths})
     if not config.checkpoint:

@@ -24,6 +24,7 @@ import torch
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from asr.config_spelling import unknown_argument
 from asr.data.manifests import ManifestError
 from asr.decoding.evaluation import model_decoding_files, resolve_settings, start_word_decoder, word_head
 from asr.decoding.lexicon import LexiconFileError
@@ -55,7 +56,8 @@ def parse_arguments(argv: list[str]) -> TuneConfig:
     try:
         merged = OmegaConf.merge(OmegaConf.structured(TuneConfig), OmegaConf.from_dotlist(list(argv)))
     except OmegaConfBaseException as error:
-        raise EvaluationError(f"{getattr(error, 'msg', error)}; the arguments are: "
+        raise EvaluationError(unknown_argument(error, list(TuneConfig.__dataclass_fields__))
+                              or f"{getattr(error, 'msg', error)}; the arguments are: "
                               f"{', '.join(TuneConfig.__dataclass_fields__)}") from None
     config = TuneConfig(**OmegaConf.to_container(merged))
     if not config.checkpoint:
