@@ -18,7 +18,8 @@
 # The extension build reads ATTENTION_EXT_CPU_ARCH and TORCH_CUDA_ARCH_LIST (see setup.py);
 # it needs nvcc for a CUDA torch but never a GPU.
 #
-# It prints one line per step (Debian packages, torch, Python packages, the extension). A second
+# It prints one line per step (Debian packages, torch, Python packages, the extension), each with
+# the seconds it took, and the total at the end. A second
 # run with nothing changed takes seconds: pip is skipped while pyproject.toml, torch and the Python
 # environment are those of the last successful install and every requirement is still satisfied;
 # the extension build is skipped while its sources, setup.py, torch and the build settings hash to
@@ -27,6 +28,18 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 checkout=$(pwd)
 say() { echo "install.sh: $*"; }
+# Each step's line ends with its duration: a step that takes a while prints its line when it
+# starts (say_begin, no newline) and the outcome and seconds when done (say_done).
+now() { date +%s.%N; }
+seconds_since() { awk -v start="$1" -v end="$(now)" 'BEGIN { printf "%.1f s", end - start }'; }
+install_started=$(now)
+step_started=$install_started
+step() { step_started=$(now); }
+say_step() { say "$* ($(seconds_since "$step_started"))"; }
+say_begin() { printf 'install.sh: %s ... ' "$*"; }
+say_done() { echo "$* ($(seconds_since "$step_started"))"; }
+# A failure message starts on a line of its own, after a say_begin's unfinished one.
+fail() { echo; echo "install.sh: $*" >&2; exit 1; }
 
 # A short fingerprint of files and strings (file names included, so a renamed source counts).
 fingerprint() {
@@ -50,14 +63,15 @@ for package in "${apt_packages[@]}"; do
   dpkg -s "$package" >/dev/null 2>&1 || missing+=("$package")
 done
 if [ "${SKIP_APT:-0}" = "1" ]; then
-  say "[1/4] Debian packages: skipped (SKIP_APT=1)${missing[*]:+; not installed: ${missing[*]}}"
+  say_step "[1/4] Debian packages: skipped (SKIP_APT=1)${missing[*]:+; not installed: ${missing[*]}}"
 elif [ ${#missing[@]} -eq 0 ]; then
-  say "[1/4] Debian packages: ${apt_packages[*]} already installed"
+  say_step "[1/4] Debian packages: ${apt_packages[*]} already installed"
 else
   if [ "$(id -u)" = "0" ]; then SUDO=""; else SUDO="sudo"; fi
-  say "[1/4] Debian packages: installing ${missing[*]} with apt-get (a minute or two)"
+  say_begin "[1/4] Debian packages: installing ${missing[*]} with apt-get (a minute or two)"
   $SUDO apt-get update -qq
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  say_done "installed"
 fi
 
 # ---- 2. torch: keep the installed one, or install the pinned one; pin it for every later step.
@@ -71,24 +85,23 @@ probe_torch() {
   installed_torch=$(sed -n 1p <<<"$facts"); torch_cuda=$(sed -n 2p <<<"$facts")
   python_prefix=$(sed -n 3p <<<"$facts"); python_version=$(sed -n 4p <<<"$facts")
 }
+step
 probe_torch
 if [ -z "${installed_torch:-}" ]; then
   torch_spec="${TORCH_SPEC:-torch==2.13.0}"
   index_args=()
   if [ -n "${TORCH_INDEX_URL:-}" ]; then index_args=(--index-url "$TORCH_INDEX_URL"); fi
-  say "[2/4] torch: installing $torch_spec${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL} and numpy (a large download: minutes)"
+  say_begin "[2/4] torch: installing $torch_spec${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL} and numpy (a large download: minutes)"
   # ${a[@]+"${a[@]}"}: an empty array expands to nothing, also under set -u in older bash
   python -m pip install -q ${index_args[@]+"${index_args[@]}"} "$torch_spec" numpy
   probe_torch
   if [ -z "${installed_torch:-}" ]; then
-    echo "install.sh: torch does not import after installing $torch_spec (see pip's output above)" >&2
-    exit 1
+    fail "torch does not import after installing $torch_spec (see pip's output above)"
   fi
-  torch_action="installed"
+  say_done "installed $installed_torch (${torch_cuda:+CUDA $torch_cuda}${torch_cuda:-a CPU build})"
 else
-  torch_action="keeping the installed"
+  say_step "[2/4] torch: keeping the installed $installed_torch (${torch_cuda:+CUDA $torch_cuda}${torch_cuda:-a CPU build})"
 fi
-say "[2/4] torch: $torch_action $installed_torch (${torch_cuda:+CUDA $torch_cuda}${torch_cuda:-a CPU build})"
 if [ "${REQUIRE_CUDA_TORCH:-0}" = "1" ] && [ -z "${torch_cuda:-}" ]; then
   echo "install.sh: REQUIRE_CUDA_TORCH=1 but torch $installed_torch is a CPU build; set TORCH_SPEC" \
        "(and TORCH_INDEX_URL) to a CUDA build, e.g. TORCH_INDEX_URL=https://download.pytorch.org/whl/cu130" >&2
@@ -98,10 +111,13 @@ constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 echo "torch==${installed_torch}" > "$constraints"
 if ! python -c "import numpy" >/dev/null 2>&1; then
-  say "[2/4] torch: installing numpy (torch uses it; the extension build imports torch)"
+  step
+  say_begin "[2/4] torch: installing numpy (torch uses it; the extension build imports torch)"
   python -m pip install -q -c "$constraints" numpy
+  say_done "installed"
 fi
 if [ "${INSTALL_PROJECT:-1}" = "0" ]; then
+  say "done in $(seconds_since "$install_started")"
   exit 0
 fi
 
@@ -139,16 +155,18 @@ for text in dist.requires or []:
         sys.exit(f"{requirement.name} {version} does not satisfy {requirement}")
 '
 extension_built_by_pip=0
+step
 if [ "$(cat "$state_dir/python-packages" 2>/dev/null)" = "$packages_key" ] \
    && why=$(python -c "$verify_packages" "$checkout" 2>&1); then
-  say "[3/4] Python packages: up to date (pyproject.toml, torch and the environment unchanged; requirements satisfied)"
+  say_step "[3/4] Python packages: up to date (pyproject.toml, torch and the environment unchanged; requirements satisfied)"
 else
-  say "[3/4] Python packages: pip install -e \".[asr,test]\" (downloads what is missing; builds attention_ext: minutes)"
+  say_begin "[3/4] Python packages: pip install -e \".[asr,test]\" (downloads what is missing; builds attention_ext: minutes)"
   rm -f "$state_dir/python-packages"
   python -m pip install -q -c "$constraints" setuptools wheel ninja
   python -m pip install -q -c "$constraints" --no-build-isolation -e ".[asr,test]"
   echo "$packages_key" > "$state_dir/python-packages"
   extension_built_by_pip=1
+  say_done "installed"
 fi
 
 # ---- 4. The extension attention_ext._C, rebuilt in place when its sources, setup.py, torch or
@@ -159,21 +177,24 @@ extension_key=$(fingerprint setup.py $(find attention_ext/csrc -type f 2>/dev/nu
   "ATTENTION_EXT_CUDA=${ATTENTION_EXT_CUDA:-} TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-}")
 extension_hash_file=attention_ext/_C.build-hash
 check_extension='import attention_ext._C, torch; print(torch.__version__)'
+step
 if [ "$extension_built_by_pip" = "1" ]; then
   echo "$extension_key" > "$extension_hash_file"
-  say "[4/4] attention_ext: built by pip above for torch $(python -c "$check_extension")"
+  say_step "[4/4] attention_ext: built by pip above for torch $(python -c "$check_extension")"
 elif [ "$(cat "$extension_hash_file" 2>/dev/null)" = "$extension_key" ] \
      && compgen -G "attention_ext/_C*.so" >/dev/null; then
-  say "[4/4] attention_ext: up to date (sources, setup.py and torch unchanged since its build)"
+  say_step "[4/4] attention_ext: up to date (sources, setup.py and torch unchanged since its build)"
 else
-  say "[4/4] attention_ext: compiling the extension (csrc/ or its settings changed; 2-3 minutes on 2 cores)"
+  say_begin "[4/4] attention_ext: compiling the extension (csrc/ or its settings changed; about 2 minutes on 2 cores)"
   rm -f "$extension_hash_file"
   build_log="$state_dir/extension-build.log"
   if ! python setup.py build_ext --inplace >"$build_log" 2>&1; then
+    echo
     tail -n 40 "$build_log" >&2
     echo "install.sh: the extension build failed; the whole log is in $build_log" >&2
     exit 1
   fi
   echo "$extension_key" > "$extension_hash_file"
-  say "[4/4] attention_ext: built for torch $(python -c "$check_extension")"
+  say_done "built for torch $(python -c "$check_extension")"
 fi
+say "done in $(seconds_since "$install_started")"

@@ -12,6 +12,7 @@ from typing import Any, Callable, Iterable
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from asr.config_spelling import unknown_argument
 from asr.exit_status import SUCCESS, run_command
 from asr.warning_filters import install_warning_filters
 
@@ -24,8 +25,9 @@ def key_value_config(schema: type, dotlist: Iterable[str], error: type[Exception
     try:
         merged = OmegaConf.merge(OmegaConf.structured(schema), OmegaConf.from_dotlist(list(dotlist)))
     except OmegaConfBaseException as problem:
-        names = ", ".join(schema.__dataclass_fields__ if known is None else known)
-        raise error(f"{getattr(problem, 'msg', problem)}; the {noun} are: {names}{also}") from None
+        known = list(schema.__dataclass_fields__ if known is None else known)
+        raise error(unknown_argument(problem, known)   # a near miss: "did you mean checkpoint?"
+                    or f"{getattr(problem, 'msg', problem)}; the {noun} are: {', '.join(known)}{also}") from None
     return schema(**OmegaConf.to_container(merged))
 
 

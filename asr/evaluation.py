@@ -19,6 +19,7 @@ from typing import Any, Optional
 
 import torch
 
+from asr.config_spelling import closest_name
 from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config, validate_data_config
 from asr.data.dataset import batch_references
 from asr.data.manifests import ManifestError, corpus_root, cuts_path, default_root, other_corpora
@@ -221,7 +222,9 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
     overrides = dict(data_overrides or {})
     unknown = sorted(set(overrides) - set(DataConfig.__dataclass_fields__))
     if unknown:
-        raise EvaluationError(f"data.{unknown[0]} is not a data option; they are: "
+        meant = closest_name(unknown[0], DataConfig.__dataclass_fields__)
+        raise EvaluationError(f"data.{unknown[0]} is not a data option; did you mean data.{meant}?" if meant else
+                              f"data.{unknown[0]} is not a data option; they are: "
                               f"{', '.join(DataConfig.__dataclass_fields__)}")
     settings = {**trained_data_config(checkpoint), **overrides}
     kinds = list(model.tokenizers)

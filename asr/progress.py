@@ -1,16 +1,24 @@
-"""The training progress bar: Lightning's, with the length of an epoch and the time budget.
+"""The training progress bar: Lightning's, with the length of an epoch and the budget's end.
 
 Duration-bucketed batches have no length Lightning can read, so its bar shows `k/?` and no ETA.
 `EpochProgressBar` gives the bar the sampler's estimate of the batches per epoch
 (`EpochTaggedBucketingSampler.estimated_batches`), so tqdm shows `k/N [elapsed<remaining]` (the
-validation and test bars too), and, with `trainer.max_minutes`, the wall-clock budget left (from Lightning's own Timer, which stops the
-run) after the metrics: `budget_left=12:34`.
+validation and test bars too), and after the metrics the time to the end of training: with
+`trainer.max_steps`, `eta=13:20`, estimated by `StepBudgetEstimate` from the steps run so far (which
+also logs one line with that estimate after the first steps); with `trainer.max_minutes`, the
+wall-clock budget left, `budget_left=12:34` (from Lightning's own Timer, which stops the run).
 """
 from __future__ import annotations
 
+import logging
 import math
+import time
+from datetime import datetime, timedelta
+from typing import Callable
 
-from lightning.pytorch.callbacks import Timer, TQDMProgressBar
+from lightning.pytorch.callbacks import Callback, Timer, TQDMProgressBar
+
+log = logging.getLogger(__name__)
 
 
 def clock(seconds: float) -> str:
@@ -58,8 +66,70 @@ class EpochProgressBar(TQDMProgressBar):
 
     def get_metrics(self, trainer, pl_module) -> dict:
         items = super().get_metrics(trainer, pl_module)
+        estimate = next((callback for callback in trainer.callbacks if isinstance(callback, StepBudgetEstimate)), None)
+        seconds = None if estimate is None else estimate.seconds_left(trainer)
+        if seconds is not None:
+            items["eta"] = clock(seconds)
         timer = next((callback for callback in trainer.callbacks if isinstance(callback, Timer)), None)
         left = None if timer is None else timer.time_remaining()
         if left is not None:
             items["budget_left"] = clock(left)
         return items
+
+
+class StepBudgetEstimate(Callback):
+    """The wall time the step budget (trainer.max_steps) still needs, at the pace of this run so far.
+
+    The pace is the wall time per step since the end of step `skip_steps` of this process (the first
+    steps also start the data loaders and warm up the kernels, so they are left out); validations
+    count in it once one has run. After `report_after_steps` steps it logs one line (console and
+    train.log) with the pace and the estimated end, so the first lines of a run say how long it
+    will take; the bar shows the estimate as `eta`."""
+
+    def __init__(self, skip_steps: int = 5, report_after_steps: int = 20,
+                 clock: Callable[[], float] = time.monotonic, now: Callable[[], datetime] = datetime.now):
+        if not 0 < skip_steps < report_after_steps:
+            raise ValueError(f"need 0 < skip_steps ({skip_steps}) < report_after_steps ({report_after_steps})")
+        self.skip_steps, self.report_after_steps = skip_steps, report_after_steps
+        self._clock, self._now = clock, now
+        self._steps_run = 0                   # training steps this process has run (a resume starts at 0)
+        self._origin: tuple[float, int] | None = None   # (clock, global step) after the skipped steps
+        self._pace: float | None = None       # seconds per step since the origin
+        self._reported = False
+
+    def seconds_per_step(self) -> float | None:
+        return self._pace
+
+    def seconds_left(self, trainer) -> float | None:
+        """Estimated seconds to max_steps; None before the pace is measured or without a step budget."""
+        if self._pace is None or trainer.max_steps is None or trainer.max_steps <= 0:
+            return None
+        return self._pace * max(0, trainer.max_steps - trainer.global_step)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self._steps_run += 1
+        now, step = self._clock(), trainer.global_step
+        if self._steps_run == self.skip_steps:
+            self._origin = (now, step)
+        if self._origin is None or step <= self._origin[1]:
+            return
+        self._pace = (now - self._origin[0]) / (step - self._origin[1])
+        if not self._reported and self._steps_run >= self.report_after_steps and trainer.is_global_zero:
+            self._reported = True
+            self.report(trainer)
+
+    def report(self, trainer) -> None:
+        left = self.seconds_left(trainer)
+        if left is None:
+            return
+        end = self._now() + timedelta(seconds=left)
+        first = self._origin[1] + 1
+        line = (f"trainer.max_steps={trainer.max_steps}: {self._pace:.3f} s/step over steps {first}-"
+                f"{trainer.global_step}, so the {trainer.max_steps - trainer.global_step} steps left take about "
+                f"{clock(left)} (until about {end:%H:%M}), plus a validation per epoch")
+        bar = getattr(getattr(trainer, "progress_bar_callback", None), "train_progress_bar", None)
+        if bar is not None:   # above the bar, not through it
+            with bar.external_write_mode():
+                log.info(line)
+        else:
+            log.info(line)

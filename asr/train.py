@@ -43,6 +43,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from asr.config import ConfigError, register_schema
 from asr.config_help import schema_help
+from asr.config_spelling import exit_on_misspelt_override
 from asr.data.manifests import ManifestError
 from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
 from asr.metrics import percent
@@ -142,6 +143,7 @@ def main() -> None:
     """python -m asr.train: Hydra's main with the project's exit statuses. Hydra exits with 1 for
     a config it cannot compose (an unknown key, a bad value type, a missing preset); that is a
     usage error (2). A failure inside the task stays 1."""
+    exit_on_misspelt_override("asr.train", sys.argv[1:])
     try:
         run()
     except SystemExit as exit:

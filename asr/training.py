@@ -33,7 +33,7 @@ from asr.model.checkpoint import AtomicCheckpointIO
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.encoder import compile_encoder
 from asr.model.recognizer import SpeechRecognizer, check_state_dict_fits
-from asr.progress import EpochProgressBar
+from asr.progress import EpochProgressBar, StepBudgetEstimate
 from asr.run_folder import check_launch_shares_run_folder, one_process_at_a_time, resolve_checkpoint
 
 log = logging.getLogger("asr.train")
@@ -90,6 +90,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
                                          enable_version_counter=False))
     if t.enable_progress_bar:   # k/N with an ETA, and the time budget left (asr.progress)
         callbacks.append(EpochProgressBar())
+    if t.max_steps > 0:   # the step budget's end, estimated: one log line early on, and on the bar
+        callbacks.append(StepBudgetEstimate())
     if t.record_batches:
         callbacks.append(BatchRecorder(run_dir / "batches"))
     if t.diagnostics_every_n_steps:

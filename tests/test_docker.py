@@ -453,12 +453,16 @@ def build_calls(entries):
     return [entry for entry in entries if "build_ext" in entry]
 
 
-def test_install_script_prints_one_line_per_step(install_sandbox):
-    result, _ = install_sandbox(torch={"version": "2.13.0+cpu", "cuda": ""})
-    assert result.returncode == 0, result.stderr
-    steps = [re.match(r"install\.sh: \[(\d)/4\] ", line) for line in result.stdout.splitlines()]
-    assert {int(step.group(1)) for step in steps if step} == {1, 2, 3, 4}
-    assert all(line.startswith("install.sh: ") for line in result.stdout.splitlines())
+def test_install_script_prints_one_line_per_step_with_its_duration(install_sandbox):
+    for fresh in (True, False):   # steps that work (pip, the build) and steps that find all done
+        result, _ = install_sandbox(torch={"version": "2.13.0+cpu", "cuda": ""}, fresh=fresh)
+        assert result.returncode == 0, result.stderr
+        lines = result.stdout.splitlines()
+        steps = [re.fullmatch(r"install\.sh: \[(\d)/4\] .* \(\d+\.\d s\)", line) for line in lines[:-1]]
+        assert all(steps), lines
+        assert [int(step.group(1)) for step in steps] == [1, 2, 3, 4]
+        assert re.fullmatch(r"install\.sh: done in \d+\.\d s", lines[-1])
+    assert "[3/4] Python packages: up to date" in lines[2]
 
 
 def test_install_script_second_run_skips_pip_and_the_build_until_an_input_changes(install_sandbox):

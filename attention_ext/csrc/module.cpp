@@ -3,8 +3,12 @@
 // register the operators under torch.ops.attention_ext.*. Keeping registration in
 // the torch dispatcher lets CUDA files add TORCH_LIBRARY_IMPL(attention_ext, CUDA, m)
 // for the same operators.
-#include <torch/extension.h>
+//
+// Only pybind11 and ATen's threading header: torch/extension.h would pull in all of torch's C++
+// API (nn, optim, autograd, serialisation) and its Python bindings, for one function that needs
+// none of them; with it this file and lsh.cpp were the slowest of the build.
 #include <ATen/Parallel.h>
+#include <pybind11/pybind11.h>
 
 #include <atomic>
 

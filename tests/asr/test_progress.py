@@ -77,3 +77,59 @@ def test_validation_and_test_bars_take_the_estimate_too():
                                    test_dataloaders=[SimpleNamespace(sampler=sampler)])
     bar._current_eval_dataloader_idx = 0
     assert bar.total_val_batches_current_dataloader == 8 and bar.total_test_batches_current_dataloader == 8
+
+
+class SteppingTrainer(SimpleNamespace):
+    """What StepBudgetEstimate reads of a Trainer, with a step counter a test advances."""
+
+    def __init__(self, max_steps: int, global_step: int = 0):
+        super().__init__(max_steps=max_steps, global_step=global_step, is_global_zero=True,
+                         progress_bar_callback=None, callbacks=[], progress_bar_metrics={}, loggers=[])
+
+
+def run_steps(estimate, trainer, seconds_per_step: list[float], now: list[float]) -> None:
+    """Advances the fake clock by each step's seconds and tells the callback the step ended."""
+    for seconds in seconds_per_step:
+        now[0] += seconds
+        trainer.global_step += 1
+        estimate.on_train_batch_end(trainer, None, None, None, 0)
+
+
+def test_step_budget_estimate_leaves_out_the_first_steps_and_says_when_it_ends(caplog):
+    from datetime import datetime
+
+    from asr.progress import StepBudgetEstimate
+
+    now = [100.0]
+    estimate = StepBudgetEstimate(skip_steps=5, report_after_steps=20, clock=lambda: now[0],
+                                  now=lambda: datetime(2026, 11, 26, 7, 0, 0))
+    trainer = SteppingTrainer(max_steps=100)
+    with caplog.at_level("INFO", logger="asr.progress"):
+        run_steps(estimate, trainer, [30.0] * 5, now)          # start-up: slow, and left out
+        assert estimate.seconds_left(trainer) is None
+        run_steps(estimate, trainer, [2.0] * 15, now)          # steps 6-20 at 2 s each
+    assert estimate.seconds_per_step() == 2.0
+    assert estimate.seconds_left(trainer) == 2.0 * 80         # 80 steps left
+    assert [record.getMessage() for record in caplog.records] == [
+        "trainer.max_steps=100: 2.000 s/step over steps 6-20, so the 80 steps left take about 2:40 "
+        "(until about 07:02), plus a validation per epoch"]
+    run_steps(estimate, trainer, [2.0] * 9 + [32.0], now)     # a validation of 30 s counts from then on
+    assert estimate.seconds_per_step() == (15 * 2.0 + 9 * 2.0 + 32.0) / 25
+    assert len(caplog.records) == 1                             # said once
+
+
+def test_step_budget_estimate_of_a_resumed_run_and_on_the_bar():
+    from datetime import datetime
+
+    from asr.progress import StepBudgetEstimate
+
+    now = [0.0]
+    estimate = StepBudgetEstimate(skip_steps=2, report_after_steps=4, clock=lambda: now[0],
+                                  now=lambda: datetime(2026, 11, 26, 7, 0, 0))
+    trainer = SteppingTrainer(max_steps=1000, global_step=500)   # resumed at step 500
+    run_steps(estimate, trainer, [9.0, 9.0, 0.5, 0.5], now)
+    assert estimate.seconds_left(trainer) == 0.5 * 496
+    trainer.callbacks = [estimate]
+    assert bar_on(float("inf"), callbacks=[estimate]).get_metrics(trainer, None)["eta"] == "4:08"
+    trainer.max_steps = -1                                         # no step budget: no estimate
+    assert estimate.seconds_left(trainer) is None

@@ -30,8 +30,9 @@
 // by one task per round. Backward: a chunk also writes key/value gradients into its
 // previous chunk; the rows a group's first chunk writes into another group are buffered and
 // added after the region, so no two tasks touch the same rows.
-#include <torch/extension.h>
+#include <ATen/ATen.h>
 #include <ATen/Parallel.h>
+#include <torch/library.h>
 
 #include "../common/vector_exp.h"
 #include "checks.h"
