@@ -162,8 +162,9 @@ if [ "$(cat "$state_dir/python-packages" 2>/dev/null)" = "$packages_key" ] \
 else
   say_begin "[3/4] Python packages: pip install -e \".[asr,test]\" (downloads what is missing; builds attention_ext: minutes)"
   rm -f "$state_dir/python-packages"
-  python -m pip install -q -c "$constraints" setuptools wheel ninja
-  python -m pip install -q -c "$constraints" --no-build-isolation -e ".[asr,test]"
+  # --root-user-action=ignore: as root (CI, Docker) pip would warn mid-line, cutting the step line in two
+  python -m pip install -q --root-user-action=ignore -c "$constraints" setuptools wheel ninja
+  python -m pip install -q --root-user-action=ignore -c "$constraints" --no-build-isolation -e ".[asr,test]"
   echo "$packages_key" > "$state_dir/python-packages"
   extension_built_by_pip=1
   say_done "installed"
