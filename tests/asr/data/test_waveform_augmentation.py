@@ -3,6 +3,7 @@ copies, and bad values. The references are computed here (numpy), not taken from
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,7 +16,7 @@ from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config
 from asr.data.features import FilterBank
 from asr.data.waveform_augmentation import AugmentConfig, WaveformAugmenter, validate_augment_config
 
-ROOT = __import__("pathlib").Path(__file__).resolve().parents[3]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def config(root, **overrides):
@@ -215,14 +216,12 @@ def test_noise_and_rooms_from_a_folder_of_recordings(tiny_corpus, tmp_path):
     import soundfile
     folder = tmp_path / "noises"
     folder.mkdir()
-    rng = np.random.default_rng(5)
     soundfile.write(folder / "hum.wav", 0.1 * np.sin(2 * np.pi * 120 * np.arange(48000) / 16000), 16000)
     room = np.zeros(800)
     room[0], room[400] = 1.0, 0.5            # an echo 25 ms later, half as loud
-    soundfile.write(folder.parent / "room.wav", room, 16000, subtype="FLOAT")
     rooms = tmp_path / "rooms"
     rooms.mkdir()
-    (folder.parent / "room.wav").rename(rooms / "room.wav")
+    soundfile.write(rooms / "room.wav", room, 16000, subtype="FLOAT")
     cut = cuts_of(tiny_corpus)[4]
     clean = cut.load_audio()[0].astype(np.float64)
     mixed = augmenter(tiny_corpus, noise_prob=1.0, noise_snr=[6.0, 6.0], noise_source=str(folder)).augmented(cut, 0)
@@ -234,4 +233,3 @@ def test_noise_and_rooms_from_a_folder_of_recordings(tiny_corpus, tmp_path):
     expected = clean + 0.5 * np.concatenate([np.zeros(400), clean[:-400]])
     scale = np.dot(echoed, expected) / np.dot(expected, expected)
     np.testing.assert_allclose(echoed, scale * expected, atol=2e-3 * np.abs(echoed).max())
-    del rng
