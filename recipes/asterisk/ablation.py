@@ -32,7 +32,10 @@ Rows (each "+ X" is SpecAugment plus X alone, so a row shows what X adds):
     all          all of the above
 
 Run it again after an interruption: finished rows are skipped, an interrupted one resumes from its last
-finished epoch, and evaluations already written are reused.
+finished epoch, and evaluations already written are reused. The table accumulates: rows found in an
+earlier <out>/ablation.json and not asked for now are kept as they were measured (with their own load
+column), so the table can be finished in parts, e.g. on another machine from the published json
+copied into <out>.
 """
 from __future__ import annotations
 
@@ -50,7 +53,7 @@ import yaml
 from asr.exit_status import SUCCESS, USAGE_ERROR, run_command
 
 PRESET = "synth_iclustered"
-DEFAULT_STEPS = 1500
+DEFAULT_STEPS = 2000   # the demo's step budget (conf/trainer/synth.yaml)
 SPEED = "data.augment.speed=[0.9,1.0,1.1]"
 REVERB = "data.augment.reverb_prob=0.5"
 NOISE = "data.augment.noise_prob=0.5"
@@ -125,6 +128,15 @@ def row_results(row: str, run_dir: Path) -> dict:
             "load_average": max(load.values()) if load else None}
 
 
+def earlier_rows(path: Path, exclude: list[str], steps: int) -> list[dict]:
+    """Rows of an earlier run's ablation.json that are not being (re)measured now, trained for the same
+    number of steps (a row of another budget would not compare)."""
+    if not path.is_file():
+        return []
+    return [r for r in json.loads(path.read_text())
+            if r["row"] in ROWS and r["row"] not in exclude and r["steps"] == steps]
+
+
 def format_table(results: list[dict]) -> str:
     def pct(value):
         return "-" if value is None else f"{100 * value:.1f}"
@@ -189,6 +201,8 @@ def run_ablation(args: argparse.Namespace) -> int:
                       "(its message is above)", file=sys.stderr)
                 return status
         results.append(row_results(row, run_dir))
+    results = earlier_rows(args.out / "ablation.json", exclude=args.rows, steps=args.steps) + results
+    results.sort(key=lambda r: list(ROWS).index(r["row"]))
     table = format_table(results)
     (args.out / "ablation.md").write_text(table)
     (args.out / "ablation.json").write_text(json.dumps(results, indent=2) + "\n")

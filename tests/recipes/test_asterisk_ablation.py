@@ -58,3 +58,12 @@ def test_table_and_plot(tmp_path):
 def test_a_step_budget_below_one_is_refused(capsys):
     assert ablation.main(["--steps", "0", "--out", "/nonexistent"]) == 2
     assert "--steps=0 must be >= 1" in capsys.readouterr().err
+
+
+def test_earlier_rows_are_kept_unless_measured_again_or_of_another_budget(tmp_path):
+    earlier = [{"row": "specaugment", "steps": 2000}, {"row": "channel", "steps": 2000},
+               {"row": "all", "steps": 600}, {"row": "retired_row", "steps": 2000}]
+    (tmp_path / "ablation.json").write_text(json.dumps(earlier))
+    kept = ablation.earlier_rows(tmp_path / "ablation.json", exclude=["channel", "none"], steps=2000)
+    assert kept == [{"row": "specaugment", "steps": 2000}]
+    assert ablation.earlier_rows(tmp_path / "missing.json", exclude=[], steps=2000) == []
