@@ -18,7 +18,10 @@ TINY = ["model.layers=1", "model.heads=2", "model.head_dim=8", "model.ff_dim=32"
         "trainer.enable_progress_bar=false",
         "trainer.log_every_n_steps=1", "trainer.early_stopping_patience=null",
         # no real-speech test at the end (preparing asterisk takes minutes; test_real_speech_line.py checks it)
-        "data.real_speech_test=null"]
+        "data.real_speech_test=null",
+        # no waveform augmentation unless a test asks for it (test_faults.py trains with all of it): the
+        # synth presets' channel and level effects would compute half the features on the fly
+        "data.augment.channel_prob=0.0", "data.augment.volume_prob=0.0"]
 
 
 def compose_config(*overrides: str):
