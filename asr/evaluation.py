@@ -299,6 +299,38 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
+def _add_pronounced_references(references: dict, texts: list[str], tokenizers: dict, reference_lexicon: dict,
+                                missing_words: dict[str, int]) -> None:
+    """Gives a phone head that has no references (data with word transcripts only) the transcripts'
+    pronunciations from reference_lexicon; counts the words it lacks in missing_words."""
+    from asr.decoding.lexicon import words_to_phones
+    for kind, tokenizer in tokenizers.items():
+        if tokenizer.field == "phones" and kind not in references:
+            references[kind] = []
+            for text in texts:
+                phones, missing = words_to_phones(text, reference_lexicon)
+                references[kind].append(phones)
+                for word in missing:
+                    missing_words[word] = missing_words.get(word, 0) + 1
+
+
+def _collect_lexicon_words(pending: list, rates: dict, parallel_decoder, progress: bool) -> dict:
+    """Waits for the lexicon decoder's words of each (record, reference words, result) in pending, puts
+    them into the records and their rates into `rates` (WER and CER are then the lexicon's), and
+    returns the out-of-vocabulary report."""
+    from tqdm.auto import tqdm
+    from asr.decoding.evaluation import out_of_vocabulary_report, word_rates
+    words = tqdm(pending, desc="lexicon decoding", unit="utt", disable=not progress, leave=False)
+    for record, _, result in words:
+        record["lexicon"] = {"hypothesis": result.get()}
+    references = [reference for _, reference, _ in pending]
+    rates.update(word_rates(references, [record["lexicon"]["hypothesis"] for record, _, _ in pending]))
+    for record, reference, _ in pending:
+        record["lexicon"]["reference"] = reference
+    rates["wer"], rates["cer"] = rates["wer_lexicon"], rates["cer_lexicon"]
+    return out_of_vocabulary_report(references, parallel_decoder.local)
+
+
 @torch.no_grad()
 def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "greedy", beam_size: int = 8,
                  seed: int = EVALUATION_SEED, limit: int | None = None, progress: bool = True,
@@ -310,7 +342,6 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
     head the data has no phones for (a Kaldi directory) against the word transcripts'
     pronunciations; never the decoding lexicon, so PER does not change with it."""
     from tqdm.auto import tqdm
-    from asr.decoding.lexicon import words_to_phones
     model.eval()
     started = time.perf_counter()
     pending: list = []                  # (record, reference words, the worker's result)
@@ -337,15 +368,8 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
         hypotheses = {kind: decode_transcripts(scores, out_lengths, model.tokenizers[kind], word_heads, beam_size)
                       for kind, scores in log_probs.items()}
         references = batch_references(batch, {kind: model.tokenizers[kind].field for kind in data.scored})
-        if reference_lexicon is not None:   # an unscored phone head against the transcripts' pronunciations
-            for kind, tokenizer in model.tokenizers.items():
-                if tokenizer.field == "phones" and kind not in references:
-                    references[kind] = []
-                    for text in batch["texts"]:
-                        phones, missing = words_to_phones(text, reference_lexicon)
-                        references[kind].append(phones)
-                        for word in missing:
-                            missing_words[word] = missing_words.get(word, 0) + 1
+        if reference_lexicon is not None:
+            _add_pronounced_references(references, batch["texts"], model.tokenizers, reference_lexicon, missing_words)
         tally.add(hypotheses, references, out_lengths)
         batch_records = [{"id": utterance_id, **{
             kind: {"hypothesis": hypotheses[kind][i],
@@ -364,16 +388,7 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
     rates = tally.error_rates(scored_tokenizers)
     out_of_vocabulary = None
     if pending:
-        from asr.decoding.evaluation import out_of_vocabulary_report, word_rates
-        words = tqdm(pending, desc="lexicon decoding", unit="utt", disable=not progress, leave=False)
-        for record, _, result in words:
-            record["lexicon"] = {"hypothesis": result.get()}
-        references = [reference for _, reference, _ in pending]
-        rates.update(word_rates(references, [record["lexicon"]["hypothesis"] for record, _, _ in pending]))
-        for record, reference, _ in pending:
-            record["lexicon"]["reference"] = reference
-        rates["wer"], rates["cer"] = rates["wer_lexicon"], rates["cer_lexicon"]
-        out_of_vocabulary = out_of_vocabulary_report(references, word_decoder[1].local)
+        out_of_vocabulary = _collect_lexicon_words(pending, rates, word_decoder[1], progress)
     if missing_words:
         shown = ", ".join(sorted(missing_words, key=missing_words.get, reverse=True)[:10])
         log.warning("%d words of the transcripts are not in the reference lexicon (phone references lack "

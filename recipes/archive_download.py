@@ -186,6 +186,16 @@ def check_archive(archive: Path, md5: str | None, progress: bool = True) -> None
                               "command again to download it afresh")
 
 
+def obtain_archive(archive: Path, url: str, md5: str | None, label: str, progress: bool = True) -> None:
+    """The archive at `archive`: one already there is checked (check_archive: a wrong one is deleted
+    and refused), else it is downloaded from `url` (fetch_archive), saying so under `label`."""
+    if archive.is_file():
+        check_archive(archive, md5, progress)
+    else:
+        print(f"{label}: downloading {url}")
+        fetch_archive(url, archive, md5, progress)
+
+
 class _ReadProgress:
     """A binary file that advances a progress bar by the bytes read from it."""
 

@@ -16,7 +16,7 @@ The entropy is that of the exact attention the model's projections define, whate
 the run trains with: softmax(q k^T / sqrt(E)) over the valid keys, or, for a shared-QK model,
 the Reformer form of attention_ext's shared_full (unit-normalised keys, no attention to self).
 It is what tells whether attention is flat (a model that has not learned where to look) or
-peaked. Written for the shared-QK plateau diagnosis in asr/README.md.
+peaked. Written for the shared-QK plateau diagnosis in asr/RESULTS.md.
 """
 from __future__ import annotations
 

@@ -124,7 +124,7 @@ class EncoderLayer(nn.Module):
         # The key projection is drawn even when the model shares it with the query, so that with one
         # seed a shared-QK and a separate-QK model start from the same weights in every other
         # parameter: a comparison of attentions then does not also compare two random initialisations
-        # (a different draw was what kept seed 0's shared-QK presets on CTC's blank plateau; asr/README.md).
+        # (a different draw was what kept seed 0's shared-QK presets on CTC's blank plateau; asr/RESULTS.md).
         key = nn.Linear(d_model, d_model)
         self.key = None if shared_qk else key
         self.value = nn.Linear(d_model, d_model)

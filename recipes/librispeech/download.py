@@ -25,8 +25,7 @@ from pathlib import Path
 
 from lhotse.recipes.librispeech import LIBRISPEECH, MINI_LIBRISPEECH
 
-from recipes.archive_download import (BadArchiveError, DownloadRequestError, check_archive, fetch_archive,
-                                      unpack_archive)
+from recipes.archive_download import BadArchiveError, DownloadRequestError, obtain_archive, unpack_archive
 
 OPENSLR = "https://www.openslr.org/resources"   # lhotse's default base_url, over https
 RESOURCES = {**{part: 12 for part in LIBRISPEECH}, **{part: 31 for part in MINI_LIBRISPEECH}}
@@ -112,12 +111,7 @@ def download_librispeech_parts(parts: tuple[str, ...], download_dir: str | Path,
             continue
         archive = download_dir / f"{part}.tar.gz"
         expected = sums.get(archive.name)
-        if archive.is_file():
-            check_archive(archive, expected, progress)
-        if not archive.is_file():
-            url = archive_url(base_url, part)
-            print(f"{part}: downloading {url}")
-            fetch_archive(url, archive, expected, progress)
+        obtain_archive(archive, archive_url(base_url, part), expected, part, progress)
         install_part(archive, part, corpus, progress)
         if not keep_archives:
             archive.unlink()

@@ -33,8 +33,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asr.exit_status import run_command
-from recipes.archive_download import (BadArchiveError, DownloadError, DownloadRequestError, check_archive,
-                                      fetch_archive, http_url, read_md5_file, unpack_archive)
+from recipes.archive_download import (BadArchiveError, DownloadError, DownloadRequestError, http_url,
+                                      obtain_archive, read_md5_file, unpack_archive)
 
 OPENSLR = "https://www.openslr.org/resources"
 
@@ -82,12 +82,7 @@ def download_noise_corpus(name: str, download_dir: Path, *, base_url: str = OPEN
         return folder
     archive = download_dir / corpus.archive
     expected = (md5 or {}).get(corpus.archive, corpus.md5)
-    if archive.is_file():
-        check_archive(archive, expected, progress)
-    if not archive.is_file():
-        url = archive_url(base_url, corpus)
-        print(f"{name}: downloading {url}")
-        fetch_archive(url, archive, expected, progress)
+    obtain_archive(archive, archive_url(base_url, corpus), expected, name, progress)
     staging = download_dir / f".{name}.unpacking"
     unpack_archive(archive, staging, progress)
     if not (staging / corpus.folder).is_dir():

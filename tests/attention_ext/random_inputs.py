@@ -1,4 +1,4 @@
-"""Inputs shared by the clustered and i-clustered tests."""
+"""Inputs shared by the attention tests."""
 import torch
 
 

@@ -6,6 +6,8 @@ import torch
 
 from attention_ext import AttentionConfigError, build_attention, parse_attention_spec, validate_attention
 
+from random_inputs import random_qkv
+
 
 def brute_force_agglomerative(q, k, v, lengths, classes):
     batch, heads, length, _ = q.shape
@@ -22,15 +24,10 @@ def brute_force_agglomerative(q, k, v, lengths, classes):
     return out
 
 
-def random_inputs(shape, seed, dtype=torch.float64):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(*shape, dtype=dtype, generator=generator).requires_grad_() for _ in range(3)]
-
-
 @pytest.mark.parametrize("classes", [1, 3, 5])
 @pytest.mark.parametrize("lengths", [[7, 7], [7, 3], [1, 5], [0, 7]])
 def test_matches_the_dense_computation_with_padding_and_gradients(classes, lengths):
-    q, k, v = random_inputs((2, 3, 7, 5), seed=sum(lengths) + classes)
+    q, k, v = random_qkv((2, 3, 7, 5), seed=sum(lengths) + classes)
     lengths = torch.tensor(lengths)
     out = build_attention("agglomerative", classes=classes)(q, k, v, lengths)
     expected = brute_force_agglomerative(q, k, v, lengths, classes)
@@ -46,7 +43,7 @@ def test_matches_the_dense_computation_with_padding_and_gradients(classes, lengt
 
 def test_rows_of_the_attention_sum_to_one():
     """With all values 1 every output is 1: a convex combination of the values, like softmax."""
-    q, k, _ = random_inputs((2, 2, 8, 6), seed=1)
+    q, k, _ = random_qkv((2, 2, 8, 6), seed=1)
     out = build_attention("agglomerative", classes=4)(q, k, torch.ones(2, 2, 8, 3, dtype=torch.float64),
                                                        torch.tensor([8, 5]))
     torch.testing.assert_close(out[0], torch.ones_like(out[0]))
@@ -54,14 +51,14 @@ def test_rows_of_the_attention_sum_to_one():
 
 
 def test_gradcheck():
-    q, k, v = random_inputs((2, 2, 5, 4), seed=2)
+    q, k, v = random_qkv((2, 2, 5, 4), seed=2)
     lengths = torch.tensor([5, 2])
     attention = build_attention("agglomerative", classes=3)
     assert torch.autograd.gradcheck(lambda q, k, v: attention(q, k, v, lengths), (q, k, v))
 
 
 def test_padding_content_and_amount_do_not_matter():
-    q, k, v = random_inputs((1, 2, 6, 4), seed=3)
+    q, k, v = random_qkv((1, 2, 6, 4), seed=3)
     attention = build_attention("agglomerative", classes=4)
     alone = attention(q, k, v)
     padded = [torch.cat([x, 1e3 * torch.randn(1, 2, 5, 4, dtype=x.dtype)], dim=2) for x in (q, k, v)]
@@ -72,7 +69,7 @@ def test_padding_content_and_amount_do_not_matter():
 
 
 def test_one_valid_key_gives_its_value_and_no_valid_key_gives_zeros():
-    q, k, v = random_inputs((3, 2, 4, 3), seed=4)
+    q, k, v = random_qkv((3, 2, 4, 3), seed=4)
     out = build_attention("agglomerative", classes=3)(q, k, v, torch.tensor([1, 0, 1]))
     torch.testing.assert_close(out[[0, 2], :, 0], v[[0, 2], :, 0].detach())
     assert torch.all(out[1] == 0) and torch.all(out[:, :, 1:] == 0)

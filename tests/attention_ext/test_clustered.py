@@ -11,6 +11,7 @@ from attention_ext._ops import ops
 from attention_ext.clustered import ClusterBroadcast, ClusterMean, cluster_queries, group_queries
 
 import dense_clustered_attention as dense
+from module_clustering import module_and_clusters
 from random_inputs import on, random_qkv
 
 
@@ -182,23 +183,11 @@ def test_cluster_mean_and_broadcast_gradcheck(device):
 
 # ---------------------------------------------------------------- the attention
 
-def module_and_clusters(q, k, v, lengths, seed, **options):
-    """The module's output and the clustering it used (same seed, same draws)."""
-    attention = build_attention("clustered", **options)
-    torch.manual_seed(seed)
-    out = attention(q, k, v, lengths)
-    torch.manual_seed(seed)
-    if lengths is None:
-        lengths = torch.full((q.shape[0],), q.shape[2], device=q.device)
-    clusters = cluster_queries(q, lengths, attention.clusters, attention.bits, attention.iterations)
-    return out, clusters
-
-
 @pytest.mark.parametrize("lengths", [None, torch.tensor([23, 11, 1])])
 def test_clustered_matches_dense_equations_forward_and_gradients(lengths, device):
     q, k, v = random_qkv((3, 2, 23, 6))
     qd, kd, vd = on(device, q, k, v)
-    out, clusters = module_and_clusters(qd, kd, vd, None if lengths is None else lengths.to(device),
+    out, clusters = module_and_clusters("clustered", qd, kd, vd, None if lengths is None else lengths.to(device),
                                         seed=7, clusters=4, iterations=5)
     clusters = type(clusters)(*(t.cpu() for t in clusters))
     full_lengths = lengths if lengths is not None else torch.full((3,), 23)
@@ -214,7 +203,7 @@ def test_clustered_matches_dense_equations_forward_and_gradients(lengths, device
 
 def test_shared_queries_and_keys():
     q, _, v = random_qkv((2, 2, 15, 4), seed=1)
-    out, clusters = module_and_clusters(q, q, v, torch.tensor([15, 9]), seed=2, clusters=3)
+    out, clusters = module_and_clusters("clustered", q, q, v, torch.tensor([15, 9]), seed=2, clusters=3)
     expected = dense.clustered_attention(q, q, v, torch.tensor([15, 9]), clusters.assignment, 3)
     torch.testing.assert_close(out, expected)
     got = torch.autograd.grad(out.square().sum(), (q, v))

@@ -6,23 +6,12 @@ import torch.nn.functional as F
 
 from attention_ext import AttentionConfigError, build_attention
 from attention_ext._ops import ops
-from attention_ext.clustered import ClusterBroadcast, cluster_queries, group_queries
+from attention_ext.clustered import ClusterBroadcast, group_queries
 from attention_ext.iclustered import ClusteredSparseDot, ClusteredSparseWeightedSum, SplitTopMass
 
 import dense_clustered_attention as dense
+from module_clustering import module_and_clusters
 from random_inputs import on, random_qkv
-
-
-def module_and_clusters(q, k, v, lengths, seed, **options):
-    """The module's output and the clustering it used (same seed, same draws)."""
-    attention = build_attention("iclustered", **options)
-    torch.manual_seed(seed)
-    out = attention(q, k, v, lengths)
-    torch.manual_seed(seed)
-    if lengths is None:
-        lengths = torch.full((q.shape[0],), q.shape[2], device=q.device)
-    clusters = cluster_queries(q, lengths, attention.clusters, attention.bits, attention.iterations)
-    return out, clusters
 
 
 def as_mask(topk, length):
@@ -45,7 +34,7 @@ def dense_reference(q, k, v, lengths, clusters, topk):
 def test_iclustered_matches_dense_equations_forward_and_gradients(lengths, device):
     q, k, v = random_qkv((3, 2, 26, 6))
     qd, kd, vd = on(device, q, k, v)
-    out, clusters = module_and_clusters(qd, kd, vd, None if lengths is None else lengths.to(device),
+    out, clusters = module_and_clusters("iclustered", qd, kd, vd, None if lengths is None else lengths.to(device),
                                         seed=3, clusters=4, topk=5, iterations=4)
     clusters = type(clusters)(*(t.cpu() for t in clusters))
     full_lengths = lengths if lengths is not None else torch.full((3,), 26)
@@ -64,7 +53,7 @@ def test_iclustered_matches_dense_equations_forward_and_gradients(lengths, devic
 def test_shared_queries_and_keys():
     q, _, v = random_qkv((1, 3, 20, 4), seed=2)
     lengths = torch.tensor([17])
-    out, clusters = module_and_clusters(q, q, v, lengths, seed=1, clusters=3, topk=4)
+    out, clusters = module_and_clusters("iclustered", q, q, v, lengths, seed=1, clusters=3, topk=4)
     expected, _, _ = dense_reference(q, q, v, lengths, clusters, topk=4)
     torch.testing.assert_close(out, expected)
     got = torch.autograd.grad(out.square().sum(), (q, v))
@@ -85,7 +74,7 @@ def test_proposition_2_improved_is_closer_to_full_attention_than_clustered():
     k = torch.randn(2, 2, 60, 8, dtype=torch.float64, generator=generator)
     v = torch.randn(2, 2, 60, 8, dtype=torch.float64, generator=generator)
     lengths = torch.tensor([60, 47])
-    out, clusters = module_and_clusters(q, k, v, lengths, seed=9, clusters=4, topk=6)
+    out, clusters = module_and_clusters("iclustered", q, k, v, lengths, seed=9, clusters=4, topk=6)
     attention_c = dense.centroid_attention(q, k, lengths, clusters.assignment, 4)
     top = as_mask(ops.cluster_topk(attention_c, lengths, 6), 60)
     improved = dense.improved_attention_matrix(q, k, lengths, clusters.assignment, 4, top)

@@ -5,6 +5,8 @@ import torch
 
 from attention_ext import AttentionConfigError, available_attentions, build_attention, parse_attention_spec
 
+from random_inputs import random_qkv
+
 EPS = 1e-6   # attention_ext/README.md: the denominator's eps is fixed at 1e-6
 
 
@@ -23,14 +25,9 @@ def brute_force_linear(q, k, v, lengths):
     return out
 
 
-def random_inputs(shape, seed, dtype=torch.float64):
-    generator = torch.Generator().manual_seed(seed)
-    return [torch.randn(*shape, dtype=dtype, generator=generator).requires_grad_() for _ in range(3)]
-
-
 @pytest.mark.parametrize("lengths", [[7, 7], [7, 3], [1, 5], [0, 7]])
 def test_matches_the_dense_computation_with_padding_and_gradients(lengths):
-    q, k, v = random_inputs((2, 3, 7, 5), seed=sum(lengths))
+    q, k, v = random_qkv((2, 3, 7, 5), seed=sum(lengths))
     lengths = torch.tensor(lengths)
     out = build_attention("linear")(q, k, v, lengths)
     expected = brute_force_linear(q, k, v, lengths)
@@ -45,7 +42,7 @@ def test_matches_the_dense_computation_with_padding_and_gradients(lengths):
 
 
 def test_value_dim_may_differ_and_float32_matches_float64():
-    q, k = random_inputs((2, 2, 9, 4), seed=1)[:2]
+    q, k = random_qkv((2, 2, 9, 4), seed=1)[:2]
     v = torch.randn(2, 2, 9, 6, dtype=torch.float64)
     lengths = torch.tensor([9, 4])
     out = build_attention("linear")(q.float(), k.float(), v.float(), lengths)
@@ -54,13 +51,13 @@ def test_value_dim_may_differ_and_float32_matches_float64():
 
 
 def test_gradcheck():
-    q, k, v = random_inputs((2, 2, 5, 3), seed=2)
+    q, k, v = random_qkv((2, 2, 5, 3), seed=2)
     lengths = torch.tensor([5, 2])
     assert torch.autograd.gradcheck(lambda q, k, v: build_attention("linear")(q, k, v, lengths), (q, k, v))
 
 
 def test_padding_content_and_amount_do_not_matter():
-    q, k, v = random_inputs((1, 2, 6, 4), seed=3)
+    q, k, v = random_qkv((1, 2, 6, 4), seed=3)
     attention = build_attention("linear")
     alone = attention(q, k, v)
     padded = [torch.cat([x, 1e3 * torch.randn(1, 2, 5, 4, dtype=x.dtype)], dim=2) for x in (q, k, v)]
@@ -71,7 +68,7 @@ def test_padding_content_and_amount_do_not_matter():
 
 
 def test_one_valid_key_gives_its_value_and_no_valid_key_gives_zeros():
-    q, k, v = random_inputs((3, 2, 4, 3), seed=4)
+    q, k, v = random_qkv((3, 2, 4, 3), seed=4)
     out = build_attention("linear")(q, k, v, torch.tensor([1, 0, 1]))
     # phi(q) . phi(k) / (phi(q) . phi(k) + eps): within eps of 1 for a single key
     torch.testing.assert_close(out[[0, 2], :, 0], v[[0, 2], :, 0].detach(), rtol=1e-5, atol=1e-5)
@@ -82,7 +79,7 @@ def test_one_valid_key_gives_its_value_and_no_valid_key_gives_zeros():
 
 def test_empty_batch_and_empty_sequences_keep_the_graph():
     for shape in ((0, 2, 4, 3), (2, 2, 0, 3)):
-        q, k, v = random_inputs(shape, seed=5)
+        q, k, v = random_qkv(shape, seed=5)
         out = build_attention("linear")(q, k, v)
         assert out.shape == shape
         out.sum().backward()
