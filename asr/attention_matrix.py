@@ -19,13 +19,13 @@ from pathlib import Path
 
 import torch
 
-from asr.evaluation import (EvaluationError, check_device, decode_split, evaluation_attention, evaluation_data,
-                            load_model, write_outputs)
+from asr.evaluation import (EvaluationError, check_device, check_shared_qk_keys, decode_split, evaluation_attention,
+                            evaluation_data, evaluation_key_form, load_model, set_evaluation_attention, write_outputs)
 from asr.fault_injection import pause_point
 from asr.metrics import percent
 from asr.model.checkpoint import read_checkpoint
 from asr.run_folder import run_folder_of
-from attention_ext import AttentionConfigError, SharedQKRequiredError
+from attention_ext import AttentionConfigError, SharedQKRequiredError, parse_attention_spec
 
 
 INVALID = "-"
@@ -35,6 +35,8 @@ INVALID = "-"
 class Column:
     label: str
     checkpoint: Path
+    shared_qk: bool = False              # the model's, from its checkpoint: what decides a cell's key form
+    trained_attention: str = "full"
 
 
 def parse_columns(arguments: list[str]) -> list[Column]:
@@ -49,8 +51,10 @@ def parse_columns(arguments: list[str]) -> list[Column]:
             # runs/<preset>/<timestamp>/: the preset names the column better than the time
             if run is not None and run.parent.name and any(ch.isdigit() for ch in run.name[:4]):
                 label = run.parent.name
-        read_checkpoint(path)   # a column that cannot be evaluated stops the matrix before any cell runs
-        columns.append(Column(label, Path(path)))
+        # a column that cannot be evaluated stops the matrix before any cell runs
+        hyper_parameters = read_checkpoint(path)["hyper_parameters"]
+        columns.append(Column(label, Path(path), bool(hyper_parameters["model"].get("shared_qk", False)),
+                              hyper_parameters["attention"]["name"]))
     labels = [column.label for column in columns]
     duplicated = sorted({label for label in labels if labels.count(label) > 1})
     if duplicated:
@@ -93,12 +97,18 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
     """Evaluates the missing cells of one column (the model and its data are loaded once)."""
     settings = evaluation_settings(args)
     identity = checkpoint_identity(column.checkpoint)
+    key_forms = {spec: evaluation_key_form(column.shared_qk, column.trained_attention, parse_attention_spec(spec),
+                                           args.shared_qk_keys) for spec in specs}
     todo = []
     for spec in specs:
         path = cell_path(args.out, column.label, spec)
         if path.is_file():
             cached = json.loads(path.read_text())
-            if cached.get("checkpoint") == identity and cached.get("settings") == settings:
+            # a cell from before key forms were recorded had the raw form
+            cached_form = cached.get("key_form") or evaluation_key_form(
+                column.shared_qk, column.trained_attention, parse_attention_spec(spec), "raw")
+            if (cached.get("checkpoint") == identity and cached.get("settings") == settings
+                    and cached_form == key_forms[spec]):
                 progress(f"{column.label} x {spec}: cached")
                 continue
         todo.append(spec)
@@ -108,13 +118,15 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
     trained = dict(model.hparams.attention)
     data = None
     for spec in todo:
-        cell = {"column": column.label, "spec": spec, "checkpoint": identity, "settings": settings,
-                "trained_with": trained}
         attention = evaluation_attention(model, spec)
+        # A separate-key attention in the Reformer form is computed densely: its time is no row's speed.
+        converted = key_forms[spec] == "reformer" and not attention.needs_shared_qk
+        cell = {"column": column.label, "spec": spec, "checkpoint": identity, "settings": settings,
+                "trained_with": trained, "key_form": key_forms[spec], "forward_time_comparable": not converted}
         try:
             # refuses lsh / shared_full without shared QK, and options above the head dim,
             # changing nothing
-            model.set_attention(attention)
+            set_evaluation_attention(model, attention, args.shared_qk_keys)
         except AttentionConfigError as error:
             cell.update(valid=False, reason=str(error))
             _write_json_atomic(cell_path(args.out, column.label, spec), cell)
@@ -159,9 +171,11 @@ def metric_of(cell: dict, metric: str) -> float | None:
 
 
 def row_forward_ms(cells: dict, columns: list[Column], spec: str) -> float | None:
-    """Mean forward time per utterance of a row over its valid cells."""
+    """Mean forward time per utterance of a row over its valid cells computed by the attention's own
+    code (not those of a separate-key attention in the Reformer form, computed densely)."""
     times = [cells[column.label, spec]["forward_ms_per_utterance"] for column in columns
-             if cells[column.label, spec].get("valid")]
+             if cells[column.label, spec].get("valid")
+             and cells[column.label, spec].get("forward_time_comparable", True)]
     return sum(times) / len(times) if times else None
 
 
@@ -178,7 +192,7 @@ def matrix_rows(cells: dict, columns: list[Column], specs: list[str]) -> list[di
                 "per": metric_of(cell, "per"), "wer": metric_of(cell, "wer"), "cer": metric_of(cell, "cer"),
                 "wer_lexicon": metric_of(cell, "wer_lexicon"),
                 "forward_ms_per_utterance": cell.get("forward_ms_per_utterance"),
-                "reason": cell.get("reason")}
+                "key_form": cell.get("key_form"), "reason": cell.get("reason")}
         rows.append(row)
     return rows
 
@@ -207,6 +221,17 @@ def format_markdown(rows: list[dict], columns: list[Column], metrics: list[str],
                                              "-" if forward is None else f"{forward:.1f}"]) + " |")
         lines.append("")
     return "\n".join(lines)
+
+
+def key_form_note(shared_qk_keys: str) -> str:
+    """The line under the tables that says which keys the shared-QK columns ran with."""
+    if shared_qk_keys == "trained":
+        return ("Shared-QK columns: full, clustered, i-clustered and oracle-top ran in the key form each model was "
+                "trained with (after shared_full or lsh: unit-normalised keys, no attention to self; "
+                "--shared-qk-keys raw for keys equal to the raw queries); their forward times are left out of "
+                "the row means (computed densely).\n")
+    return ("Shared-QK columns: full, clustered, i-clustered and oracle-top ran with keys equal to the raw queries, "
+            "attention to self allowed (--shared-qk-keys raw).\n")
 
 
 def write_csv(rows: list[dict], columns: list[Column], path: Path) -> None:
@@ -298,9 +323,9 @@ def run(args: argparse.Namespace, progress=print) -> dict:
     check_device(args.device)
     from asr.decoding.evaluation import check_lexicon_options
     check_lexicon_options(args.decoder, args.lexicon, args.lm, args.extra_lexicon, dashes=True)
+    check_shared_qk_keys(args.shared_qk_keys, "--shared-qk-keys")
     columns = parse_columns(args.checkpoints)
     specs = list(dict.fromkeys(args.specs))
-    from attention_ext import parse_attention_spec
     for spec in specs:
         parse_attention_spec(spec)              # a bad row fails before any evaluation
     if args.threads:
@@ -322,10 +347,14 @@ def run(args: argparse.Namespace, progress=print) -> dict:
     split = next((cell["split"] for cell in cells.values() if cell.get("valid")), args.split or "test")
     metrics = [m for m in ("per", "wer_lexicon" if args.decoder == "lexicon" else "wer") if any(row["cells"][c.label][m] is not None
                                                   for row in rows for c in columns)]
-    (args.out / "matrix.md").write_text(format_markdown(rows, columns, metrics, split))
+    table = format_markdown(rows, columns, metrics, split)
+    if any(column.shared_qk for column in columns):
+        table += key_form_note(args.shared_qk_keys)
+    (args.out / "matrix.md").write_text(table)
     write_csv(rows, columns, args.out / "matrix.csv")
     matrix = {"split": split, "columns": [{"label": c.label, "checkpoint": str(c.checkpoint)} for c in columns],
-              "rows": rows, "settings": evaluation_settings(args), "threads": torch.get_num_threads(),
+              "rows": rows, "settings": evaluation_settings(args), "shared_qk_keys": args.shared_qk_keys,
+              "threads": torch.get_num_threads(),
               "device": args.device}
     (args.out / "matrix.json").write_text(json.dumps(matrix, indent=2) + "\n")
     if metrics:

@@ -1,6 +1,6 @@
 """The Lightning callbacks asr.training adds to a run besides Lightning's own (checkpoints, early
 stopping), asr.progress's bar and asr.model.diagnostics: the batches each process ran, the time of
-each epoch, every epoch's checkpoint."""
+each epoch, every epoch's checkpoint, the checkpoints of fixed steps."""
 from __future__ import annotations
 
 import json
@@ -63,3 +63,13 @@ class EpochTimer(Callback):
 
 class EpochCheckpoint(ModelCheckpoint):
     """Keeps every epoch's checkpoint; its own class so Lightning keeps its state apart from `latest`'s."""
+
+
+class StepCheckpoint(ModelCheckpoint):
+    """trainer.keep_checkpoints_every_n_steps=N: keeps checkpoints/step-NNNNNN.ckpt after every N-th
+    optimiser step (global step N, 2N, ...; the number is the steps done). The schedule is the
+    global step's, so a run resumed with ckpt_path=last goes on with it."""
+
+    def __init__(self, dirpath, every_n_steps: int):
+        super().__init__(dirpath=dirpath, filename="step-{step:06d}", every_n_train_steps=every_n_steps,
+                         save_top_k=-1, auto_insert_metric_name=False, enable_version_counter=False)

@@ -87,6 +87,9 @@ class TrainerConfig:
     diagnostics_every_n_steps: Optional[int] = None
     # Keep every epoch's checkpoint too (checkpoints/epoch-NNN.ckpt), for asr.average.
     keep_epoch_checkpoints: bool = False
+    # Keep the checkpoint of every N-th optimiser step too (checkpoints/step-NNNNNN.ckpt), e.g. for the
+    # attention-sharpening curve (recipes/synth/sharpening.py); a resumed run keeps the schedule. None: off.
+    keep_checkpoints_every_n_steps: Optional[int] = None
     # torch.compile the encoder (fullgraph: any attention traces as one graph; the first batches of
     # each new shape compile, for a minute or more). Checkpoints are the same as without it.
     compile: bool = False
@@ -215,6 +218,9 @@ def validate_config(cfg: Any) -> ValidatedAttention:
              "(trainer.accelerator=cpu)")
     _require(trainer.diagnostics_every_n_steps is None or trainer.diagnostics_every_n_steps >= 1,
              "trainer.diagnostics_every_n_steps", trainer.diagnostics_every_n_steps, "must be >= 1 or null (off)")
+    _require(trainer.keep_checkpoints_every_n_steps is None or trainer.keep_checkpoints_every_n_steps >= 1,
+             "trainer.keep_checkpoints_every_n_steps", trainer.keep_checkpoints_every_n_steps,
+             "must be a number of optimiser steps >= 1, or null (off)")
     _require(trainer.num_nodes >= 1, "trainer.num_nodes", trainer.num_nodes, "must be >= 1")
     _require(trainer.val_check_interval is None or trainer.val_check_interval >= 1, "trainer.val_check_interval",
              trainer.val_check_interval, "must be a number of training batches >= 1, or null (once per epoch)")

@@ -10,7 +10,11 @@ name), rows are evaluate-with attention specs (default: the paper's rows, then l
 agglomerative-8). Every valid cell is one `asr.evaluate` run: the column's weights with the row's
 attention in every layer, on the same split. A pair that cannot be valid (lsh or shared-full on a
 model with separate query and key projections, agglomerative with more classes than the head dim) is
-"-"; the cell whose attention equals the training attention is marked *.
+"-"; the cell whose attention equals the training attention is marked *. On a shared-QK column the
+full, clustered, i-clustered and oracle-top rows run in the key form the model was trained with
+(after shared_full or lsh: unit-normalised keys, no attention to self; attention_ext.reformer_key_form,
+computed densely, so their times stay out of the row's mean); --shared-qk-keys raw gives them keys
+equal to the raw queries, the form of every matrix before issue 31.
 
 Writes to --out (default: cross_matrix/):
     cells/<column>__<row>.json   one evaluation per cell; a run that is started again reuses
@@ -28,7 +32,7 @@ import sys
 from pathlib import Path
 
 from asr.attention_matrix import run
-from asr.evaluation import USAGE_ERRORS, EvaluationError
+from asr.evaluation import SHARED_QK_KEYS, USAGE_ERRORS, EvaluationError
 from asr.exit_status import run_command
 from asr.warning_filters import install_warning_filters
 from attention_ext.comparisons import cross_matrix_rows
@@ -59,6 +63,11 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lm-weight", type=float, default=1.0)
     parser.add_argument("--word-score", type=float, default=0.0)
     parser.add_argument("--beam-size", type=int, default=8)
+    parser.add_argument("--shared-qk-keys", choices=tuple(SHARED_QK_KEYS), default="trained",
+                        help="keys of full, clustered, i-clustered and oracle-top on shared-QK columns: "
+                             + "; ".join(f"{name}: {meaning}" for name, meaning in SHARED_QK_KEYS.items())
+                             + " (default: trained; after shared_full or lsh that is unit-normalised keys, "
+                               "no attention to self)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random hashing (clustered, lsh)")
     parser.add_argument("--limit", type=int, default=None, help="evaluate only the first N batches per cell")
     parser.add_argument("--device", default="cpu")

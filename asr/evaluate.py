@@ -47,8 +47,12 @@ e.g. test_full_greedy_seed0_cpu):
 The attention runs with a fixed seed (`seed`), so clustered and LSH attention (random hashing)
 give the same numbers on every run. A model whose query and key projections are separate cannot
 run lsh or shared_full (they are defined for keys equal to the queries) and such a swap is
-refused; clustered and iclustered on a shared-QK model get keys equal to the queries, as in the
-paper.
+refused. On a shared-QK model, full, clustered, iclustered and oracle_top run by default in the key
+form the model was trained with (`shared_qk_keys=trained`): after shared_full or lsh that is the
+Reformer form, unit-normalised keys and no attention to self unless nothing else
+(attention_ext.reformer_key_form; clustered and iclustered are then computed densely: their forward
+time is not the kernels'); `shared_qk_keys=raw` gives them keys equal to the raw queries with self
+allowed, the form of every evaluation before issue 31. results.json says which (`key_form`).
 """
 from __future__ import annotations
 
@@ -56,7 +60,8 @@ import logging
 import sys
 
 from asr.command_line import key_value_config, run_key_value_command
-from asr.evaluation import USAGE_ERRORS, EvaluateConfig, EvaluationError, check_decoding_options, evaluate
+from asr.evaluation import (KEY_FORMS, USAGE_ERRORS, EvaluateConfig, EvaluationError, check_decoding_options,
+                            evaluate)
 from asr.metrics import percent
 
 
@@ -100,6 +105,8 @@ def _evaluate_and_print(argv: list[str]) -> None:
     print(f"{report['checkpoint']}: {report['utterances']} utterances of {report['data']}")
     print(f"attention {attention['name']} {({k: v for k, v in attention.items() if k != 'name'})}"
           f"{' (as trained)' if report['same_as_training'] else ''}, {report['decoder']} decoding")
+    if report["key_form"] != "separate":
+        print(f"keys: {KEY_FORMS[report['key_form']]} (shared_qk_keys={report['shared_qk_keys']})")
     if report["lexicon_decoder"]:
         settings = report["lexicon_decoder"]
         extra = f" + {settings['extra_lexicon']}" if settings["extra_lexicon"] else ""

@@ -30,7 +30,8 @@ from asr.model.ctc import DECODERS as CTC_DECODERS, decode_transcripts
 from asr.model.recognizer import (EVALUATION_SEED, EvaluationTally, SpeechRecognizer,
                                   seed_evaluation_batch)
 from asr.run_folder import run_folder_of, trained_data_config
-from attention_ext import AttentionConfigError, ValidatedAttention, parse_attention_spec, validate_attention
+from attention_ext import (AttentionConfigError, ValidatedAttention, parse_attention_spec, runs_in_reformer_form,
+                           validate_attention)
 
 log = logging.getLogger("asr.evaluate")
 KALDI_CORPUS, KALDI_SPLIT = "kaldi", "eval"
@@ -63,6 +64,9 @@ class EvaluateConfig:
     beam: int = 50                       # the lexicon decoder's beam
     restrict_lexicon: bool = False       # decode only the lexicon words the LM knows (else: <unk> probability)
     decode_workers: Optional[int] = None  # lexicon decoding processes; None: min(4, CPUs)
+    # Keys of a shared-QK model under full, clustered, i-clustered, oracle-top: trained (the form
+    # the model was trained with; unit keys, no attention to self after shared_full or lsh) | raw
+    shared_qk_keys: str = "trained"
     seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention
     device: str = "cpu"                  # cpu | cuda | cuda:N
     threads: Optional[int] = None        # torch.set_num_threads; None: torch's default
@@ -116,6 +120,49 @@ def evaluation_attention(model: SpeechRecognizer, spec: str | None,
         except (TypeError, ValueError):
             raise AttentionConfigError(f"attention.{key}={value!r} is not a whole number") from None
     return validate_attention(base.name, **merged)
+
+
+# shared_qk_keys=...: the keys a shared-QK model gets from attentions defined for separate keys
+# (full, clustered, iclustered, oracle_top). A model trained with shared_full or lsh learned the
+# Reformer conventions (unit-normalised keys, no attention to self unless nothing else), which
+# those attentions then follow (attention_ext.reformer_key_form); "raw" gives them keys equal to
+# the raw queries, self allowed, as every evaluation did before issue 31.
+SHARED_QK_KEYS = {"trained": "the key form the model was trained with",
+                  "raw": "keys equal to the raw queries, attention to self allowed"}
+# What the attention of an evaluation saw as keys (results.json and cross-matrix cells: key_form)
+KEY_FORMS = {"separate": "the key projection (no shared QK)",
+             "reformer": "unit-normalised queries, no attention to self (Reformer)",
+             "queries": "the raw queries, attention to self allowed"}
+
+
+def check_shared_qk_keys(value: str, option: str = "shared_qk_keys") -> None:
+    """EvaluationError naming `option` unless `value` is one of SHARED_QK_KEYS."""
+    if value not in SHARED_QK_KEYS:
+        choices = "; ".join(f"{name} ({meaning})" for name, meaning in SHARED_QK_KEYS.items())
+        raise EvaluationError(f"{option}={value!r} is not a key form; choose {choices}")
+
+
+def evaluation_key_form(shared_qk: bool, trained_attention: str, attention: ValidatedAttention,
+                        shared_qk_keys: str) -> str:
+    """The KEY_FORMS entry `attention` runs with on a model with or without shared QK trained with
+    `trained_attention`, under shared_qk_keys (SHARED_QK_KEYS)."""
+    if not shared_qk:
+        return "separate"
+    if attention.needs_shared_qk:       # shared_full, lsh: the Reformer conventions are their definition
+        return "reformer"
+    trained_reformer = validate_attention(trained_attention).needs_shared_qk
+    if shared_qk_keys == "trained" and trained_reformer and runs_in_reformer_form(attention.name):
+        return "reformer"
+    return "queries"
+
+
+def set_evaluation_attention(model: SpeechRecognizer, attention: ValidatedAttention, shared_qk_keys: str) -> str:
+    """Swaps `attention` into the model in the key form shared_qk_keys asks for; returns that
+    form (KEY_FORMS). Refuses, changing nothing, what model.set_attention refuses."""
+    key_form = evaluation_key_form(model.encoder.shared_qk, model.hparams.attention["name"], attention,
+                                   shared_qk_keys)
+    model.set_attention(attention, reformer_keys=key_form == "reformer")
+    return key_form
 
 
 def attention_label(name: str, options: dict[str, int]) -> str:
@@ -401,7 +448,8 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
 def default_out_dir(config: EvaluateConfig, split: str, label: str) -> Path:
     """<run folder>/evaluations/<name> (evaluations/<checkpoint name>/<name> outside a run folder),
     where the name holds every option that changes the numbers, so two evaluations that can
-    differ never overwrite each other: split, attention and its options, decoder (and beam size),
+    differ never overwrite each other: split, attention and its options (and _reformer-keys where a
+    shared-QK model runs a separate-key attention in its Reformer key form), decoder (and beam size),
     seed, device, limit, and the data source (data_dir, data.* overrides) as a short hash, e.g.
     test_iclustered_bits63_clusters100_iterations10_topk32_greedy_seed0_cpu."""
     run = run_folder_of(config.checkpoint)
@@ -441,13 +489,17 @@ def write_outputs(out: Path, result: EvaluationResult, report: dict) -> None:
 
 def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = None) -> dict:
     """Runs one evaluation as configured; returns (and writes) the results.json content."""
+    check_shared_qk_keys(config.shared_qk_keys)
     if config.threads:
         torch.set_num_threads(config.threads)
     model = load_model(config.checkpoint, config.device)
     trained = dict(model.hparams.attention)
     attention = evaluation_attention(model, config.attention, attention_options)
-    model.set_attention(attention)          # refuses lsh / shared_full without shared QK
+    # refuses lsh / shared_full without shared QK
+    key_form = set_evaluation_attention(model, attention, config.shared_qk_keys)
     label = attention_label(attention.name, attention.options)
+    if key_form == "reformer" and not attention.needs_shared_qk:   # other numbers than the raw form's
+        label += "_reformer-keys"
     lexicon_settings = None
     if config.decoder == "lexicon":         # the model's files unless given, checked before any data work
         from asr.decoding.evaluation import model_decoding_files, settings_from_command
@@ -479,6 +531,7 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
         "checkpoint": str(config.checkpoint), "data": data.source, "split": data.split,
         "trained_with": trained, "evaluated_with": attention.as_config(),
         "same_as_training": attention.as_config() == trained,
+        "key_form": key_form, "shared_qk_keys": config.shared_qk_keys,
         "decoder": {"greedy": "greedy", "beam": f"beam (size {config.beam_size})"}.get(config.decoder, "lexicon"),
         "lexicon_decoder": lexicon_decoder, "out_of_vocabulary": result.out_of_vocabulary,
         "reference_lexicon": config.reference_lexicon,

@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
-from asr.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer
+from asr.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, StepCheckpoint
 from asr.config import ConfigError, validate_config
 from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_hint, unregistered_note
 from asr.data.datamodule import SpeechDataModule
@@ -88,6 +88,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
         callbacks.append(EpochCheckpoint(dirpath=run_dir / "checkpoints", filename="epoch-{epoch:03d}",
                                          save_top_k=-1, auto_insert_metric_name=False,
                                          enable_version_counter=False))
+    if t.keep_checkpoints_every_n_steps:   # fixed steps, e.g. for recipes.synth.sharpening
+        callbacks.append(StepCheckpoint(run_dir / "checkpoints", t.keep_checkpoints_every_n_steps))
     if t.enable_progress_bar:   # k/N with an ETA, and the time budget left (asr.progress)
         callbacks.append(EpochProgressBar())
     if t.max_steps > 0:   # the step budget's end, estimated: one log line early on, and on the bar

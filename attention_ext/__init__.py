@@ -24,6 +24,7 @@ from .clustered import ClusteredAttention  # noqa: E402
 from .iclustered import ImprovedClusteredAttention  # noqa: E402
 from .linear import LinearAttention  # noqa: E402
 from .agglomerative import AgglomerativeAttention  # noqa: E402
+from .reformer_key_form import build_in_reformer_form, runs_in_reformer_form  # noqa: E402
 
 # Every other module of the package is imported too, so that a new attention type registers
 # itself by being a module here. The imports above keep the order the registry lists them in
@@ -39,4 +40,5 @@ __all__ = [
     "register_attention", "validate_attention", "input_validation_enabled", "set_input_validation",
     "FullAttention", "SharedFullAttention", "LSHAttention", "OracleTopAttention",
     "ClusteredAttention", "ImprovedClusteredAttention", "LinearAttention", "AgglomerativeAttention",
+    "build_in_reformer_form", "runs_in_reformer_form",
 ]

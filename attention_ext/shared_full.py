@@ -31,23 +31,33 @@ class SharedFullAttention(torch.nn.Module):
     def forward(self, q, k, v, lengths=None):
         padded = lengths is not None
         lengths = check_inputs(q, k, v, lengths, attention=self)
-        if q.dtype == torch.float16:
-            # eps 1e-12 rounds to 0 in float16, so a zero query would give a NaN key (and NaN
-            # outputs for its whole sequence): normalise in float32
-            keys = F.normalize(q.float(), dim=-1).to(q.dtype)
-        else:
-            keys = F.normalize(q, dim=-1)  # x / max(||x||, 1e-12)
+        keys = unit_keys(q)
         if q.shape[0] == 0 or q.shape[2] == 0:
             return zeros_without_valid_queries(q, keys, v)
         length = q.shape[2]
-        position = torch.arange(length, device=q.device)
-        not_self = position[:, None] != position[None, :]                         # (N, N)
         if not padded:   # a sequence of length 1 attends to itself
+            position = torch.arange(length, device=q.device)
+            not_self = position[:, None] != position[None, :]                     # (N, N)
             return F.scaled_dot_product_attention(q, keys, v, attn_mask=not_self | (length == 1))
-        # Given lengths, every row is masked, padded or not (asking would be a host
-        # synchronisation). A sequence of length 0 keeps key 0 (and one of length 1 its own
-        # key), so that no row of the softmax is empty; padded query rows are zeroed below.
-        valid = lengths.clamp(min=1)[:, None, None]                               # (B, 1, 1)
-        allowed = (position[None, None, :] < valid) & (not_self | (valid == 1))   # (B, N, N)
-        out = F.scaled_dot_product_attention(q, keys, v, attn_mask=allowed[:, None])
+        # Given lengths, every row is masked, padded or not (asking would be a host synchronisation).
+        out = F.scaled_dot_product_attention(q, keys, v, attn_mask=visible_keys(lengths, length)[:, None])
         return zero_padded_queries(out, lengths)
+
+
+def unit_keys(q: torch.Tensor) -> torch.Tensor:
+    """The keys of the Reformer conventions: q / ||q|| (a zero query gives a zero key)."""
+    if q.dtype == torch.float16:
+        # eps 1e-12 rounds to 0 in float16, so a zero query would give a NaN key (and NaN
+        # outputs for its whole sequence): normalise in float32
+        return F.normalize(q.float(), dim=-1).to(q.dtype)
+    return F.normalize(q, dim=-1)  # x / max(||x||, 1e-12)
+
+
+def visible_keys(lengths: torch.Tensor, length: int) -> torch.Tensor:
+    """(B, N, N) bool: the keys each query may attend to under the Reformer conventions, the
+    valid keys other than its own. A sequence of length 1 keeps its own key, and one of length 0
+    key 0, so that no row of a softmax is empty (padded query rows are zeroed by the caller)."""
+    position = torch.arange(length, device=lengths.device)
+    not_self = position[:, None] != position[None, :]                             # (N, N)
+    valid = lengths.clamp(min=1)[:, None, None]                                   # (B, 1, 1)
+    return (position[None, None, :] < valid) & (not_self | (valid == 1))

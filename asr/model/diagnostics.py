@@ -29,12 +29,13 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 
 
-def attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool
-                      ) -> torch.Tensor:
-    """Mean relative entropy (entropy / log(keys seen)) of exact attention over valid queries.
+def relative_attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, H, N) entropy / log(keys seen) of each query's exact attention, and the (B, H, N) bool
+    of the queries that count: valid ones that see more than one key.
 
     q, k: (B, H, N, E); lengths: (B,). With shared_qk the keys are q / ||q|| and a query does
-    not see its own key (as attention_ext.shared_full). Queries that see a single key are left out.
+    not see its own key (as attention_ext.shared_full).
     """
     batch, heads, length, dim = q.shape
     valid = torch.arange(length, device=q.device) < lengths[:, None]           # (B, N)
@@ -46,13 +47,42 @@ def attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, s
     logits = logits.masked_fill(~visible, float("-inf"))
     seen = visible.sum(-1)                                                    # (B, H, N)
     counted = valid[:, None, :] & (seen > 1)
-    if not counted.any():
-        return torch.tensor(float("nan"))
     log_p = torch.log_softmax(logits.masked_fill(~counted[..., None], 0.0), dim=-1)
     p = log_p.exp()
     entropy = -(p * log_p.masked_fill(~visible, 0.0)).sum(-1)                # (B, H, N)
-    relative = entropy / torch.log(seen.clamp(min=2).float())
+    return entropy / torch.log(seen.clamp(min=2).float()), counted
+
+
+def attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool
+                      ) -> torch.Tensor:
+    """Mean relative entropy (entropy / log(keys seen)) of exact attention over valid queries
+    (relative_attention_entropy); queries that see a single key are left out."""
+    relative, counted = relative_attention_entropy(q, k, lengths, shared_qk)
+    if not counted.any():
+        return torch.tensor(float("nan"))
     return relative[counted].mean()
+
+
+@torch.no_grad()
+def layer_attention_entropy(model, features: torch.Tensor, lengths: torch.Tensor) -> list[tuple[float, int]]:
+    """Per encoder layer of `model` (a SpeechRecognizer) on one batch: (sum of the queries' relative
+    entropies, number of queries counted), so that a mean over many batches is exact. The layers'
+    inputs are those of the model's forward pass with its current attention."""
+    inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    hooks = [layer.register_forward_pre_hook(lambda module, args, index=index: inputs.__setitem__(index, args))
+             for index, layer in enumerate(model.encoder.layers)]
+    try:
+        model(features, lengths)
+    finally:
+        for hook in hooks:
+            hook.remove()
+    sums = []
+    for index, layer in enumerate(model.encoder.layers):
+        x, layer_lengths = inputs[index]
+        q, k = layer.queries_and_keys(layer.attention_norm(x))
+        relative, counted = relative_attention_entropy(q, k, layer_lengths, layer.shared_qk)
+        sums.append((float(relative[counted].sum()), int(counted.sum())))
+    return sums
 
 
 class TrainingDiagnostics(Callback):

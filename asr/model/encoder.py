@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from attention_ext import SharedQKRequiredError, ValidatedAttention
+from attention_ext import SharedQKRequiredError, ValidatedAttention, build_in_reformer_form
 
 
 def check_attention_fits(attention: ValidatedAttention, shared_qk: bool, head_dim: int) -> None:
@@ -182,15 +182,22 @@ class TransformerEncoder(nn.Module):
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         return self.frontend.output_lengths(lengths)
 
-    def set_attention(self, attention: ValidatedAttention) -> None:
+    def set_attention(self, attention: ValidatedAttention, reformer_keys: bool = False) -> None:
         """Replaces every layer's attention by `attention` (weights unchanged).
 
-        Raises attention_ext.SharedQKRequiredError for an attention that needs shared
-        query/key projections the model does not have, AttentionConfigError for one with an
-        option above the model's head dim, and then changes nothing.
+        reformer_keys: run it in the Reformer key form of a shared-QK model (unit keys, no
+        attention to self; attention_ext.build_in_reformer_form), the form a model trained with
+        shared_full or lsh learned. Raises attention_ext.SharedQKRequiredError for an attention
+        (or reformer_keys) that needs shared query/key projections the model does not have,
+        AttentionConfigError for an option above the model's head dim or an attention without a
+        Reformer form, and then changes nothing.
         """
         check_attention_fits(attention, self.shared_qk, self.head_dim)
-        modules = [attention.build() for _ in self.layers]   # all built before any layer changes
+        if reformer_keys and not self.shared_qk:
+            raise SharedQKRequiredError("the Reformer key form (unit keys, no attention to self) needs shared "
+                                        "query/key projections, but this model has model.shared_qk=false")
+        build = (lambda: build_in_reformer_form(attention)) if reformer_keys else attention.build
+        modules = [build() for _ in self.layers]   # all built before any layer changes
         for layer, module in zip(self.layers, modules):
             layer.attention = module
         self.attention_name, self.attention_options = attention.name, dict(attention.options)

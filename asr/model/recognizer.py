@@ -170,9 +170,9 @@ class SpeechRecognizer(L.LightningModule):
         self.feature_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
         self.feature_std.copy_(torch.as_tensor(std, dtype=torch.float32).clamp(min=1e-5))
 
-    def set_attention(self, attention: ValidatedAttention) -> None:
+    def set_attention(self, attention: ValidatedAttention, reformer_keys: bool = False) -> None:
         """Runs the same weights under another attention (see TransformerEncoder.set_attention)."""
-        self.encoder.set_attention(attention)
+        self.encoder.set_attention(attention, reformer_keys)
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor
                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

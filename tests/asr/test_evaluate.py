@@ -334,3 +334,96 @@ def test_the_command_line_wins_over_the_stored_run_config(trained, tiny_synth, t
                           ({"max_duration": -1}, "data.max_duration=-1 must be a positive number")):
         with pytest.raises(EvaluationError, match=message):
             evaluation_data(model, checkpoint, data_overrides=data, progress=False)
+
+
+# ---- shared-QK models in the key form they were trained with (issue 31) ------------------------------
+def dev_batch_log_probs(model, checkpoint: Path, attention: str, shared_qk_keys: str) -> dict:
+    """The model's log-probs on the dev split's first batch, in float64, under `attention`."""
+    from asr.evaluation import set_evaluation_attention
+    from attention_ext import parse_attention_spec
+    key_form = set_evaluation_attention(model, parse_attention_spec(attention), shared_qk_keys)
+    data = evaluation_data(model, checkpoint, "dev", progress=False)
+    batch = next(iter(data.datamodule.dataloader("dev")))
+    torch.manual_seed(0)
+    with torch.no_grad():
+        log_probs, _ = model(batch["features"].double(), batch["feature_lengths"])
+    return {"key_form": key_form, **log_probs}
+
+
+def test_a_shared_qk_model_runs_full_and_clustered_in_its_trained_key_form(trained):
+    """Trained with shared_full: full, and clustered with a cluster per position, are shared_full exactly;
+    shared_qk_keys=raw gives the raw queries as keys (another attention: other numbers)."""
+    checkpoint = best(trained["synth_shared_full"])
+    model = load_model(checkpoint).double()
+    reference = dev_batch_log_probs(model, checkpoint, "shared-full", "trained")
+    for spec in ("full", "clustered-100000", "i-clustered-100000:topk=4", "oracle-top-100000"):
+        got = dev_batch_log_probs(model, checkpoint, spec, "trained")
+        assert got["key_form"] == "reformer", spec
+        for kind in ("phones", "chars"):
+            torch.testing.assert_close(got[kind], reference[kind], rtol=1e-10, atol=1e-10)
+    raw = dev_batch_log_probs(model, checkpoint, "full", "raw")
+    assert raw["key_form"] == "queries"
+    assert (raw["phones"] - reference["phones"]).abs().max() > 1e-3
+    # the raw form is what a plain swap of the attention gives (every evaluation before the option)
+    model.set_attention(validate_attention("full"))
+    data = evaluation_data(model, checkpoint, "dev", progress=False)
+    batch = next(iter(data.datamodule.dataloader("dev")))
+    with torch.no_grad():
+        plain, _ = model(batch["features"].double(), batch["feature_lengths"])
+    torch.testing.assert_close(raw["phones"], plain["phones"], rtol=0, atol=0)
+
+
+def test_the_key_form_in_results_folders_and_the_option_errors(trained, tmp_path, capsys):
+    shared = str(best(trained["synth_shared_full"]))
+    trained_form = evaluate(EvaluateConfig(checkpoint=shared, attention="clustered-2", progress=False))
+    raw_form = evaluate(EvaluateConfig(checkpoint=shared, attention="clustered-2", shared_qk_keys="raw",
+                                       progress=False))
+    assert (trained_form["key_form"], raw_form["key_form"]) == ("reformer", "queries")
+    assert Path(trained_form["out"]).name == "test_clustered_bits63_clusters2_iterations10_reformer-keys_greedy_seed0_cpu"
+    assert Path(raw_form["out"]).name == "test_clustered_bits63_clusters2_iterations10_greedy_seed0_cpu"
+    separate = evaluate(EvaluateConfig(checkpoint=str(best(trained["synth_full"])), attention="clustered-2",
+                                       out=str(tmp_path / "s"), progress=False))
+    assert separate["key_form"] == "separate"
+    assert main([f"checkpoint={shared}", "attention=full", f"out={tmp_path / 'f'}", "progress=false"]) == 0
+    assert "keys: unit-normalised queries, no attention to self (Reformer) (shared_qk_keys=trained)" in capsys.readouterr().out
+    assert main([f"checkpoint={shared}", "shared_qk_keys=unit"]) == 2
+    error = capsys.readouterr().err.strip().splitlines()
+    assert len(error) == 1 and "shared_qk_keys='unit' is not a key form; choose trained" in error[0]
+    with pytest.raises(SystemExit) as exit_info:   # argparse refuses the choice, exit status 2
+        cross_matrix.main([shared, "--shared-qk-keys", "unit", "--out", str(tmp_path / "m")])
+    assert exit_info.value.code == USAGE_ERROR and "--shared-qk-keys: invalid choice: 'unit'" in capsys.readouterr().err
+
+
+def test_cross_matrix_cells_follow_the_key_form_and_recompute_only_when_it_changes(trained, tmp_path, capsys):
+    columns = [f"full={best(trained['synth_full'])}", f"shared={best(trained['synth_shared_full'])}"]
+    argv = [*columns, "--specs", "full", "shared-full", "clustered-2", "--out", str(tmp_path), "--split", "dev"]
+
+    def cells() -> dict:
+        matrix = json.loads((tmp_path / "matrix.json").read_text())
+        return {(row["evaluate_with"], label): cell for row in matrix["rows"] for label, cell in row["cells"].items()}
+
+    assert cross_matrix.main(argv) == 0
+    first = cells()
+    assert {key: cell["key_form"] for key, cell in first.items()} == {
+        ("full", "full"): "separate", ("shared-full", "full"): "separate", ("clustered-2", "full"): "separate",
+        ("full", "shared"): "reformer", ("shared-full", "shared"): "reformer", ("clustered-2", "shared"): "reformer"}
+    assert first["full", "shared"]["per"] == first["shared-full", "shared"]["per"]
+    assert "ran in the key form each model was trained with" in (tmp_path / "matrix.md").read_text()
+    stored = json.loads((tmp_path / "cells" / "shared__full.json").read_text())
+    assert not stored["forward_time_comparable"]
+    rows = {row["evaluate_with"]: row for row in json.loads((tmp_path / "matrix.json").read_text())["rows"]}
+    assert rows["full"]["forward_ms_per_utterance"] == first["full", "full"]["forward_ms_per_utterance"]
+    capsys.readouterr()
+    assert cross_matrix.main([*argv, "--shared-qk-keys", "raw"]) == 0
+    printed = capsys.readouterr().out
+    # only the shared column's separate-key rows change form; the rest is reused
+    assert printed.count(": cached") == 4 and "shared x full: cached" not in printed
+    raw = cells()
+    assert raw["full", "shared"]["key_form"] == raw["clustered-2", "shared"]["key_form"] == "queries"
+    # a cell written before key forms were recorded has the raw form: still valid for a raw run
+    path = tmp_path / "cells" / "shared__clustered-2.json"
+    cell = json.loads(path.read_text())
+    del cell["key_form"]
+    path.write_text(json.dumps(cell))
+    assert cross_matrix.main([*argv, "--shared-qk-keys", "raw"]) == 0
+    assert capsys.readouterr().out.count(": cached") == 6

@@ -99,6 +99,30 @@ def test_resume_continues_with_the_same_steps_and_losses(tiny_synth, tmp_path):
     assert resumed["steps"] == json.loads((whole / "results.json").read_text())["steps"]
 
 
+def test_checkpoints_of_fixed_steps_are_kept_and_a_resumed_run_keeps_their_schedule(tiny_synth, tmp_path):
+    run = tmp_path / "run"
+    common = ("conf=synth_full", "trainer.keep_checkpoints_every_n_steps=3", "test=false")
+
+    def kept() -> dict[str, int]:
+        """checkpoint file -> the global step stored in it"""
+        return {path.name: torch.load(path, map_location="cpu", weights_only=True)["global_step"]
+                for path in (run / "checkpoints").iterdir()}
+
+    def expected(steps: int) -> dict[str, int]:
+        return {f"step-{step:06d}.ckpt": step for step in range(3, steps + 1, 3)}
+
+    first = train(tiny_config(tiny_synth, *common, "trainer.max_epochs=1"), run)
+    assert first["steps"] % 3 != 0       # the resumed run starts between two kept steps
+    files = kept()
+    assert {name: step for name, step in files.items() if name.startswith("step-")} == expected(first["steps"])
+    assert set(files) == {*expected(first["steps"]), "best.ckpt", "last.ckpt"}
+    resumed = train(tiny_config(tiny_synth, *common, "trainer.max_epochs=3", "ckpt_path=last"), run)
+    assert resumed["steps"] >= first["steps"] + 6
+    files = kept()
+    assert {name: step for name, step in files.items() if name.startswith("step-")} == expected(resumed["steps"])
+    assert set(files) == {*expected(resumed["steps"]), "best.ckpt", "last.ckpt"}
+
+
 def test_resume_from_a_model_of_another_shape_names_the_tensors(tiny_synth, tmp_path):
     run = tmp_path / "run"
     train(tiny_config(tiny_synth, "conf=synth_full", "trainer.max_steps=1", "test=false"), run)
@@ -141,6 +165,8 @@ def test_unknown_keys_and_wrong_types_fail_while_composing():
     (["model.subsampling=3"], ConfigError, "model.subsampling=3 is not allowed: must be 1, 2 or 4"),
     (["model.dropout=1.5"], ConfigError, r"model.dropout=1.5 is not allowed: must lie in \[0, 1\)"),
     (["optim.lr=0"], ConfigError, "optim.lr=0.0 is not allowed"),
+    (["trainer.keep_checkpoints_every_n_steps=0"], ConfigError,
+     "trainer.keep_checkpoints_every_n_steps=0 is not allowed: must be a number of optimiser steps >= 1"),
     (["+model.loss_weights.words=2"], ConfigError, r"model.loss_weights.words=2.0 is not allowed: names no target"),
     (["data.num_mel_bins=41"], ConfigError, "data.num_mel_bins=41; choose 40"),
     (["attention.name=fancy"], AttentionConfigError, "unknown attention 'fancy'; allowed names and options"),
