@@ -22,7 +22,7 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
-from asr.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer
+from asr.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, ValidateAtStepBudget
 from asr.config import ConfigError, validate_config
 from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_hint, unregistered_note
 from asr.data.datamodule import SpeechDataModule
@@ -90,8 +90,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
                                          enable_version_counter=False))
     if t.enable_progress_bar:   # k/N with an ETA, and the time budget left (asr.progress)
         callbacks.append(EpochProgressBar())
-    if t.max_steps > 0:   # the step budget's end, estimated: one log line early on, and on the bar
-        callbacks.append(StepBudgetEstimate())
+    if t.max_steps > 0:   # the step budget's end: estimated (a log line early on, the bar), and validated
+        callbacks += [StepBudgetEstimate(), ValidateAtStepBudget()]
     if t.record_batches:
         callbacks.append(BatchRecorder(run_dir / "batches"))
     if t.diagnostics_every_n_steps:

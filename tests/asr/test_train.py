@@ -99,6 +99,31 @@ def test_resume_continues_with_the_same_steps_and_losses(tiny_synth, tmp_path):
     assert resumed["steps"] == json.loads((whole / "results.json").read_text())["steps"]
 
 
+# ---- the step budget's end -----------------------------------------------------------------------
+def test_a_step_budget_that_ends_inside_an_epoch_validates_and_checkpoints_its_last_steps(tiny_synth, tmp_path):
+    """The tiny corpus's epoch is 4 steps; a budget of 6 ends 2 steps into the second epoch. Those
+    steps are validated, and the best checkpoint is chosen among both validations."""
+    run = tmp_path / "run"
+    results = train(tiny_config(tiny_synth, "conf=synth_full", "trainer.max_epochs=5", "trainer.max_steps=6",
+                                "test=false"), run)
+    assert results["steps"] == 6
+    validations = [row for row in metrics_rows(run) if row.get("val/per")]
+    # Lightning logs a validation under the index of the step that preceded it
+    assert [int(row["step"]) for row in validations] == [3, 5]
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["global_step"] == 6
+    assert last["val_error_rates"]["per"] == pytest.approx(float(validations[-1]["val/per"]))   # this step's, not epoch 0's
+    errors = [float(row["val/primary_error"]) for row in validations]
+    assert results["best_val_primary_error"] == pytest.approx(min(errors))
+    best = torch.load(run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
+    assert best["global_step"] == (4, 6)[errors.index(min(errors))]   # the first of equal errors is kept
+    # a budget that ends with an epoch validates once there, as before
+    whole_epoch = tmp_path / "whole_epoch"
+    train(tiny_config(tiny_synth, "conf=synth_full", "trainer.max_epochs=5", "trainer.max_steps=4", "test=false"),
+          whole_epoch)
+    assert [int(row["step"]) for row in metrics_rows(whole_epoch) if row.get("val/per")] == [3]
+
+
 def test_resume_from_a_model_of_another_shape_names_the_tensors(tiny_synth, tmp_path):
     run = tmp_path / "run"
     train(tiny_config(tiny_synth, "conf=synth_full", "trainer.max_steps=1", "test=false"), run)
