@@ -25,6 +25,7 @@ from omegaconf import DictConfig, OmegaConf
 from asr.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, ValidateAtStepBudget
 from asr.config import ConfigError, validate_config
 from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_hint, unregistered_note
+from asr.data.corpus_summary import format_corpus_summary, summarise_split
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import corpus_root, cuts_path, manifest_name
 from asr.decoding.evaluation import keep_decoding_files_in_run
@@ -43,9 +44,10 @@ file_log = logging.getLogger("asr.train.file")
 file_log.propagate = False
 
 
-def ensure_corpus(cfg: DictConfig) -> None:
+def ensure_corpus(cfg: DictConfig, run_dir: Path | None = None) -> None:
     """Generates a corpus whose manifests are missing when its recipe has a preparer
-    (asr.data.corpus_recipes: the built-in synthetic corpus); for any other corpus (the user's copy
+    (asr.data.corpus_recipes: the built-in synthetic corpus), logs a summary of it and writes the
+    recipe's full report to <run_dir>/corpus_report.json; for any other corpus (the user's copy
     of WSJ, TIMIT, ...) missing manifests are a ConfigError naming the recipe command."""
     data = cfg.data
     root = corpus_root(data.root)
@@ -67,7 +69,15 @@ def ensure_corpus(cfg: DictConfig) -> None:
         report = recipe.preparer(root, progress=True, **options)
     except ValueError as error:   # an option value it refuses, or data.root made with other settings
         raise ConfigError(f"corpus {data.corpus} in data.root={str(root)!r}: {error}") from None
-    log.info("corpus %s: %s", data.corpus, report)
+    lines = format_corpus_summary(data.corpus, {split: summarise_split(root, data.corpus, split)
+                                                for split in dict.fromkeys((data.train_split, data.dev_split,
+                                                                            data.test_split))},
+                                  data.train_split, data.test_split)
+    if run_dir is not None:
+        path = run_dir / "corpus_report.json"
+        path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        lines.append(f"  the recipe's full report: {path}")
+    log.info("%s", "\n".join(lines))
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
@@ -150,7 +160,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     if checkpoint is not None:
         datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
     with one_process_at_a_time(run_dir / ".data_preparation.lock"):
-        ensure_corpus(cfg)
+        ensure_corpus(cfg, run_dir)
         # the corpus's lexicon and LM travel with the run folder (asr.decoding.evaluation.model_decoding_files)
         keep_decoding_files_in_run(run_dir, corpus_root(cfg.data.root))
         datamodule.setup("fit")
