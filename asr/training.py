@@ -28,8 +28,8 @@ from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_
 from asr.data.corpus_summary import format_corpus_summary, summarise_split
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import corpus_root, cuts_path, manifest_name
-from asr.decoding.evaluation import keep_decoding_files_in_run
-from asr.evaluation import lexicon_test_rates, real_speech_rates
+from asr.decoding.evaluation import keep_decoding_files_in_run, out_of_vocabulary_report
+from asr.evaluation import lexicon_word_decoding, real_speech_rates
 from asr.model.checkpoint import AtomicCheckpointIO
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.encoder import compile_encoder
@@ -124,6 +124,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
         val_check_interval=t.val_check_interval,   # None: after each epoch (and no info line about it)
         check_val_every_n_epoch=t.check_val_every_n_epoch, num_sanity_val_steps=t.num_sanity_val_steps,
         enable_progress_bar=t.enable_progress_bar, deterministic=t.deterministic,
+        enable_model_summary=False,   # its table (FLOPs always 0 here) says less than asr.train's model line
         use_distributed_sampler=False,   # the data module's lhotse samplers shard by rank themselves
         plugins=[AtomicCheckpointIO()],
         **limits)
@@ -173,8 +174,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                  checkpoint.get("global_step"))
         del checkpoint
     parameters = sum(p.numel() for p in model.parameters())
-    log.info("model: %d parameters, attention %s %s, targets %s", parameters, attention.name,
-             attention.options, list(datamodule.tokenizers))
+    log.info("%s", model_line(model, attention))
 
     timer = EpochTimer()
     trainer, best, latest = build_trainer(cfg, run_dir, timer)
@@ -194,7 +194,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "val": getattr(model, "last_error_rates", {}).get("val", {}),
     }
     if cfg.test and best_path:
-        results["test"] = score_best_checkpoint(trainer, model, datamodule, best_path, bool(cfg.data.progress))
+        results["test"] = score_best_checkpoint(trainer, model, datamodule, best_path)
         if trainer.is_global_zero and cfg.data.real_speech_test:   # the honest number: real voices
             results["real_speech"] = real_speech_rates(best_path, cfg.data.real_speech_test, corpus_root(cfg.data.root),
                                                        bool(cfg.data.progress))
@@ -220,17 +220,37 @@ def build_model(cfg: DictConfig, attention, datamodule: SpeechDataModule) -> Spe
 
 
 def score_best_checkpoint(trainer: L.Trainer, model: SpeechRecognizer, datamodule: SpeechDataModule,
-                         best_path: str, progress: bool) -> dict:
-    """The end of training: the test split's error rates of the best checkpoint, and (process 0)
-    its words through the run's lexicon and LM when the corpus shipped them (results["test"])."""
-    with ctrl_c_as_keyboard_interrupt(trainer):
-        metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best_path)
-    for name, value in sorted((metrics or [{}])[0].items()):   # Lightning printed them as a table
-        file_log.info("%-24s %s", name, value)
-    rates = model.last_error_rates.get("test", {})
-    if trainer.is_global_zero:
-        rates.update(lexicon_test_rates(best_path, progress) or {})
+                          best_path: str) -> dict:
+    """The end of training: the test split's error rates of the best checkpoint, and its words
+    through the run's lexicon and LM when the corpus shipped them (wer_lexicon, cer_lexicon and
+    oov_lm, the share of test words the LM does not know), all from one pass over the split."""
+    log.info("test: scoring %s", best_path)
+    word_decoding = lexicon_word_decoding(best_path, model.tokenizers)
+    model.test_word_decoding = word_decoding
+    try:
+        with ctrl_c_as_keyboard_interrupt(trainer):   # verbose=False: asr.train prints each rate once itself
+            trainer.test(model, datamodule=datamodule, ckpt_path=best_path, verbose=False)
+    finally:
+        model.test_word_decoding = None
+        if word_decoding is not None:
+            word_decoding.close()
+    rates = dict(model.last_error_rates.get("test", {}))
+    if word_decoding is not None and "wer_lexicon" in rates:
+        rates["oov_lm"] = out_of_vocabulary_report(model.last_word_references, word_decoding.decoder.local)["lm"]
+    for name, value in sorted(rates.items()):   # train.log keeps every number, the console a summary
+        file_log.info("test/%-22s %s", name, value)
     return rates
+
+
+def model_line(model: SpeechRecognizer, attention) -> str:
+    """Lightning's model table in one line: 'model: 1,290,405 parameters (encoder 1,281,472, CTC heads
+    phones, chars 8,933); attention iclustered (clusters=64, bits=63, iterations=10, topk=32)'."""
+    def count(module) -> str:
+        return f"{sum(p.numel() for p in module.parameters()):,}"
+    options = ", ".join(f"{key}={value}" for key, value in attention.options.items())
+    return (f"model: {count(model)} parameters (encoder {count(model.encoder)}, CTC heads "
+            f"{', '.join(model.tokenizers)} {count(model.heads)}); attention {attention.name}"
+            + (f" ({options})" if options else ""))
 
 
 def stop_reason(trainer: L.Trainer) -> str:
