@@ -10,6 +10,7 @@ One run = one folder (<run_root>/<preset>/<timestamp>, or run_dir=...):
     checkpoints/best.ckpt   lowest validation error of the primary target; checkpoints/last.ckpt
     logs/version_N/         TensorBoard events and metrics.csv (one version per start or resume)
     results.json            test and best-validation PER/WER/CER, time per epoch, parameters, ...
+    corpus_report.json      when the run generated its corpus (the built-in one): the recipe's report
     train.log               what the console showed but the progress bars, through the test result
                             and why training stopped (train_ddp_process_N.log: the other processes
                             of a multi-device run that Lightning started itself)

@@ -544,10 +544,11 @@ def test_tune_lm_prints_a_grid_and_refuses_the_test_split(trained_run, tmp_path,
     checkpoint = f"checkpoint={run / 'checkpoints' / 'best.ckpt'}"
     assert main([checkpoint, "split=test", "progress=false"]) == 2
     assert "test split" in capsys.readouterr().err
-    assert main([checkpoint, "split=dev", "lm_weights=[0,1]", "word_scores=[0,1]", "progress=false",
+    assert main([checkpoint, "split=dev", "lm_weights=[0,1]", "word_scores=[0,1]",
                  f"out={tmp_path / 'tune.json'}"]) == 0
-    printed = capsys.readouterr().out
-    assert "best: lm_weight=" in printed
+    printed = capsys.readouterr()
+    assert "best: lm_weight=" in printed.out
+    assert "WER" not in printed.err     # with progress: a bar, not a second copy of the table's numbers
     report = json.loads((tmp_path / "tune.json").read_text())
     assert len(report["grid"]) == 4 and report["best"]["wer"] == min(row["wer"] for row in report["grid"])
 
