@@ -69,9 +69,10 @@ def ensure_corpus(cfg: DictConfig, run_dir: Path | None = None) -> None:
         report = recipe.preparer(root, progress=True, **options)
     except ValueError as error:   # an option value it refuses, or data.root made with other settings
         raise ConfigError(f"corpus {data.corpus} in data.root={str(root)!r}: {error}") from None
-    lines = format_corpus_summary(data.corpus, {split: summarise_split(root, data.corpus, split)
-                                                for split in dict.fromkeys((data.train_split, data.dev_split,
-                                                                            data.test_split))},
+    # a split the preparer did not write is left to the data module, whose error names it
+    written = [split for split in dict.fromkeys((data.train_split, data.dev_split, data.test_split))
+               if cuts_path(root, data.corpus, split).is_file()]
+    lines = format_corpus_summary(data.corpus, {split: summarise_split(root, data.corpus, split) for split in written},
                                   data.train_split, data.test_split)
     if run_dir is not None:
         path = run_dir / "corpus_report.json"
