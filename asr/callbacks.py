@@ -1,6 +1,7 @@
 """The Lightning callbacks asr.training adds to a run besides Lightning's own (checkpoints, early
 stopping), asr.progress's bar and asr.model.diagnostics: the batches each process ran, the time of
-each epoch, every epoch's checkpoint, the checkpoints of fixed steps."""
+each epoch, every epoch's checkpoint, the checkpoints of fixed steps, a validation where the
+step budget ends."""
 from __future__ import annotations
 
 import json
@@ -73,3 +74,17 @@ class StepCheckpoint(ModelCheckpoint):
     def __init__(self, dirpath, every_n_steps: int):
         super().__init__(dirpath=dirpath, filename="step-{step:06d}", every_n_train_steps=every_n_steps,
                          save_top_k=-1, auto_insert_metric_name=False, enable_version_counter=False)
+
+
+class ValidateAtStepBudget(Callback):
+    """Validates when trainer.max_steps is reached inside an epoch, so the steps after the last
+    epoch's end count: Lightning (2.6) ends fit there without validating, so those steps never
+    reached best.ckpt (which the test line scores) and last.ckpt carried the previous epoch's
+    validation rates. Asking the trainer to stop at that step makes Lightning validate first, as it
+    does when trainer.max_minutes runs out (its Timer stops the same way); the checkpoints are then
+    written as at any epoch's end. An epoch that ends at the budget validates once, as before.
+    With check_val_every_n_epoch > 1, an epoch that does not validate still does not."""
+
+    def on_train_batch_end(self, trainer, module, outputs, batch, batch_index) -> None:
+        if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
+            trainer.should_stop = True

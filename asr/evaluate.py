@@ -103,8 +103,9 @@ def _evaluate_and_print(argv: list[str]) -> None:
     rates = report["error_rates"]
     attention = report["evaluated_with"]
     print(f"{report['checkpoint']}: {report['utterances']} utterances of {report['data']}")
-    print(f"attention {attention['name']} {({k: v for k, v in attention.items() if k != 'name'})}"
-          f"{' (as trained)' if report['same_as_training'] else ''}, {report['decoder']} decoding")
+    options = ", ".join(f"{key}={value}" for key, value in attention.items() if key != "name")
+    print(f"attention {attention['name']}{f' ({options})' if options else ''}"
+          f"{', as trained' if report['same_as_training'] else ''}; {report['decoder']} decoding")
     if report["key_form"] != "separate":
         print(f"keys: {KEY_FORMS[report['key_form']]} (shared_qk_keys={report['shared_qk_keys']})")
     if report["lexicon_decoder"]:
@@ -115,7 +116,10 @@ def _evaluate_and_print(argv: list[str]) -> None:
         print(f"lexicon {settings['lexicon']}{extra} ({settings['lexicon_words']} words{outside}), "
               f"LM {settings['lm']}, lm_weight {settings['lm_weight']}, word_score {settings['word_score']}, "
               f"beam {settings['beam']} on the {settings['head']} head")
-    print(f"PER {percent(rates.get('per'))}  WER {percent(rates.get('wer'))}  CER {percent(rates.get('cer'))}"
+    words = ""   # decoder=lexicon: WER and CER are of its words, PER of the greedy phone head
+    if report["lexicon_decoder"]:
+        words = "lexicon + LM: " if report["lexicon_decoder"]["lm"] else "lexicon: "
+    print(f"PER {percent(rates.get('per'))}  {words}WER {percent(rates.get('wer'))}  CER {percent(rates.get('cer'))}"
           + out_of_vocabulary_text(report))
     print(f"forward: {report['forward_ms_per_utterance']:.1f} ms per utterance, "
           f"{report['forward_us_per_frame']:.1f} us per 10 ms frame (real-time factor "

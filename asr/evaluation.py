@@ -5,7 +5,7 @@ The flow: `load_model` (any checkpoint, through asr.model.checkpoint) -> `evalua
 (the trained one, or a spec and options swapped in) -> `evaluation_data` (a split of the model's
 corpus, another corpus, or a Kaldi-style folder) -> `decode_split` (greedy, beam or lexicon + LM
 decoding, error rates per head, forward time) -> `evaluate` writes results.json and the
-hypotheses. `lexicon_test_rates` is asr.train's word line for the test split.
+hypotheses. `lexicon_word_decoding` gives asr.train's test pass its words, `real_speech_rates` its real-speech line.
 """
 from __future__ import annotations
 
@@ -558,23 +558,22 @@ def read_reference_lexicon(path: str, model: SpeechRecognizer) -> dict:
     return lexicon
 
 
-def lexicon_test_rates(checkpoint: str | Path, progress: bool = True) -> dict | None:
-    """asr.train's closing lexicon evaluation: the test split of `checkpoint` decoded with the
-    model's lexicon and LM (asr.decoding.evaluation.model_decoding_files; default settings),
-    or None when it has not both."""
-    from asr.decoding.evaluation import model_decoding_files
+def lexicon_word_decoding(checkpoint: str | Path, tokenizers: dict, workers: int | None = None):
+    """asr.train's words for its test pass: a BatchWordDecoding (asr.decoding.evaluation) with the
+    model's lexicon and LM (model_decoding_files; asr.evaluate decoder=lexicon's default settings),
+    or None when the model has not both, or when they cannot be read (said in a warning: the training
+    itself went well)."""
+    from asr.decoding.evaluation import BatchWordDecoding, model_decoding_files, settings_from_command
     from asr.decoding.lexicon import LexiconFileError
     from asr.decoding.ngram import LanguageModelError
     files = model_decoding_files(checkpoint)
     if files.lexicon is None or files.lm is None:
         return None
     try:
-        report = evaluate(EvaluateConfig(checkpoint=str(checkpoint), decoder="lexicon", progress=progress))
-    except (LexiconFileError, LanguageModelError) as error:   # the training itself went well: say, go on
+        return BatchWordDecoding(tokenizers, settings_from_command(EvaluateConfig(decoder="lexicon"), files), workers)
+    except (LexiconFileError, LanguageModelError) as error:
         logging.getLogger("asr.decoding").warning("no lexicon decoding of the test split: %s", error)
         return None
-    return {"wer_lexicon": report["error_rates"]["wer_lexicon"], "cer_lexicon": report["error_rates"]["cer_lexicon"],
-            "oov_lm": report["out_of_vocabulary"]["lm"], "lexicon_evaluation": report["out"]}
 
 
 def real_speech_rates(checkpoint: str | Path, corpus: str, training_root: str | Path,

@@ -66,6 +66,7 @@ class EpochProgressBar(TQDMProgressBar):
 
     def get_metrics(self, trainer, pl_module) -> dict:
         items = super().get_metrics(trainer, pl_module)
+        items.pop("v_num", None)   # the log folder's version number, not a measurement
         estimate = next((callback for callback in trainer.callbacks if isinstance(callback, StepBudgetEstimate)), None)
         seconds = None if estimate is None else estimate.seconds_left(trainer)
         if seconds is not None:

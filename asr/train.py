@@ -10,6 +10,7 @@ One run = one folder (<run_root>/<preset>/<timestamp>, or run_dir=...):
     checkpoints/best.ckpt   lowest validation error of the primary target; checkpoints/last.ckpt
     logs/version_N/         TensorBoard events and metrics.csv (one version per start or resume)
     results.json            test and best-validation PER/WER/CER, time per epoch, parameters, ...
+    corpus_report.json      when the run generated its corpus (the built-in one): the recipe's report
     train.log               what the console showed but the progress bars, through the test result
                             and why training stopped (train_ddp_process_N.log: the other processes
                             of a multi-device run that Lightning started itself)
@@ -125,18 +126,39 @@ def run(cfg: DictConfig) -> None:
         raise
     if rank_zero_only.rank != 0:   # the other processes of a multi-device run stay quiet
         return
-    test = results.get("test", {})
     say(f"\nrun folder: {run_dir}")
+    lines = result_lines(results)
+    if lines:
+        say("\n".join(lines))
+
+
+def result_lines(results: dict) -> list[str]:
+    """The console's last lines, each rate once: the test split's headline PER, WER, CER (the phone
+    head and the first word head, greedy), the lexicon + LM words, other heads if the model has more,
+    and the real-speech line."""
+    lines = []
+    test = results.get("test") or {}
     if test:
-        say(f"test: PER {percent(test.get('per'))}  WER {percent(test.get('wer'))}  "
-            f"CER {percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})"
-            + (f"\n      lexicon + LM: WER {percent(test['wer_lexicon'])}  CER {percent(test['cer_lexicon'])}"
-               if "wer_lexicon" in test else ""))
+        lines.append(f"test: PER {percent(test.get('per'))}  WER {percent(test.get('wer'))}  "
+                     f"CER {percent(test.get('cer'))}  (mean encoder length {test.get('encoder_length', 0):.0f})")
+        if "wer_lexicon" in test:
+            lines.append(f"      lexicon + LM: WER {percent(test['wer_lexicon'])}  CER {percent(test['cer_lexicon'])}")
+        # per head: per_<kind>, wer_<kind>, cer_<kind>; the first phone head and first word head are the headline
+        heads = [key.split("_", 1)[1] for key in test
+                 if key.startswith(("per_", "wer_")) and key not in ("wer_lexicon",)]
+        phone_heads = [kind for kind in heads if f"per_{kind}" in test]
+        word_heads = [kind for kind in heads if f"wer_{kind}" in test]
+        others = ([f"{kind} PER {percent(test[f'per_{kind}'])}" for kind in phone_heads[1:]]
+                  + [f"{kind} WER {percent(test[f'wer_{kind}'])} CER {percent(test.get(f'cer_{kind}'))}"
+                     for kind in word_heads[1:]])
+        if others:
+            lines.append(f"      other heads: {'  '.join(others)}")
     real = results.get("real_speech") or {}
     if real:
-        say(f"real speech ({real['corpus']} test): PER {percent(real.get('per'))}"
-            + (f"  lexicon + LM: WER {percent(real['wer_lexicon'])}  (words outside the LM {percent(real['oov_lm'])})"
-               if "wer_lexicon" in real else ""))
+        lines.append(f"real speech ({real['corpus']} test): PER {percent(real.get('per'))}"
+                     + (f"  lexicon + LM: WER {percent(real['wer_lexicon'])}  (words outside the LM "
+                        f"{percent(real['oov_lm'])})" if "wer_lexicon" in real else ""))
+    return lines
 
 
 def main() -> None:

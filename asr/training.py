@@ -22,13 +22,14 @@ from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from omegaconf import DictConfig, OmegaConf
 
-from asr.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, StepCheckpoint
+from asr.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, StepCheckpoint, ValidateAtStepBudget
 from asr.config import ConfigError, validate_config
 from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_hint, unregistered_note
+from asr.data.corpus_summary import format_corpus_summary, summarise_split
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import corpus_root, cuts_path, manifest_name
-from asr.decoding.evaluation import keep_decoding_files_in_run
-from asr.evaluation import lexicon_test_rates, real_speech_rates
+from asr.decoding.evaluation import keep_decoding_files_in_run, out_of_vocabulary_report
+from asr.evaluation import lexicon_word_decoding, real_speech_rates
 from asr.model.checkpoint import AtomicCheckpointIO
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.encoder import compile_encoder
@@ -43,9 +44,10 @@ file_log = logging.getLogger("asr.train.file")
 file_log.propagate = False
 
 
-def ensure_corpus(cfg: DictConfig) -> None:
+def ensure_corpus(cfg: DictConfig, run_dir: Path | None = None) -> None:
     """Generates a corpus whose manifests are missing when its recipe has a preparer
-    (asr.data.corpus_recipes: the built-in synthetic corpus); for any other corpus (the user's copy
+    (asr.data.corpus_recipes: the built-in synthetic corpus), logs a summary of it and writes the
+    recipe's full report to <run_dir>/corpus_report.json; for any other corpus (the user's copy
     of WSJ, TIMIT, ...) missing manifests are a ConfigError naming the recipe command."""
     data = cfg.data
     root = corpus_root(data.root)
@@ -67,7 +69,16 @@ def ensure_corpus(cfg: DictConfig) -> None:
         report = recipe.preparer(root, progress=True, **options)
     except ValueError as error:   # an option value it refuses, or data.root made with other settings
         raise ConfigError(f"corpus {data.corpus} in data.root={str(root)!r}: {error}") from None
-    log.info("corpus %s: %s", data.corpus, report)
+    # a split the preparer did not write is left to the data module, whose error names it
+    written = [split for split in dict.fromkeys((data.train_split, data.dev_split, data.test_split))
+               if cuts_path(root, data.corpus, split).is_file()]
+    lines = format_corpus_summary(data.corpus, {split: summarise_split(root, data.corpus, split) for split in written},
+                                  data.train_split, data.test_split)
+    if run_dir is not None:
+        path = run_dir / "corpus_report.json"
+        path.write_text(json.dumps(report, indent=1, default=str) + "\n")
+        lines.append(f"  the recipe's full report: {path}")
+    log.info("%s", "\n".join(lines))
 
 
 def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
@@ -92,8 +103,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
         callbacks.append(StepCheckpoint(run_dir / "checkpoints", t.keep_checkpoints_every_n_steps))
     if t.enable_progress_bar:   # k/N with an ETA, and the time budget left (asr.progress)
         callbacks.append(EpochProgressBar())
-    if t.max_steps > 0:   # the step budget's end, estimated: one log line early on, and on the bar
-        callbacks.append(StepBudgetEstimate())
+    if t.max_steps > 0:   # the step budget's end: estimated (a log line early on, the bar), and validated
+        callbacks += [StepBudgetEstimate(), ValidateAtStepBudget()]
     if t.record_batches:
         callbacks.append(BatchRecorder(run_dir / "batches"))
     if t.diagnostics_every_n_steps:
@@ -116,6 +127,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
         val_check_interval=t.val_check_interval,   # None: after each epoch (and no info line about it)
         check_val_every_n_epoch=t.check_val_every_n_epoch, num_sanity_val_steps=t.num_sanity_val_steps,
         enable_progress_bar=t.enable_progress_bar, deterministic=t.deterministic,
+        enable_model_summary=False,   # its table (FLOPs always 0 here) says less than asr.train's model line
         use_distributed_sampler=False,   # the data module's lhotse samplers shard by rank themselves
         plugins=[AtomicCheckpointIO()],
         **limits)
@@ -152,7 +164,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     if checkpoint is not None:
         datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
     with one_process_at_a_time(run_dir / ".data_preparation.lock"):
-        ensure_corpus(cfg)
+        ensure_corpus(cfg, run_dir)
         # the corpus's lexicon and LM travel with the run folder (asr.decoding.evaluation.model_decoding_files)
         keep_decoding_files_in_run(run_dir, corpus_root(cfg.data.root))
         datamodule.setup("fit")
@@ -165,8 +177,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
                  checkpoint.get("global_step"))
         del checkpoint
     parameters = sum(p.numel() for p in model.parameters())
-    log.info("model: %d parameters, attention %s %s, targets %s", parameters, attention.name,
-             attention.options, list(datamodule.tokenizers))
+    log.info("%s", model_line(model, attention))
 
     timer = EpochTimer()
     trainer, best, latest = build_trainer(cfg, run_dir, timer)
@@ -186,7 +197,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "val": getattr(model, "last_error_rates", {}).get("val", {}),
     }
     if cfg.test and best_path:
-        results["test"] = score_best_checkpoint(trainer, model, datamodule, best_path, bool(cfg.data.progress))
+        results["test"] = score_best_checkpoint(trainer, model, datamodule, best_path)
         if trainer.is_global_zero and cfg.data.real_speech_test:   # the honest number: real voices
             results["real_speech"] = real_speech_rates(best_path, cfg.data.real_speech_test, corpus_root(cfg.data.root),
                                                        bool(cfg.data.progress))
@@ -212,17 +223,37 @@ def build_model(cfg: DictConfig, attention, datamodule: SpeechDataModule) -> Spe
 
 
 def score_best_checkpoint(trainer: L.Trainer, model: SpeechRecognizer, datamodule: SpeechDataModule,
-                         best_path: str, progress: bool) -> dict:
-    """The end of training: the test split's error rates of the best checkpoint, and (process 0)
-    its words through the run's lexicon and LM when the corpus shipped them (results["test"])."""
-    with ctrl_c_as_keyboard_interrupt(trainer):
-        metrics = trainer.test(model, datamodule=datamodule, ckpt_path=best_path)
-    for name, value in sorted((metrics or [{}])[0].items()):   # Lightning printed them as a table
-        file_log.info("%-24s %s", name, value)
-    rates = model.last_error_rates.get("test", {})
-    if trainer.is_global_zero:
-        rates.update(lexicon_test_rates(best_path, progress) or {})
+                          best_path: str) -> dict:
+    """The end of training: the test split's error rates of the best checkpoint, and its words
+    through the run's lexicon and LM when the corpus shipped them (wer_lexicon, cer_lexicon and
+    oov_lm, the share of test words the LM does not know), all from one pass over the split."""
+    log.info("test: scoring %s", best_path)
+    word_decoding = lexicon_word_decoding(best_path, model.tokenizers)
+    model.test_word_decoding = word_decoding
+    try:
+        with ctrl_c_as_keyboard_interrupt(trainer):   # verbose=False: asr.train prints each rate once itself
+            trainer.test(model, datamodule=datamodule, ckpt_path=best_path, verbose=False)
+    finally:
+        model.test_word_decoding = None
+        if word_decoding is not None:
+            word_decoding.close()
+    rates = dict(model.last_error_rates.get("test", {}))
+    if word_decoding is not None and "wer_lexicon" in rates:
+        rates["oov_lm"] = out_of_vocabulary_report(model.last_word_references, word_decoding.decoder.local)["lm"]
+    for name, value in sorted(rates.items()):   # train.log keeps every number, the console a summary
+        file_log.info("test/%-22s %s", name, value)
     return rates
+
+
+def model_line(model: SpeechRecognizer, attention) -> str:
+    """Lightning's model table in one line: 'model: 1,290,405 parameters (encoder 1,281,472, CTC heads
+    phones, chars 8,933); attention iclustered (clusters=64, bits=63, iterations=10, topk=32)'."""
+    def count(module) -> str:
+        return f"{sum(p.numel() for p in module.parameters()):,}"
+    options = ", ".join(f"{key}={value}" for key, value in attention.options.items())
+    return (f"model: {count(model)} parameters (encoder {count(model.encoder)}, CTC heads "
+            f"{', '.join(model.tokenizers)} {count(model.heads)}); attention {attention.name}"
+            + (f" ({options})" if options else ""))
 
 
 def stop_reason(trainer: L.Trainer) -> str:

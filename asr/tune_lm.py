@@ -80,22 +80,22 @@ def tune(config: TuneConfig) -> dict:
     head = word_head(model.tokenizers)
     rows, references = split_log_probs(model, data, head, config.progress)
     table = []
-    for lm_weight in config.lm_weights:
-        for word_score in config.word_scores:
-            settings = resolve_settings(config.lexicon, config.lm, files, config.extra_lexicon, lm_weight=lm_weight,
-                                        word_score=word_score, beam=config.beam)
-            started = time.perf_counter()
-            _, decoder = start_word_decoder(model.tokenizers, settings, config.decode_workers)
-            try:
-                hypotheses = [result.get() for result in [decoder.submit(row) for row in rows]]
-            finally:
-                decoder.close()
-            table.append({"lm_weight": lm_weight, "word_score": word_score,
-                          "wer": word_error_rate(references, hypotheses),
-                          "seconds": time.perf_counter() - started})
-            if config.progress:
-                print(f"  lm_weight {lm_weight:5.2f}  word_score {word_score:5.2f}  WER {100 * table[-1]['wer']:6.2f}%",
-                      file=sys.stderr)
+    from tqdm.auto import tqdm
+    # a bar, not a line per pair: the table at the end gives every WER once
+    grid = tqdm([(lm_weight, word_score) for lm_weight in config.lm_weights for word_score in config.word_scores],
+                desc="lm_weight x word_score", unit="pair", disable=not config.progress, leave=False)
+    for lm_weight, word_score in grid:
+        settings = resolve_settings(config.lexicon, config.lm, files, config.extra_lexicon, lm_weight=lm_weight,
+                                    word_score=word_score, beam=config.beam)
+        started = time.perf_counter()
+        _, decoder = start_word_decoder(model.tokenizers, settings, config.decode_workers)
+        try:
+            hypotheses = [result.get() for result in [decoder.submit(row) for row in rows]]
+        finally:
+            decoder.close()
+        table.append({"lm_weight": lm_weight, "word_score": word_score,
+                      "wer": word_error_rate(references, hypotheses),
+                      "seconds": time.perf_counter() - started})
     best = min(table, key=lambda row: row["wer"])
     report = {"checkpoint": config.checkpoint, "split": data.split, "head": head, "lexicon": settings.lexicon,
               "lm": settings.lm, "beam": config.beam, "grid": table, "best": best}

@@ -15,8 +15,19 @@ from lightning.pytorch.utilities.warnings import PossibleUserWarning
 _LIGHTNING_INFO_LOGGERS = ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero")
 
 
-def _is_not_a_product_tip(record: logging.LogRecord) -> bool:
-    return not record.getMessage().startswith("💡 Tip: For seamless cloud")
+# Lightning's info lines that say again what asr.train's own lines say, or nothing on any machine:
+_REPEATED_OR_EMPTY = (
+    "💡 Tip: For seamless cloud",      # its cloud services (litlogger, litmodels), at the start of every run
+    "`Trainer.fit` stopped: ",          # asr.train's "training stopped: ..." names the budget that ended it
+    "Restoring states from the checkpoint path at ",   # asr.train says which checkpoint it resumes or tests
+    "Restored all states from the checkpoint at ",
+    "Loaded model weights from the checkpoint at ",
+    "TPU available: False",             # a TPU-less machine (a TPU that is there is still said)
+)
+
+
+def _is_worth_showing(record: logging.LogRecord) -> bool:
+    return not record.getMessage().startswith(_REPEATED_OR_EMPTY)
 
 
 def install_warning_filters() -> None:
@@ -33,6 +44,7 @@ def install_warning_filters() -> None:
     # fresh run in a folder that holds checkpoints, so this warning never points at a mistake.
     warnings.filterwarnings("ignore", message=r"Checkpoint directory .* exists and is not empty",
                             module=r"lightning\.pytorch\.callbacks\.model_checkpoint")
-    # Lightning advertises its cloud services (litlogger, litmodels) at the start of every run.
     for name in _LIGHTNING_INFO_LOGGERS:
-        logging.getLogger(name).addFilter(_is_not_a_product_tip)
+        logger = logging.getLogger(name)
+        if _is_worth_showing not in logger.filters:
+            logger.addFilter(_is_worth_showing)

@@ -235,7 +235,7 @@ class SpeechDataModule(lightning.LightningDataModule):
                                                       feature_cache_folder(cfg), name, cfg.feature_jobs, cfg.progress)
             drop_bad_audio(data, failures, cfg.skip_bad_audio)
             drop_ctc_infeasible(data, self.frame_subsampling, is_train=name == cfg.train_split)
-            log.info("%s: %d utterances, %.2f h%s", name, len(data.cuts), data.hours,
+            log.info("%s %s: %d utterances, %.2f h%s", cfg.corpus, name, len(data.cuts), data.hours,
                      f"; dropped {data.dropped}" if data.dropped else "")
         return data
 

@@ -194,6 +194,30 @@ def start_word_decoder(tokenizers: dict, settings: LexiconDecoderSettings,
     return kind, ParallelLexiconDecoder(tokenizers[kind], settings, workers)
 
 
+class BatchWordDecoding:
+    """Lexicon + LM decoding of log-probabilities another pass computes: asr.train's test pass hands
+    it each test batch's (SpeechRecognizer.test_word_decoding), so the test split is decoded once for
+    the greedy rates and the words. The workers decode while the model computes the next batch."""
+
+    def __init__(self, tokenizers: dict, settings: LexiconDecoderSettings, workers: int | None = None):
+        self.head, self.decoder = start_word_decoder(tokenizers, settings, workers)
+        self._pending: list = []   # (reference words, the worker's result)
+
+    def submit(self, log_probs: dict, lengths, references: list[str]) -> None:
+        """One batch: {head: (B, T, V) log-probs}, (B,) valid lengths, the B reference transcripts."""
+        rows = log_probs[self.head].detach().float().cpu().numpy()
+        for index, reference in enumerate(references):
+            self._pending.append((reference, self.decoder.submit(rows[index, :int(lengths[index])])))
+
+    def words(self) -> tuple[list[str], list[str]]:
+        """(references, hypotheses) of every utterance submitted since the last call, in order."""
+        pending, self._pending = self._pending, []
+        return [reference for reference, _ in pending], [result.get() for _, result in pending]
+
+    def close(self) -> None:
+        self.decoder.close()
+
+
 def word_rates(references: list[str], hypotheses: list[str]) -> dict[str, float]:
     from asr.metrics import char_error_rate, word_error_rate
     return {"wer_lexicon": word_error_rate(references, hypotheses),

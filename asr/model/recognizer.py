@@ -56,9 +56,13 @@ def warmup_factor(step: int, warmup_steps: int) -> float:
 @dataclass
 class EvaluationTally:
     """What a validation or test pass collects: transcripts per head, encoder frames, summed loss
-    (each utterance's weighted CTC loss; per head in head_loss_sums)."""
+    (each utterance's weighted CTC loss; per head in head_loss_sums), and in asr.train's test pass
+    the words the lexicon + LM decoder made of the same log-probabilities (word_references and
+    word_hypotheses, see SpeechRecognizer.test_word_decoding)."""
     references: dict[str, list[str]] = field(default_factory=dict)
     hypotheses: dict[str, list[str]] = field(default_factory=dict)
+    word_references: list[str] = field(default_factory=list)
+    word_hypotheses: list[str] = field(default_factory=list)
     encoder_frames: int = 0
     utterances: int = 0
     loss_sum: float = 0.0
@@ -79,7 +83,8 @@ class EvaluationTally:
 
         Per head: `per_phones`, `wer_chars`, `cer_chars`, ... The headline names `per`, `wer`,
         `cer` come from the phone head and the first word-level head; `primary_error` is the
-        first target kind's PER (phones) or WER (chars, sentencepiece).
+        first target kind's PER (phones) or WER (chars, sentencepiece). With lexicon + LM words:
+        `wer_lexicon`, `cer_lexicon`.
         """
         rates: dict[str, float] = {}
         for kind in self.references:
@@ -97,6 +102,9 @@ class EvaluationTally:
         if self.references:
             primary = next(iter(tokenizers))
             rates["primary_error"] = rates[f"per_{primary}" if f"per_{primary}" in rates else f"wer_{primary}"]
+        if self.word_references:
+            rates["wer_lexicon"] = word_error_rate(self.word_references, self.word_hypotheses)
+            rates["cer_lexicon"] = char_error_rate(self.word_references, self.word_hypotheses)
         if self.utterances:
             rates["encoder_length"] = self.encoder_frames / self.utterances
         return rates
@@ -158,6 +166,10 @@ class SpeechRecognizer(L.LightningModule):
         self._tallies: dict[str, EvaluationTally] = {}
         self._restored_plateau: dict | None = None
         self.last_error_rates: dict[str, dict[str, float]] = {}
+        self.last_word_references: list[str] = []   # of the last test pass with word decoding (all processes)
+        # asr.train's test pass sets it (asr.decoding.evaluation.BatchWordDecoding): each test batch's
+        # log-probabilities also go to the lexicon + LM decoder, so one pass gives both PER and words
+        self.test_word_decoding = None
 
     # ---- model -------------------------------------------------------------------------------
     @property
@@ -228,6 +240,8 @@ class SpeechRecognizer(L.LightningModule):
                       for kind, lp in log_probs.items()}
         tally.add(hypotheses, batch_references(batch, {kind: t.field for kind, t in self.tokenizers.items()}),
                   lengths)
+        if stage == "test" and self.test_word_decoding is not None:
+            self.test_word_decoding.submit(log_probs, lengths, batch["texts"])
         tally.loss_sum += float(total) * size     # the losses are batch means
         for kind, loss in losses.items():
             tally.head_loss_sums[kind] = tally.head_loss_sums.get(kind, 0.0) + float(loss) * size
@@ -250,6 +264,8 @@ class SpeechRecognizer(L.LightningModule):
             for kind in part.references:
                 merged.references.setdefault(kind, []).extend(part.references[kind])
                 merged.hypotheses.setdefault(kind, []).extend(part.hypotheses[kind])
+            merged.word_references.extend(part.word_references)
+            merged.word_hypotheses.extend(part.word_hypotheses)
             merged.encoder_frames += part.encoder_frames
             merged.utterances += part.utterances
             merged.loss_sum += part.loss_sum
@@ -261,6 +277,9 @@ class SpeechRecognizer(L.LightningModule):
         if self.trainer.sanity_checking:
             self._tallies.pop(stage, None)
             return
+        if stage == "test" and self.test_word_decoding is not None:   # this process's words, before gathering
+            local = self._tallies.setdefault(stage, EvaluationTally())
+            local.word_references, local.word_hypotheses = self.test_word_decoding.words()
         tally = self._gathered(stage)
         self._tallies.pop(stage, None)
         if not tally.utterances:
@@ -273,6 +292,8 @@ class SpeechRecognizer(L.LightningModule):
         for name, value in rates.items():
             self.log(f"{stage}/{name}", value, prog_bar=name in ("per", "wer"))
         self.last_error_rates[stage] = rates
+        if tally.word_references:
+            self.last_word_references = tally.word_references
         if stage == "val":
             self._step_plateau(tally.loss_sum / tally.utterances)
 

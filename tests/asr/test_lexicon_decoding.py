@@ -300,23 +300,48 @@ def test_the_out_of_vocabulary_rate_counted_by_hand(tmp_path):
 
 
 # ---- where it is used: asr.train's test line, asr.evaluate, asr.tune_lm, asr.cross_matrix -------------
+# what trained_run's test pass ran: utterances through the model's test step, asr.evaluate's decode_split calls
+TEST_PASS = {"test_step_utterances": 0, "decode_split_calls": 0}
+
+
 @pytest.fixture(scope="module")
 def trained_run(tiny_synth, tmp_path_factory) -> tuple[Path, dict]:
     """A tiny model trained on the tiny corpus, which ships a lexicon and an LM: the run's test
-    results gain the lexicon decoder's WER."""
+    results gain the lexicon decoder's WER. Its test pass is counted in TEST_PASS."""
+    from asr import evaluation
+    from asr.model.recognizer import SpeechRecognizer
     from asr.training import train
     from tiny_runs import tiny_config
+    test_step, decode_split = SpeechRecognizer.test_step, evaluation.decode_split
+
+    def counted_test_step(self, batch, batch_index):
+        TEST_PASS["test_step_utterances"] += 0 if batch.get("padding") else len(batch["ids"])
+        return test_step(self, batch, batch_index)
+
+    def counted_decode_split(*arguments, **options):
+        TEST_PASS["decode_split_calls"] += 1
+        return decode_split(*arguments, **options)
+
     run = tmp_path_factory.mktemp("lexicon_run")
-    results = train(tiny_config(tiny_synth, "conf=synth_full"), run)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(SpeechRecognizer, "test_step", counted_test_step)
+        patch.setattr(evaluation, "decode_split", counted_decode_split)
+        results = train(tiny_config(tiny_synth, "conf=synth_full"), run)
     return run, results
 
 
-def test_training_ends_with_the_lexicon_wer_when_the_corpus_has_a_lexicon_and_lm(trained_run):
+def test_training_decodes_the_test_split_once_for_its_rates_and_its_lexicon_words(trained_run, tmp_path):
+    from asr.evaluation import EvaluateConfig, evaluate
     run, results = trained_run
-    assert 0 <= results["test"]["wer_lexicon"] and "cer_lexicon" in results["test"]
-    report = json.loads((Path(results["test"]["lexicon_evaluation"]) / "results.json").read_text())
+    # the 2 test utterances went through the model once, and no second pass decoded them for the words
+    assert TEST_PASS == {"test_step_utterances": 2, "decode_split_calls": 0}
+    # the words are those asr.evaluate decoder=lexicon makes of the best checkpoint in its own pass
+    report = evaluate(EvaluateConfig(checkpoint=str(run / "checkpoints" / "best.ckpt"), decoder="lexicon",
+                                     out=str(tmp_path / "evaluation"), progress=False))
     assert report["decoder"] == "lexicon" and report["lexicon_decoder"]["head"] == "phones"
-    assert report["error_rates"]["wer"] == results["test"]["wer_lexicon"]
+    for name in ("wer_lexicon", "cer_lexicon", "per"):
+        assert results["test"][name] == report["error_rates"][name], name
+    assert results["test"]["oov_lm"] == report["out_of_vocabulary"]["lm"]
 
 
 def test_evaluate_with_the_lexicon_decoder_records_its_settings_and_scores_its_words(trained_run, tiny_synth, tmp_path):
@@ -519,10 +544,11 @@ def test_tune_lm_prints_a_grid_and_refuses_the_test_split(trained_run, tmp_path,
     checkpoint = f"checkpoint={run / 'checkpoints' / 'best.ckpt'}"
     assert main([checkpoint, "split=test", "progress=false"]) == 2
     assert "test split" in capsys.readouterr().err
-    assert main([checkpoint, "split=dev", "lm_weights=[0,1]", "word_scores=[0,1]", "progress=false",
+    assert main([checkpoint, "split=dev", "lm_weights=[0,1]", "word_scores=[0,1]",
                  f"out={tmp_path / 'tune.json'}"]) == 0
-    printed = capsys.readouterr().out
-    assert "best: lm_weight=" in printed
+    printed = capsys.readouterr()
+    assert "best: lm_weight=" in printed.out
+    assert "WER" not in printed.err     # with progress: a bar, not a second copy of the table's numbers
     report = json.loads((tmp_path / "tune.json").read_text())
     assert len(report["grid"]) == 4 and report["best"]["wer"] == min(row["wer"] for row in report["grid"])
 

@@ -123,6 +123,31 @@ def test_checkpoints_of_fixed_steps_are_kept_and_a_resumed_run_keeps_their_sched
     assert set(files) == {*expected(resumed["steps"]), "best.ckpt", "last.ckpt"}
 
 
+# ---- the step budget's end -----------------------------------------------------------------------
+def test_a_step_budget_that_ends_inside_an_epoch_validates_and_checkpoints_its_last_steps(tiny_synth, tmp_path):
+    """The tiny corpus's epoch is 4 steps; a budget of 6 ends 2 steps into the second epoch. Those
+    steps are validated, and the best checkpoint is chosen among both validations."""
+    run = tmp_path / "run"
+    results = train(tiny_config(tiny_synth, "conf=synth_full", "trainer.max_epochs=5", "trainer.max_steps=6",
+                                "test=false"), run)
+    assert results["steps"] == 6
+    validations = [row for row in metrics_rows(run) if row.get("val/per")]
+    # Lightning logs a validation under the index of the step that preceded it
+    assert [int(row["step"]) for row in validations] == [3, 5]
+    last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert last["global_step"] == 6
+    assert last["val_error_rates"]["per"] == pytest.approx(float(validations[-1]["val/per"]))   # this step's, not epoch 0's
+    errors = [float(row["val/primary_error"]) for row in validations]
+    assert results["best_val_primary_error"] == pytest.approx(min(errors))
+    best = torch.load(run / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=True)
+    assert best["global_step"] == (4, 6)[errors.index(min(errors))]   # the first of equal errors is kept
+    # a budget that ends with an epoch validates once there, as before
+    whole_epoch = tmp_path / "whole_epoch"
+    train(tiny_config(tiny_synth, "conf=synth_full", "trainer.max_epochs=5", "trainer.max_steps=4", "test=false"),
+          whole_epoch)
+    assert [int(row["step"]) for row in metrics_rows(whole_epoch) if row.get("val/per")] == [3]
+
+
 def test_resume_from_a_model_of_another_shape_names_the_tensors(tiny_synth, tmp_path):
     run = tmp_path / "run"
     train(tiny_config(tiny_synth, "conf=synth_full", "trainer.max_steps=1", "test=false"), run)
@@ -281,15 +306,14 @@ def test_cli_trains_tests_prints_and_resumes_in_the_run_folder(tiny_synth, tmp_p
     per, wer = 100 * results["test"]["per"], 100 * results["test"]["wer"]
     assert f"test: PER {per:.2f}%  WER {wer:.2f}%" in first.stdout
     assert (run / ".hydra" / "overrides.yaml").is_file()
-    # train.log holds what the console showed (no bars here), Lightning's lines and table included,
-    # through why training stopped and the test result
+    # train.log holds what the console showed (no bars here), Lightning's lines included, through why
+    # training stopped and the test result, and every test metric
     train_log = (run / "train.log").read_text()
-    table = re.compile(r"^(─+|\s*Test metric\s+DataLoader 0|\s*(test/\S+)\s+(\S+))$")
     for line in (first.stdout + first.stderr).splitlines():
-        if line.strip() and not (row := table.match(line)):
+        if line.strip():
             assert line.strip() in train_log, line
-        elif row and row.group(2):
-            assert re.search(rf"{re.escape(row.group(2))}\s+{re.escape(row.group(3))}", train_log), line
+    for name, value in results["test"].items():
+        assert re.search(rf"test/{name}\s+{re.escape(str(value))}$", train_log, re.MULTILINE), name
     assert "training stopped: trainer.max_epochs=1 epochs done" in train_log
     assert "GPU available" in train_log
     test_line = (f"test: PER {per:.2f}%  WER {wer:.2f}%  CER {100 * results['test']['cer']:.2f}%"
@@ -303,8 +327,31 @@ def test_cli_trains_tests_prints_and_resumes_in_the_run_folder(tiny_synth, tmp_p
     assert list((tmp_path / "runs" / "synth_full").iterdir()) == [run]    # continued in the same folder
     assert json.loads((run / "results.json").read_text())["epochs"] == 2
     # what a user cannot act on is not printed (asr/warning_filters.py), in a fresh run nor a resumed one
-    for noise in ("LeafSpec", "litlogger", "Checkpoint directory", "val_check_interval", "Warning"):
+    # nor what says again what asr.train says: Lightning's model table (FLOPs 0), its test table (each
+    # rate under two or three names), its stop and checkpoint-loading lines
+    for noise in ("LeafSpec", "litlogger", "Checkpoint directory", "val_check_interval", "Warning", "FLOPs",
+                  "Test metric", "test/per", "`Trainer.fit` stopped", "Restoring states", "Loaded model weights",
+                  "TPU available"):
         assert noise not in first.stdout + first.stderr + second.stdout + second.stderr, noise
+
+
+def test_the_last_lines_print_each_rate_once_under_its_own_name():
+    from asr.train import result_lines
+    # as the recognizer names them: per head, the headline (phone head, first word head), the primary
+    # error (= the phone head's PER), the lexicon + LM words; a second word head (sentencepiece)
+    test = {"per_phones": 0.0458, "per": 0.0458, "wer_chars": 0.8181, "cer_chars": 0.2658, "wer_pieces": 0.7012,
+            "cer_pieces": 0.2511, "wer": 0.8181, "cer": 0.2658, "primary_error": 0.0458, "wer_lexicon": 0.123,
+            "cer_lexicon": 0.045, "encoder_length": 383.4, "oov_lm": 0.0}
+    real = {"corpus": "asterisk", "per": 0.5912, "wer_lexicon": 0.6543, "oov_lm": 0.0321}
+    lines = result_lines({"test": test, "real_speech": real})
+    assert lines == ["test: PER 4.58%  WER 81.81%  CER 26.58%  (mean encoder length 383)",
+                     "      lexicon + LM: WER 12.30%  CER 4.50%",
+                     "      other heads: pieces WER 70.12% CER 25.11%",
+                     "real speech (asterisk test): PER 59.12%  lexicon + LM: WER 65.43%  (words outside the LM 3.21%)"]
+    printed = "\n".join(lines)
+    for rate in {*test.values(), *[real[key] for key in ("per", "wer_lexicon", "oov_lm")]} - {383.4, 0.0}:
+        assert printed.count(f"{100 * rate:.2f}%") == 1, rate
+    assert result_lines({"test": {}}) == []     # test=false: no test line
 
 
 def test_stop_reason_names_the_budget_that_ended_training():
