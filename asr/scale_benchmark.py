@@ -159,8 +159,7 @@ def prepare_size(hours: float, source: Path, scratch: Path, base: dict) -> dict:
     replicate_feature_cache(Path(base["cache"]) / "dev", cache / "dev", dev, base["dev_ids"])
     prepared = {"hours": hours, "folder": str(folder), "utterances": train.cuts, "audio_hours": train.seconds / 3600,
                 "manifest_mb": cuts_path(folder, CORPUS, "train").stat().st_size / 2**20,
-                "manifest_write_s": manifest_s, "cache_gb": cache_bytes / 2**30,
-                "cache_build_s": base["cache_seconds_per_hour"] * train.seconds / 3600, "cache_build_extrapolated": True}
+                "manifest_write_s": manifest_s, "cache_gb": cache_bytes / 2**30}
     done.write_text(json.dumps(prepared))
     return prepared
 
@@ -215,10 +214,10 @@ def table(rows: list[dict]) -> str:
             cells = [fmt.format(values[key]) + ("*" if key == "epoch_s" and not values["epoch_measured"] else "")
                      for key, _, fmt in COLUMNS]
             lines.append("  ".join(f"{cell:>11s}" for cell in cells))
-    lines.append("\nfeature cache          size GB   build s (extrap.)   manifest MB   manifest write s")
+    lines.append("\nfeature cache          size GB   build s (extrap.)   manifest MB")
     for row in rows:
         lines.append(f"  {row['hours']:>8g} h  {row['cache_gb']:14.2f}  {row['cache_build_s']:18.0f}  "
-                     f"{row['manifest_mb']:12.1f}  {row['manifest_write_s']:17.1f}")
+                     f"{row['manifest_mb']:12.1f}")
     lines.append("* epoch s: batches per epoch / batches per s (extrapolated from the batches drawn)")
     return "\n".join(lines)
 
@@ -278,12 +277,17 @@ def benchmark(args: argparse.Namespace) -> None:
     rows = []
     for hours in args.hours:
         row = prepare_size(hours, source, scratch, base)
+        if args.prepare_only:
+            print(f"  {hours:g} h prepared in {row['folder']}", flush=True)
+            continue
+        row["cache_build_s"] = base["cache_seconds_per_hour"] * row["audio_hours"]   # extrapolated by hours
         for mode in MODES:
             row[mode] = run_measurement(Path(row["folder"]), mode, args)
             print(f"  {hours:g} h {mode}: {json.dumps(row[mode])}", flush=True)
         rows.append(row)
         write_outputs(rows, out)
-    print(table(rows))
+    if rows:
+        print(table(rows))
     print(f"\nwritten: {out / 'scale.csv'}, {out / 'scale.json'}, {out / 'scale.png'}")
 
 
@@ -297,6 +301,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="at most this long timing batches")
     parser.add_argument("--max-duration", type=float, default=60.0, help="data.max_duration (synth's 60 s)")
     parser.add_argument("--memory-limit-gb", type=float, default=12.0)
+    parser.add_argument("--prepare-only", action="store_true", help="write the manifests and caches, measure nothing")
     parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)   # a child: one size, one mode
     parser.add_argument("--mode", choices=MODES, default="precomputed", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
