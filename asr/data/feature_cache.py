@@ -24,8 +24,10 @@ everything else is reused. Work is saved shard by shard, so an interrupted or fa
 Where a cut is in several shards (its audio changed), the newest shard wins; shards left with no
 live cut are deleted.
 
-Shards are memory-mapped for reading: a batch reads and decompresses just its cuts' blobs, and
-DataLoader workers each map the files themselves.
+A batch reads (os.pread) and decompresses just its cuts' blobs. Not a memory map: the pages a map
+touches count as the process's resident memory, and over an epoch it touched the whole cache (2.6 GB
+at 100 h, the cache's size at 1,000 h: asr/RESULTS.md, "Scale"); read, they stay the kernel's page
+cache. Each process (DataLoader workers too) opens the files itself.
 
 A split's features are attached with `attach_features`: `StoredFeatures` (this cache) or, with
 `data.precompute_features=false`, `OnTheFlyFeatures` (computed from the audio per batch); the
@@ -53,6 +55,7 @@ from asr.data.features import FilterBank
 from asr.fault_injection import pause_point
 
 SHARD_CUTS = 256
+MAX_OPEN_SHARDS = 64      # file descriptors a FeatureStore keeps open (the oldest is closed first)
 SHARD_SUFFIX = ".lilcom"
 LILCOM_TICK_POWER = -8      # lhotse's default for filter banks
 LILCOM_HALF_TICK = 2.0 ** (LILCOM_TICK_POWER - 1)    # the largest error of a stored value
@@ -117,7 +120,7 @@ class FeatureStore:
         # cut_id -> (shard, byte offset, byte length, frames, fingerprint digest): the digest, not the
         # ~150-character fingerprint: 309 instead of 421 bytes an entry, 60 MB less at 1,000 h
         self.index: dict[str, tuple[str, int, int, int, bytes]] = {}
-        self._shards: dict[str, np.ndarray] = {}
+        self._shards: dict[str, int] = {}   # shard -> an open file descriptor
         if self.directory.is_dir():
             # Shard names start with their creation time: a later shard's entry replaces an earlier one.
             for index_file in sorted(self.directory.glob("shard-*.json")):
@@ -137,10 +140,16 @@ class FeatureStore:
 
     def load(self, cut_id: str) -> np.ndarray:
         shard, offset, length, _, _ = self.index[cut_id]
-        data = self._shards.get(shard)
-        if data is None:
-            data = self._shards[shard] = np.memmap(self.directory / f"{shard}{SHARD_SUFFIX}", np.uint8, mode="r")
-        return lilcom.decompress(data[offset:offset + length].tobytes())
+        descriptor = self._shards.get(shard)
+        if descriptor is None:
+            if len(self._shards) >= MAX_OPEN_SHARDS:   # stay far below the open-files limit
+                os.close(self._shards.pop(next(iter(self._shards))))
+            descriptor = self._shards[shard] = os.open(self.directory / f"{shard}{SHARD_SUFFIX}", os.O_RDONLY)
+        return lilcom.decompress(os.pread(descriptor, length, offset))
+
+    def __del__(self):
+        for descriptor in getattr(self, "_shards", {}).values():
+            os.close(descriptor)
 
     def remove_superseded_shards(self) -> None:
         """Delete shards none of whose cuts they still provide (all recomputed into later shards, or
@@ -154,7 +163,7 @@ class FeatureStore:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_shards"] = {}  # each process maps the files itself instead of receiving copies
+        state["_shards"] = {}  # each process opens the files itself
         return state
 
 
