@@ -23,8 +23,8 @@ size is counted per copy). Then, each in a fresh process (so each peak is its ow
 The cache build time is measured once, on the source's training cuts (`--source`, computed into
 `--scratch/base`), and extrapolated to each size by its hours (marked "extrap." in the table).
 
-A size whose process grows past --memory-limit-gb is stopped and reported as such (no swap here:
-the limit keeps the machine's other jobs alive). Prints a table; writes scale.csv, scale.json and
+A size whose process grows past --memory-limit-gb or runs past --time-limit is stopped and reported
+as such (no swap here: the limit keeps the machine's other jobs alive). Prints a table; writes scale.csv, scale.json and
 scale.png (log-log, with a line of linear growth) into --scratch (or --out). Delete --scratch
 afterwards: the 10,000 h manifest is ~1 GB.
 """
@@ -110,26 +110,31 @@ def run_measurement(folder: Path, mode: str, args: argparse.Namespace) -> dict:
         for stats in folder.glob("features/*/train/stats-*.json"):
             stats.unlink()
     process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
-    limit_kb, over = args.memory_limit_gb * 1024 * 1024, 0.0
+    limit_kb, over, late, started = args.memory_limit_gb * 1024 * 1024, 0.0, 0.0, time.perf_counter()
     while process.poll() is None:
         rss_kb = _resident_kb(process.pid)
         if rss_kb > limit_kb:
             over = rss_kb / 1024.0
             process.kill()
+        elif time.perf_counter() - started > args.time_limit:
+            late = _resident_kb(process.pid, "VmHWM:") / 1024.0
+            process.kill()
         time.sleep(0.2)
     output = process.stdout.read()
     if over:
         return {"mode": mode, "stopped": f"resident memory passed {args.memory_limit_gb:g} GB ({over:.0f} MB)"}
+    if late:
+        return {"mode": mode, "stopped": f"ran past {args.time_limit:g} s (peak {late:.0f} MB by then)"}
     if process.returncode != 0:
         return {"mode": mode, "stopped": f"exit status {process.returncode}"}
     return json.loads(output.strip().splitlines()[-1])
 
 
-def _resident_kb(pid: int) -> int:
+def _resident_kb(pid: int, field: str = "VmRSS:") -> int:
     try:
         with open(f"/proc/{pid}/status") as status:
             for line in status:
-                if line.startswith("VmRSS:"):
+                if line.startswith(field):
                     return int(line.split()[1])
     except OSError:
         pass
@@ -245,7 +250,7 @@ def plot(rows: list[dict], path: Path) -> None:
     for ax, (key, title) in zip(axes, panels):
         anchor = None
         for mode in MODES:
-            points = [(row["hours"], row[mode][key]) for row in rows if key in row[mode]]
+            points = [(row["hours"], row[mode][key]) for row in rows if key in row.get(mode, {})]
             if points:
                 ax.plot(*zip(*points), "o-", label=mode.replace("_", " "))
                 anchor = anchor or points[0]
@@ -282,6 +287,9 @@ def benchmark(args: argparse.Namespace) -> None:
             continue
         row["cache_build_s"] = base["cache_seconds_per_hour"] * row["audio_hours"]   # extrapolated by hours
         for mode in MODES:
+            if mode not in args.modes:
+                row[mode] = {"mode": mode, "stopped": "not asked for (--modes)"}
+                continue
             row[mode] = run_measurement(Path(row["folder"]), mode, args)
             print(f"  {hours:g} h {mode}: {json.dumps(row[mode])}", flush=True)
         rows.append(row)
@@ -301,6 +309,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=30.0, help="at most this long timing batches")
     parser.add_argument("--max-duration", type=float, default=60.0, help="data.max_duration (synth's 60 s)")
     parser.add_argument("--memory-limit-gb", type=float, default=12.0)
+    parser.add_argument("--time-limit", type=float, default=1800.0, help="seconds a size and mode may take")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
     parser.add_argument("--prepare-only", action="store_true", help="write the manifests and caches, measure nothing")
     parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)   # a child: one size, one mode
     parser.add_argument("--mode", choices=MODES, default="precomputed", help=argparse.SUPPRESS)
