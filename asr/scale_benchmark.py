@@ -1,6 +1,6 @@
 """How the data side grows with the data: start-up, memory, feature cache and batch rate from 10 h to 10,000 h.
 
-    python -m asr.scale_benchmark [--source data/synth] [--scratch /work/scale_scratch]
+    python -m asr.scale_benchmark [--source data/synth] [--scratch runs/scale_benchmark]
                                   [--hours 10 100 1000 10000] [--batches 200] [--memory-limit-gb 12]
 
 For each size it writes, under `--scratch/<hours>h/`, a training manifest of that many hours made
@@ -302,7 +302,7 @@ def benchmark(args: argparse.Namespace) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", default="data/synth", help="a prepared synth corpus (recipes.synth)")
-    parser.add_argument("--scratch", default="/work/scale_scratch", help="where the scaled manifests go")
+    parser.add_argument("--scratch", default="runs/scale_benchmark", help="where the scaled manifests go (1 GB a 10,000 h)")
     parser.add_argument("--out", default=None, help="where scale.csv/json/png go (default: --scratch)")
     parser.add_argument("--hours", type=float, nargs="+", default=[10, 100, 1000, 10000])
     parser.add_argument("--batches", type=int, default=200, help="batches timed after the first one")
