@@ -14,11 +14,17 @@ error at start-up listing every such utterance; true, they are left out and coun
 - the utterance is too short for one feature frame (a 0-second cut);
 - the utterance is longer than data.max_duration: no batch can hold it.
 A file corrupt past its header (a truncated FLAC) is found when its features are computed, under the
-same reason and policy. Empty transcripts (words, or phones when phones are a target) are left
-out and counted under "empty_transcript". Transcripts with a symbol outside a tokenizer's table fail
-in `tokenizers.encode_targets`, naming every symbol.
+same reason and policy: with precomputed features (the default) that is every file, before training;
+with `data.precompute_features=false` only the files of the statistics' sample
+(`feature_cache.statistics_sample`, every file of a split up to 5,000 utterances) are decoded before
+training, and a larger split's other files are decoded first when their batch is built - decoding
+every file of 1,000 h at start-up would take over an hour, the cost that mode exists to avoid.
+Empty transcripts (words, or phones when phones are a target) are left out and counted under
+"empty_transcript". Transcripts with a symbol outside a tokenizer's table fail in
+`tokenizers.check_transcripts`, naming every symbol.
 
-CTC feasibility (`drop_ctc_infeasible`): a training utterance whose targets need more frames than the
+CTC feasibility (`note_ctc_candidate` when the targets are checked, `drop_ctc_infeasible` once the
+features are attached): a training utterance whose targets need more frames than the
 encoder gives (T // frame_subsampling, with a blank between repeated tokens) is left out and counted
 under "too_many_targets"; in dev/test such utterances are kept (error rates must cover the whole set)
 and counted - their CTC loss is infinite, so the loss uses `zero_infinity=True`.
@@ -72,7 +78,8 @@ class SplitData:
 
     name: str
     cuts: CutSet
-    targets: dict[str, dict[str, list[int]]] = field(default_factory=dict)   # cut_id -> kind -> ids
+    # the cuts CTC may not align once their frames are known: cut_id -> (cut, {kind: CTC's fewest frames})
+    ctc_candidates: dict[str, tuple] = field(default_factory=dict)
     features: StoredFeatures | OnTheFlyFeatures | None = None
     dropped: dict[str, int] = field(default_factory=dict)   # reason -> count
     ctc_infeasible_kept: int = 0
@@ -87,7 +94,7 @@ class SplitData:
             return
         self.cuts = self.cuts.filter(lambda cut: cut.id not in cut_ids).to_eager()
         for cut_id in cut_ids:
-            self.targets.pop(cut_id, None)
+            self.ctc_candidates.pop(cut_id, None)
         self.dropped[reason] = self.dropped.get(reason, 0) + len(cut_ids)
         if len(self.cuts) == 0:
             raise ManifestError(f"split {self.name!r} has no utterances left after dropping {len(cut_ids)} "
@@ -206,16 +213,29 @@ def ctc_min_frames(ids: list[int]) -> int:
     return len(ids) + int(np.count_nonzero(np.diff(np.asarray(ids)) == 0)) if ids else 0
 
 
+def note_ctc_candidate(data: SplitData, cut, ids: dict[str, list[int]], filterbank: FilterBank,
+                       frame_subsampling: int) -> None:
+    """Keep `cut` for `drop_ctc_infeasible` if its targets `ids` may need more encoder frames than
+    its audio gives. The frames are estimated from the manifest's sample count - what the features
+    have, one frame of margin kept - so only these few cuts, not every cut's ids, wait in memory
+    until the features are attached."""
+    needed = {kind: ctc_min_frames(kind_ids) for kind, kind_ids in ids.items()}
+    if max(needed.values(), default=0) >= filterbank.num_frames(cut.num_samples) // frame_subsampling:
+        data.ctc_candidates[cut.id] = (cut, needed)
+
+
 def drop_ctc_infeasible(data: SplitData, frame_subsampling: int, is_train: bool) -> None:
     """Utterances with more CTC targets than encoder frames (module doc): left out of a training
-    split, counted and kept in any other; logged either way."""
+    split, counted and kept in any other; logged either way. Checks the candidates
+    `note_ctc_candidate` kept, against the frames their features have."""
     infeasible, by_kind = set(), defaultdict(int)
-    for cut in data.cuts:
+    for cut_id, (cut, needed) in data.ctc_candidates.items():
         frames = data.features.num_frames(cut) // frame_subsampling
-        for kind, ids in data.targets[cut.id].items():
-            if ctc_min_frames(ids) > frames:
-                infeasible.add(cut.id)
+        for kind, fewest in needed.items():
+            if fewest > frames:
+                infeasible.add(cut_id)
                 by_kind[kind] += 1
+    data.ctc_candidates = {}
     if not infeasible:
         return
     detail = (f"(frame_subsampling={frame_subsampling}; by target: "

@@ -7,16 +7,18 @@ and `SpeechDataModule.dataloader` (steps 5-6); each step is one call into the mo
 2. check and drop bad ones: missing/unreadable/unusable audio fails at once with the full list of
    cuts and files, or - with `data.skip_bad_audio=true` - is left out and counted; empty transcripts
    are left out and counted (`cut_checks.drop_unusable_cuts`);
-3. encode targets: the tokenizers (built from the training text unless `set_tokenizers` gave them,
-   e.g. from a checkpoint) turn every transcript into ids (the training split first gains its
+3. check targets: the tokenizers (built from the training text unless `set_tokenizers` gave them,
+   e.g. from a checkpoint) encode every transcript once (the training split first gains its
    speed-perturbed copies, `data.augment.speed`); a symbol outside a tokenizer's table fails
-   with every offending symbol and example cuts (`tokenizers.encode_targets`);
+   with every offending symbol and example cuts (`tokenizers.check_transcripts`). The ids are not
+   kept: each batch encodes its own transcripts (step 5), only cuts CTC may not align are noted;
 4. attach features: compute (or reuse) the cached features, or plan to compute them per batch
    (`feature_cache.attach_features`); then audio found corrupt there (`cut_checks.drop_bad_audio`) and
    utterances CTC cannot align (`cut_checks.drop_ctc_infeasible`: more targets than encoder frames)
    are dealt with;
-5. build the dataset: cuts -> padded tensors; for training, waveform augmentation drawn per utterance
-   and epoch (`waveform_augmentation`) and SpecAugment (`dataset.SpeechBatchDataset`);
+5. build the dataset: cuts -> padded tensors and their transcripts' ids; for training, waveform
+   augmentation drawn per utterance and epoch (`waveform_augmentation`) and SpecAugment
+   (`dataset.SpeechBatchDataset`);
 6. build the sampler: duration-bucketed batches, this process's share (`batching.duration_bucketing_sampler`).
 
 Steps 1-4 run once per split and what they give is kept (`cut_checks.SplitData`); 5-6 are made for
@@ -25,7 +27,8 @@ split of its stage through steps 1-3 before any split's features are computed, s
 reported before minutes are spent; features already computed are kept on disk whatever fails later.
 
 The global mean/std (`feature_mean`, `feature_std`) are over all frames of the kept training
-utterances; they are computed on first use and cached next to the features.
+utterances, or of `feature_cache.STATS_SAMPLE_CUTS` of them evenly spread where the split has more;
+they are computed on first use and cached next to the features.
 """
 
 from __future__ import annotations
@@ -42,14 +45,15 @@ import torch
 
 from asr.data.augmentation import SpecAugment
 from asr.data.batching import duration_bucketing_sampler
-from asr.data.cut_checks import SplitData, drop_bad_audio, drop_ctc_infeasible, drop_unusable_cuts
+from asr.data.cut_checks import (SplitData, drop_bad_audio, drop_ctc_infeasible, drop_unusable_cuts,
+                                 note_ctc_candidate)
 from asr.data.dataset import SpeechBatchDataset
 from asr.data.feature_cache import (FeatureStats, StoredFeatures, attach_features, feature_directory,
-                                    global_feature_stats)
+                                    global_feature_stats, statistics_sample)
 from asr.data.features import FilterBank
 from asr.data.manifests import corpus_root, load_cuts
 from asr.data.tokenizers import (SENTENCEPIECE_TYPES, TOKENIZER_KINDS, Tokenizer, build_tokenizers,
-                                 encode_targets, tokenizer_from_state_dict)
+                                 check_transcripts, tokenizer_from_state_dict)
 from asr.data.waveform_augmentation import (AugmentConfig, WaveformAugmenter, augment_config_from, speed_factors,
                                             transforms_on_the_fly, validate_augment_config, with_speed_copies)
 
@@ -227,7 +231,8 @@ class SpeechDataModule(lightning.LightningDataModule):
             if name == cfg.train_split:   # speed-perturbed copies join the training set (their features are cached)
                 self._training_originals = list(data.cuts)
                 data.cuts = with_speed_copies(data.cuts, speed_factors(cfg.augment))
-            data.targets = encode_targets(data.cuts, self._tokenizers, name)
+            check_transcripts(data.cuts, self._tokenizers, name, on_encoded=lambda cut, ids: note_ctc_candidate(
+                data, cut, ids, self.filterbank, self.frame_subsampling))
             self._splits[name] = data
         if features and data.features is None:
             # 4. attach features; leave out audio found corrupt there, and what CTC cannot align
@@ -254,7 +259,7 @@ class SpeechDataModule(lightning.LightningDataModule):
                                   cfg.time_mask_max_fraction) if train and cfg.specaugment else None
         augmenter = WaveformAugmenter(cfg.augment, self.seed, self.filterbank, self._training_originals) \
             if train and transforms_on_the_fly(cfg.augment) else None
-        dataset = SpeechBatchDataset(data.targets, data.features, specaugment,
+        dataset = SpeechBatchDataset(self._tokenizers, data.features, specaugment,
                                      self.feature_mean if specaugment is not None else None, self.seed, augmenter)
         # 6. build the sampler
         rank, world_size = self.process_rank()
@@ -315,12 +320,13 @@ class SpeechDataModule(lightning.LightningDataModule):
 
     @property
     def feature_stats(self) -> FeatureStats:
-        """Mean/std over all frames of the kept training utterances (computed once, cached on disk)."""
+        """Mean/std over all frames of the kept training utterances, or of an even sample of them in a
+        large split (module doc); computed once, cached on disk."""
         if self._stats is None:
             train = self.split(self.cfg.train_split)
             store = train.features.store if isinstance(train.features, StoredFeatures) else None
             stats, failures = global_feature_stats(
-                list(train.cuts), self.filterbank, self.feature_directory / train.name, store,
+                statistics_sample(train.cuts), self.filterbank, self.feature_directory / train.name, store,
                 self.cfg.feature_jobs, self.cfg.progress)
             # only in on-the-fly mode: audio corrupt past its header; stats exclude these
             drop_bad_audio(train, failures, self.cfg.skip_bad_audio)

@@ -13,6 +13,7 @@ from asr.data.augmentation import SpecAugment
 from asr.data.batching import EpochBatch
 from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures, single_torch_thread
 from asr.data.manifests import transcript
+from asr.data.tokenizers import Tokenizer, encode_transcripts
 from asr.data.waveform_augmentation import WaveformAugmenter
 
 
@@ -46,7 +47,8 @@ def pad_sequences(sequences: list[torch.Tensor], padding_value: float = 0.0) -> 
 class SpeechBatchDataset(torch.utils.data.Dataset):
     """A map-style dataset whose index is a CutSet (what lhotse samplers yield); returns a Batch.
 
-    `targets`: {cut_id: {kind: token ids}}, encoded once when the split was loaded.
+    `tokenizers`: {kind: tokenizer}; a batch's transcripts are encoded when it is built (every
+    transcript was checked once when the split was loaded: `tokenizers.check_transcripts`).
     `augmenter` (training only) transforms the audio of the utterances it draws a transform for
     (their features are then computed from it; asr.data.waveform_augmentation), seeded per
     utterance from (seed, epoch, cut id). `specaugment` (training only) masks with `fill` (the
@@ -57,12 +59,12 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
     of cuts (taken as epoch 0).
     """
 
-    def __init__(self, targets: dict[str, dict[str, list[int]]], features: StoredFeatures | OnTheFlyFeatures,
+    def __init__(self, tokenizers: dict[str, Tokenizer], features: StoredFeatures | OnTheFlyFeatures,
                  specaugment: SpecAugment | None = None, fill: torch.Tensor | None = None, seed: int = 0,
                  augmenter: WaveformAugmenter | None = None):
         if specaugment is not None and fill is None:
             raise ValueError("SpecAugment needs the fill value (the global feature mean)")
-        self.targets = targets
+        self.tokenizers = tokenizers
         self.features = features
         self.specaugment = specaugment
         self.fill = fill
@@ -89,10 +91,10 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
             key = f"{self.seed}:{epoch}:{','.join(ids)}".encode()
             generator = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:15], 16))
             padded = self.specaugment(padded, feature_lengths, self.fill, generator)
-        kinds = list(self.targets[ids[0]]) if ids else []
+        encoded = [encode_transcripts(cut, self.tokenizers) for cut in cuts]
         targets, target_lengths = {}, {}
-        for kind in kinds:
-            sequences = [torch.tensor(self.targets[i][kind], dtype=torch.int64) for i in ids]
+        for kind in (self.tokenizers if cuts else ()):
+            sequences = [torch.tensor(ids[kind], dtype=torch.int64) for ids in encoded]
             targets[kind] = pad_sequences(sequences, 0).to(torch.int64)
             target_lengths[kind] = torch.tensor([len(s) for s in sequences], dtype=torch.int64)
         return {

@@ -24,8 +24,10 @@ everything else is reused. Work is saved shard by shard, so an interrupted or fa
 Where a cut is in several shards (its audio changed), the newest shard wins; shards left with no
 live cut are deleted.
 
-Shards are memory-mapped for reading: a batch reads and decompresses just its cuts' blobs, and
-DataLoader workers each map the files themselves.
+A batch reads (os.pread) and decompresses just its cuts' blobs. Not a memory map: the pages a map
+touches count as the process's resident memory, and over an epoch it touched the whole cache (2.6 GB
+at 100 h, the cache's size at 1,000 h: asr/RESULTS.md, "Scale"); read, they stay the kernel's page
+cache. Each process (DataLoader workers too) opens the files itself.
 
 A split's features are attached with `attach_features`: `StoredFeatures` (this cache) or, with
 `data.precompute_features=false`, `OnTheFlyFeatures` (computed from the audio per batch); the
@@ -53,6 +55,7 @@ from asr.data.features import FilterBank
 from asr.fault_injection import pause_point
 
 SHARD_CUTS = 256
+MAX_OPEN_SHARDS = 64      # file descriptors a FeatureStore keeps open (the oldest is closed first)
 SHARD_SUFFIX = ".lilcom"
 LILCOM_TICK_POWER = -8      # lhotse's default for filter banks
 LILCOM_HALF_TICK = 2.0 ** (LILCOM_TICK_POWER - 1)    # the largest error of a stored value
@@ -77,6 +80,11 @@ def audio_fingerprint(cut) -> str:
     if transforms:
         parts.append(json.dumps([t if isinstance(t, dict) else t.to_dict() for t in transforms], sort_keys=True))
     return f"{'|'.join(parts)}|{cut.start:.6f}|{cut.duration:.6f}|{cut.channel}"
+
+
+def fingerprint_digest(fingerprint: str) -> bytes:
+    """8 bytes that stand for a fingerprint in memory (a stale entry slips through with odds 2^-64)."""
+    return hashlib.blake2b(fingerprint.encode(), digest_size=8).digest()
 
 
 def load_waveform(cut) -> np.ndarray:
@@ -109,9 +117,10 @@ class FeatureStore:
     def __init__(self, directory: Path, num_mel_bins: int):
         self.directory = Path(directory)
         self.num_mel_bins = num_mel_bins
-        # cut_id -> (shard, byte offset, byte length, frames, fingerprint)
-        self.index: dict[str, tuple[str, int, int, int, str]] = {}
-        self._shards: dict[str, np.ndarray] = {}
+        # cut_id -> (shard, byte offset, byte length, frames, fingerprint digest): the digest, not the
+        # ~150-character fingerprint: 309 instead of 421 bytes an entry, 60 MB less at 1,000 h
+        self.index: dict[str, tuple[str, int, int, int, bytes]] = {}
+        self._shards: dict[str, int] = {}   # shard -> an open file descriptor
         if self.directory.is_dir():
             # Shard names start with their creation time: a later shard's entry replaces an earlier one.
             for index_file in sorted(self.directory.glob("shard-*.json")):
@@ -120,21 +129,27 @@ class FeatureStore:
                     continue    # an interrupted write, or a shard of the old float32 format
                 entries = json.loads(index_file.read_text())
                 for cut_id, (offset, length, frames, fingerprint) in entries.items():
-                    self.index[cut_id] = (shard, int(offset), int(length), int(frames), fingerprint)
+                    self.index[cut_id] = (shard, int(offset), int(length), int(frames), fingerprint_digest(fingerprint))
 
     def has(self, cut) -> bool:
         entry = self.index.get(cut.id)
-        return entry is not None and entry[4] == audio_fingerprint(cut)
+        return entry is not None and entry[4] == fingerprint_digest(audio_fingerprint(cut))
 
     def num_frames(self, cut_id: str) -> int:
         return self.index[cut_id][3]
 
     def load(self, cut_id: str) -> np.ndarray:
         shard, offset, length, _, _ = self.index[cut_id]
-        data = self._shards.get(shard)
-        if data is None:
-            data = self._shards[shard] = np.memmap(self.directory / f"{shard}{SHARD_SUFFIX}", np.uint8, mode="r")
-        return lilcom.decompress(data[offset:offset + length].tobytes())
+        descriptor = self._shards.get(shard)
+        if descriptor is None:
+            if len(self._shards) >= MAX_OPEN_SHARDS:   # stay far below the open-files limit
+                os.close(self._shards.pop(next(iter(self._shards))))
+            descriptor = self._shards[shard] = os.open(self.directory / f"{shard}{SHARD_SUFFIX}", os.O_RDONLY)
+        return lilcom.decompress(os.pread(descriptor, length, offset))
+
+    def __del__(self):
+        for descriptor in getattr(self, "_shards", {}).values():
+            os.close(descriptor)
 
     def remove_superseded_shards(self) -> None:
         """Delete shards none of whose cuts they still provide (all recomputed into later shards, or
@@ -148,7 +163,7 @@ class FeatureStore:
 
     def __getstate__(self):
         state = self.__dict__.copy()
-        state["_shards"] = {}  # each process maps the files itself instead of receiving copies
+        state["_shards"] = {}  # each process opens the files itself
         return state
 
 
@@ -324,6 +339,24 @@ class FeatureStats:
         return FeatureStats(np.asarray(data["mean"]), np.asarray(data["std"]), int(data["num_frames"]))
 
 
+# The statistics are over the frames of at most this many training utterances, evenly spread over the
+# split: the mean/std of 5,000 utterances (~10 h, millions of frames) differ from those of all frames by
+# far less than the features' own spread, and at 1,000 h reading every frame took minutes (asr/RESULTS.md,
+# "Scale"). A split of at most this many utterances (the demo's 3,000) uses every frame, as before.
+STATS_SAMPLE_CUTS = 5000
+
+
+def statistics_sample(cuts, size: int | None = None) -> list:
+    """Every cut when there are at most `size` (default STATS_SAMPLE_CUTS); otherwise `size` cuts evenly
+    spaced over `cuts` (deterministic: the same split gives the same sample, so the cached statistics
+    are found again)."""
+    size = STATS_SAMPLE_CUTS if size is None else size
+    cuts = list(cuts)
+    if len(cuts) <= size:
+        return cuts
+    return [cuts[i * len(cuts) // size] for i in range(size)]
+
+
 def _stats_file(directory: Path, cuts) -> Path:
     digest = hashlib.sha1("\n".join(f"{c.id} {audio_fingerprint(c)}" for c in cuts).encode()).hexdigest()[:16]
     return Path(directory) / f"stats-{digest}.json"
@@ -331,7 +364,8 @@ def _stats_file(directory: Path, cuts) -> Path:
 
 def global_feature_stats(cuts, filterbank: FilterBank, directory: Path, store: FeatureStore | None = None,
                          jobs: int = 1, progress: bool = True) -> tuple[FeatureStats, dict[str, str]]:
-    """Mean/std over every frame of `cuts`, cached in `directory` for this exact set of cuts.
+    """Mean/std over every frame of `cuts` (the caller passes `statistics_sample` of a large split),
+    cached in `directory` for this exact set of cuts.
 
     With a `store` the frames are read from it; without one they are computed from the audio (the
     on-the-fly mode) and only the statistics are kept. Returns (stats, failures {cut_id: message}):

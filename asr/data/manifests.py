@@ -109,31 +109,34 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
         raise ManifestError(
             f"manifest {path} not found (corpus={corpus!r}, split={split!r}); {hint}, or point data.root / "
             f"data.corpus / data.*_split at existing manifests" + (f" (found: {', '.join(present)})" if present else ""))
+    # One pass over the file, checking each cut as it is read and keeping only its absolute-path
+    # copy: at 1,000 h a second copy of the cuts would be another ~1 GB (asr/RESULTS.md, "Scale").
+    cuts, not_one, no_audio, no_phones = [], [], [], []
     try:
-        cuts = []
-        for cut in CutSet.from_file(path):
-            cuts.append(cut)
+        for cut in CutSet.from_jsonl_lazy(path):
+            if len(cut.supervisions) != 1:
+                not_one.append(cut.id)
+            if not cut.has_recording:
+                no_audio.append(cut.id)
+            elif need_phones and len(cut.supervisions) == 1 and "phones" not in (cut.supervisions[0].custom or {}):
+                no_phones.append(cut.id)
+            cuts.append(_absolute_sources(cut, root))
             if limit is not None and len(cuts) >= limit:
                 break
     except Exception as error:  # lhotse raises many types for a malformed manifest
         raise ManifestError(f"cannot read manifest {path}: {type(error).__name__}: {error}") from error
     if not cuts:
         raise ManifestError(f"manifest {path} holds no cuts; regenerate it with its recipe")
-
-    not_one = [c.id for c in cuts if len(c.supervisions) != 1]
     if not_one:
         raise ManifestError(f"{path}: every cut must carry exactly one supervision (the utterance's "
                             f"transcript); these do not: {listing(not_one)}")
-    no_audio = [c.id for c in cuts if not c.has_recording]
     if no_audio:
         raise ManifestError(f"{path}: cuts without a recording: {listing(no_audio)}")
-    if need_phones:
-        no_phones = [c.id for c in cuts if "phones" not in (c.supervisions[0].custom or {})]
-        if no_phones:
-            raise ManifestError(f"{path}: phone targets are configured (data.targets) but these cuts have no "
-                                f"supervision.custom['phones']: {listing(no_phones)}; remove 'phones' from "
-                                "data.targets or regenerate the manifests with phones")
-    return CutSet.from_cuts(_absolute_sources(c, root) for c in cuts)
+    if no_phones:
+        raise ManifestError(f"{path}: phone targets are configured (data.targets) but these cuts have no "
+                            f"supervision.custom['phones']: {listing(no_phones)}; remove 'phones' from "
+                            "data.targets or regenerate the manifests with phones")
+    return CutSet.from_cuts(cuts)
 
 
 def transcript(cut, field: str) -> str:

@@ -5,7 +5,8 @@ reads one supervision field: phones read `supervision.custom["phones"]`, charact
 sentencepiece read `supervision.text`. `state_dict()` is plain JSON (the sentencepiece model as
 base64), so the token table travels inside a checkpoint and `tokenizer_from_state_dict` rebuilds
 exactly the same tokenizer without the training text. For a split of a corpus, `build_tokenizers`
-makes them from the training cuts and `encode_targets` turns every cut's transcripts into ids.
+makes them from the training cuts, `check_transcripts` checks every cut's transcripts before
+training and `encode_transcripts` turns one cut's into ids when its batch is built.
 
 Decisions:
 - phones: a fixed inventory in a fixed order, named by the manifests' `custom["phone_set"]`:
@@ -27,7 +28,7 @@ import logging
 import re
 import string
 from collections import defaultdict
-from typing import Iterable, Sequence
+from typing import Callable, Iterable, Sequence
 
 from lhotse import CutSet
 
@@ -156,6 +157,15 @@ class SentencePieceTokenizer(Tokenizer):
         self._model_bytes = bytes(model_bytes)
         self._processor = sentencepiece.SentencePieceProcessor(model_proto=self._model_bytes)
 
+    def __getstate__(self):   # DataLoader workers get the model's bytes and load the model themselves
+        return {key: value for key, value in self.__dict__.items() if key != "_processor"}
+
+    def __setstate__(self, state):
+        import sentencepiece
+
+        self.__dict__.update(state)
+        self._processor = sentencepiece.SentencePieceProcessor(model_proto=self._model_bytes)
+
     @property
     def vocab_size(self) -> int:
         return self._processor.vocab_size() + 1
@@ -256,33 +266,41 @@ def build_tokenizers(kinds: Sequence[str], train_cuts: CutSet, split: str, sente
     return tokenizers
 
 
-def encode_targets(cuts: CutSet, tokenizers: dict[str, Tokenizer], split: str) -> dict[str, dict[str, list[int]]]:
-    """{cut_id: {kind: token ids}} of every cut. ManifestError when the split's phone set is not the
-    phones tokenizer's, or when transcripts hold symbols outside a tokenizer's table (every such
-    symbol named, with example cuts)."""
+def encode_transcripts(cut, tokenizers: dict[str, Tokenizer]) -> dict[str, list[int]]:
+    """{kind: token ids} of one cut's transcripts: what its batch holds (asr.data.dataset)."""
+    return {kind: tokenizer.encode(transcript(cut, tokenizer.field)) for kind, tokenizer in tokenizers.items()}
+
+
+def check_transcripts(cuts: CutSet, tokenizers: dict[str, Tokenizer], split: str,
+                      on_encoded: Callable[[object, dict[str, list[int]]], None] | None = None) -> None:
+    """Encode every cut's transcripts once, before training: ManifestError when the split's phone set
+    is not the phones tokenizer's, or when transcripts hold symbols outside a tokenizer's table (every
+    such symbol named, with example cuts). `on_encoded(cut, {kind: ids})` sees each cut's ids; they
+    are not kept - a batch encodes its own cuts again, so no split's ids sit in memory (at 1,000 h
+    they took ~1 GB: asr/RESULTS.md, "Scale")."""
     phone_set = phone_set_of(cuts, split) if "phones" in tokenizers else None
     if phone_set is not None and tokenizers["phones"].phone_set != phone_set:
         raise ManifestError(f"{split}: the manifest's phones are {phone_set!r} but the phones tokenizer "
                             f"(from the training manifest or the checkpoint) is {tokenizers['phones'].phone_set!r}")
-    targets: dict[str, dict[str, list[int]]] = {}
     unknown: dict[tuple[str, str], list[str]] = defaultdict(list)   # (kind, symbol) -> cut ids
     advice: dict[str, str] = {}
     for cut in cuts:
-        ids = {}
+        ids, failed = {}, False
         for kind, tokenizer in tokenizers.items():
             try:
                 ids[kind] = tokenizer.encode(transcript(cut, tokenizer.field))
             except UnknownTokenError as error:
+                failed = True
                 for symbol in error.tokens:
                     unknown[(kind, symbol)].append(cut.id)
                 advice.setdefault(kind, error.advice)
-        targets[cut.id] = ids
+        if not failed and on_encoded is not None:
+            on_encoded(cut, ids)
     if unknown:
         lines = [f"  {kind} {symbol!r} in {len(ids)} utterances, e.g. {listing(ids, 3)}"
                  for (kind, symbol), ids in sorted(unknown.items())]
         raise ManifestError(f"{split}: transcripts hold symbols outside the tokenizers' tables:\n"
                             + "\n".join(lines) + "\n" + "\n".join(f"  {kind}: {text}" for kind, text in advice.items()))
-    return targets
 
 
 def tokenizer_from_state_dict(state: dict) -> Tokenizer:

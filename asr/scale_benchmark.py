@@ -1,0 +1,328 @@
+"""How the data side grows with the data: start-up, memory, feature cache and batch rate from 10 h to 10,000 h.
+
+    python -m asr.scale_benchmark [--source data/synth] [--scratch runs/scale_benchmark]
+                                  [--hours 10 100 1000 10000] [--batches 200] [--memory-limit-gb 12]
+
+For each size it writes, under `--scratch/<hours>h/`, a training manifest of that many hours made
+of the source corpus's training cuts under new ids (asr.data.scaled_corpus: no audio is written)
+and a dev manifest (the source's dev cuts), and gives the copies their feature cache (the source's
+shards hard-linked under the new ids: the frames are those computing them would give; the disk
+size is counted per copy). Then, each in a fresh process (so each peak is its own):
+
+  startup_s     SpeechDataModule(...).setup("fit") and the first training batch: the training path
+                (manifest loading, checks, tokenisers and targets, feature cache, statistics), with
+                precomputed features (the cache above; the statistics file deleted first, so they
+                are computed as in the first run) and with features on the fly (measured second: the
+                statistics file the first wrote is reused - computing it from the audio costs what
+                computing the sample's features costs, once);
+  peak_rss_mb   the process's peak resident memory (getrusage ru_maxrss), and `data_rss_mb`: that
+                less the peak right after the imports (what the data side added);
+  batches_per_s training batches after the first one (up to --batches or --seconds), SpecAugment on,
+                num_workers=0, as in training; `epoch_s` = the sampler's batches per epoch / that
+                rate (extrapolated unless the epoch was drawn whole: `epoch_measured`).
+The cache build time is measured once, on the source's training cuts (`--source`, computed into
+`--scratch/base`), and extrapolated to each size by its hours (marked "extrap." in the table).
+
+A size whose process grows past --memory-limit-gb or runs past --time-limit is stopped and reported
+as such (no swap here: the limit keeps the machine's other jobs alive). Prints a table; writes scale.csv, scale.json and
+scale.png (log-log, with a line of linear growth) into --scratch (or --out). Delete --scratch
+afterwards: the 10,000 h manifest is ~1 GB.
+"""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from asr.exit_status import run_command
+
+CORPUS = "scale"    # manifests {folder}/scale_cuts_{train,dev}.jsonl.gz
+MODES = ("precomputed", "on_the_fly")
+
+
+class BadArguments(ValueError):
+    """A source folder without the manifests, or a scratch folder that cannot be written."""
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0   # Linux: kilobytes
+
+
+def data_config(folder: Path, mode: str, max_duration: float):
+    from asr.data.datamodule import DataConfig
+
+    return DataConfig(corpus=CORPUS, root=str(folder), targets=["phones", "chars"],
+                      precompute_features=mode == "precomputed", cache_dir=str(folder / "features"),
+                      max_duration=max_duration, num_workers=0, progress=False)
+
+
+def measure(folder: Path, mode: str, max_duration: float, batches: int, seconds: float) -> dict:
+    """One size, one mode, in this process (a fresh one: run by `run_measurement`)."""
+    import torch
+    from asr.data.datamodule import SpeechDataModule
+
+    torch.set_num_threads(1)
+    baseline = peak_rss_mb()
+    start = time.perf_counter()
+    module = SpeechDataModule(data_config(folder, mode, max_duration))
+    phases = {}
+    module.split(module.cfg.train_split, features=False)
+    module.split(module.cfg.dev_split, features=False)
+    phases["load_check_tokenise_s"] = time.perf_counter() - start
+    module.setup("fit")
+    phases["features_and_stats_s"] = time.perf_counter() - start - phases["load_check_tokenise_s"]
+    loader = module.train_dataloader()
+    iterator = iter(loader)
+    next(iterator)
+    startup = time.perf_counter() - start
+    phases["sampler_first_batch_s"] = startup - sum(phases.values())
+    drawn, exhausted = 0, False
+    begin = time.perf_counter()
+    while drawn < batches and time.perf_counter() - begin < seconds:
+        try:
+            next(iterator)
+        except StopIteration:
+            exhausted = True
+            break
+        drawn += 1
+    elapsed = time.perf_counter() - begin
+    rate = drawn / elapsed if drawn else float("nan")
+    per_epoch = loader.sampler.estimated_batches()
+    train = module.split(module.cfg.train_split)
+    return {"mode": mode, "utterances": len(train.cuts), "hours": train.hours, "startup_s": startup, **phases,
+            "peak_rss_mb": peak_rss_mb(), "baseline_rss_mb": baseline, "data_rss_mb": peak_rss_mb() - baseline,
+            "batches_per_s": rate, "batches_per_epoch": per_epoch,
+            "epoch_s": elapsed if exhausted else per_epoch / rate, "epoch_measured": exhausted}
+
+
+def run_measurement(folder: Path, mode: str, args: argparse.Namespace) -> dict:
+    """`measure` in a fresh process, stopped if its resident memory passes --memory-limit-gb."""
+    command = [sys.executable, "-m", "asr.scale_benchmark", "--measure", str(folder), "--mode", mode,
+               "--batches", str(args.batches), "--seconds", str(args.seconds),
+               "--max-duration", str(args.max_duration)]
+    if mode == "precomputed":   # the first run after the cache is built: its statistics are computed too
+        for stats in folder.glob("features/*/train/stats-*.json"):
+            stats.unlink()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, text=True)
+    limit_kb, over, late, started = args.memory_limit_gb * 1024 * 1024, 0.0, 0.0, time.perf_counter()
+    while process.poll() is None:
+        rss_kb = _resident_kb(process.pid)
+        if rss_kb > limit_kb:
+            over = rss_kb / 1024.0
+            process.kill()
+        elif time.perf_counter() - started > args.time_limit:
+            late = _resident_kb(process.pid, "VmHWM:") / 1024.0
+            process.kill()
+        time.sleep(0.2)
+    output = process.stdout.read()
+    if over:
+        return {"mode": mode, "stopped": f"resident memory passed {args.memory_limit_gb:g} GB ({over:.0f} MB)"}
+    if late:
+        return {"mode": mode, "stopped": f"ran past {args.time_limit:g} s (peak {late:.0f} MB by then)"}
+    if process.returncode != 0:
+        return {"mode": mode, "stopped": f"exit status {process.returncode}"}
+    return json.loads(output.strip().splitlines()[-1])
+
+
+def _resident_kb(pid: int, field: str = "VmRSS:") -> int:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            for line in status:
+                if line.startswith(field):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    return 0
+
+
+def prepare_size(hours: float, source: Path, scratch: Path, base: dict) -> dict:
+    """The manifests and feature cache of one size (reused when a previous run wrote them)."""
+    from asr.data.feature_cache import feature_directory
+    from asr.data.features import FilterBank
+    from asr.data.manifests import cuts_path
+    from asr.data.scaled_corpus import replicate_feature_cache, write_scaled_cuts
+
+    folder = scratch / f"{hours:g}h"
+    done = folder / "prepared.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    train = write_scaled_cuts(cuts_path(source, "synth", "train"), cuts_path(folder, CORPUS, "train"), hours, source)
+    manifest_s = time.perf_counter() - start
+    # dev: the source's dev cuts once (a hair less than their hours: one copy, whatever the rounding)
+    dev = write_scaled_cuts(cuts_path(source, "synth", "dev"), cuts_path(folder, CORPUS, "dev"),
+                            base["dev_hours"] * (1 - 1e-9), source)
+    cache = feature_directory(folder / "features", FilterBank(40))
+    cache_bytes = replicate_feature_cache(Path(base["cache"]) / "train", cache / "train", train, base["train_ids"])
+    replicate_feature_cache(Path(base["cache"]) / "dev", cache / "dev", dev, base["dev_ids"])
+    prepared = {"hours": hours, "folder": str(folder), "utterances": train.cuts, "audio_hours": train.seconds / 3600,
+                "manifest_mb": cuts_path(folder, CORPUS, "train").stat().st_size / 2**20,
+                "manifest_write_s": manifest_s, "cache_gb": cache_bytes / 2**30}
+    done.write_text(json.dumps(prepared))
+    return prepared
+
+
+def prepare_base(source: Path, scratch: Path) -> dict:
+    """The source's features computed once into `scratch/base` (timed: the cache build rate)."""
+    from asr.data.feature_cache import feature_directory, precompute_features
+    from asr.data.features import FilterBank
+    from asr.data.manifests import ManifestError, load_cuts
+
+    done = scratch / "base" / "base.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    try:
+        train = load_cuts(source.resolve(), "synth", "train", need_phones=True)
+        dev = load_cuts(source.resolve(), "synth", "dev", need_phones=True)
+    except ManifestError as error:
+        raise BadArguments(str(error)) from None
+    cache = feature_directory(scratch / "base" / "features", FilterBank(40))
+    start = time.perf_counter()
+    _, failures = precompute_features(list(train), FilterBank(40), cache / "train", progress=True)
+    seconds = time.perf_counter() - start
+    precompute_features(list(dev), FilterBank(40), cache / "dev", progress=False)
+    if failures:
+        raise BadArguments(f"{len(failures)} source utterances have unreadable audio; regenerate {source}")
+    hours = sum(c.duration for c in train) / 3600
+    # the manifest's id order: the last, partial copy of a scaled split takes the first cuts
+    base = {"cache": str(cache), "train_ids": [c.id for c in train], "dev_ids": [c.id for c in dev],
+            "train_hours": hours, "dev_hours": sum(c.duration for c in dev) / 3600,
+            "cache_seconds": seconds, "cache_seconds_per_hour": seconds / hours}
+    done.write_text(json.dumps(base))
+    return base
+
+
+COLUMNS = [("hours", "hours", "{:g}"), ("utterances", "utterances", "{:,}"),
+           ("startup_s", "start-up s", "{:.1f}"), ("data_rss_mb", "data MB", "{:.0f}"),
+           ("peak_rss_mb", "peak MB", "{:.0f}"), ("batches_per_s", "batches/s", "{:.1f}"),
+           ("epoch_s", "epoch s", "{:.0f}")]
+
+
+def table(rows: list[dict]) -> str:
+    lines = []
+    for mode in MODES:
+        lines.append(f"\n{mode.replace('_', ' ')} features")
+        lines.append("  ".join(f"{label:>11s}" for _, label, _ in COLUMNS))
+        for row in rows:
+            result = row[mode]
+            if "stopped" in result:
+                lines.append(f"{row['hours']:>11g}  stopped: {result['stopped']}")
+                continue
+            values = {**row, **result}
+            cells = [fmt.format(values[key]) + ("*" if key == "epoch_s" and not values["epoch_measured"] else "")
+                     for key, _, fmt in COLUMNS]
+            lines.append("  ".join(f"{cell:>11s}" for cell in cells))
+    lines.append("\nfeature cache          size GB   build s (extrap.)   manifest MB")
+    for row in rows:
+        lines.append(f"  {row['hours']:>8g} h  {row['cache_gb']:14.2f}  {row['cache_build_s']:18.0f}  "
+                     f"{row['manifest_mb']:12.1f}")
+    lines.append("* epoch s: batches per epoch / batches per s (extrapolated from the batches drawn)")
+    return "\n".join(lines)
+
+
+def write_outputs(rows: list[dict], out: Path) -> None:
+    flat = [{"hours": row["hours"], "mode": mode, "utterances": row["utterances"], "cache_gb": row["cache_gb"],
+             "cache_build_s": row["cache_build_s"], **row[mode]} for row in rows for mode in MODES]
+    (out / "scale.json").write_text(json.dumps(rows, indent=1))
+    keys = sorted({key for record in flat for key in record}, key=lambda k: (k != "hours", k != "mode", k))
+    with open(out / "scale.csv", "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=keys)
+        writer.writeheader()
+        writer.writerows(flat)
+    plot(rows, out / "scale.png")
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+    panels = [("startup_s", "start-up to the first batch (s)"), ("data_rss_mb", "data-side peak memory (MB)"),
+              ("epoch_s", "epoch without the model (s)")]
+    for ax, (key, title) in zip(axes, panels):
+        anchor = None
+        for mode in MODES:
+            points = [(row["hours"], row[mode][key]) for row in rows if key in row.get(mode, {})]
+            if points:
+                ax.plot(*zip(*points), "o-", label=mode.replace("_", " "))
+                anchor = anchor or points[0]
+        if anchor:
+            hours = [row["hours"] for row in rows]
+            ax.plot(hours, [anchor[1] * h / anchor[0] for h in hours], "k--", lw=1, label="linear growth")
+        ax.set_xscale("log")
+        ax.set_yscale("log")
+        ax.set_xlabel("hours of training audio")
+        ax.set_title(title)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend()
+    figure.tight_layout()
+    figure.savefig(path, dpi=110)
+    plt.close(figure)
+
+
+def benchmark(args: argparse.Namespace) -> None:
+    source, scratch = Path(args.source), Path(args.scratch)
+    out = Path(args.out) if args.out else scratch
+    try:
+        scratch.mkdir(parents=True, exist_ok=True)
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise BadArguments(f"cannot create {error.filename}: {error.strerror}; give --scratch/--out folders you can write") from None
+    base = prepare_base(source, scratch)
+    print(f"source: {len(base['train_ids'])} training utterances, {base['train_hours']:.2f} h; its feature cache "
+          f"took {base['cache_seconds']:.1f} s ({base['cache_seconds_per_hour']:.1f} s per hour of audio)", flush=True)
+    rows = []
+    for hours in args.hours:
+        row = prepare_size(hours, source, scratch, base)
+        if args.prepare_only:
+            print(f"  {hours:g} h prepared in {row['folder']}", flush=True)
+            continue
+        row["cache_build_s"] = base["cache_seconds_per_hour"] * row["audio_hours"]   # extrapolated by hours
+        for mode in MODES:
+            if mode not in args.modes:
+                row[mode] = {"mode": mode, "stopped": "not asked for (--modes)"}
+                continue
+            row[mode] = run_measurement(Path(row["folder"]), mode, args)
+            print(f"  {hours:g} h {mode}: {json.dumps(row[mode])}", flush=True)
+        rows.append(row)
+        write_outputs(rows, out)
+    if rows:
+        print(table(rows))
+    print(f"\nwritten: {out / 'scale.csv'}, {out / 'scale.json'}, {out / 'scale.png'}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--source", default="data/synth", help="a prepared synth corpus (recipes.synth)")
+    parser.add_argument("--scratch", default="runs/scale_benchmark", help="where the scaled manifests go (1 GB a 10,000 h)")
+    parser.add_argument("--out", default=None, help="where scale.csv/json/png go (default: --scratch)")
+    parser.add_argument("--hours", type=float, nargs="+", default=[10, 100, 1000, 10000])
+    parser.add_argument("--batches", type=int, default=200, help="batches timed after the first one")
+    parser.add_argument("--seconds", type=float, default=30.0, help="at most this long timing batches")
+    parser.add_argument("--max-duration", type=float, default=60.0, help="data.max_duration (synth's 60 s)")
+    parser.add_argument("--memory-limit-gb", type=float, default=12.0)
+    parser.add_argument("--time-limit", type=float, default=1800.0, help="seconds a size and mode may take")
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--prepare-only", action="store_true", help="write the manifests and caches, measure nothing")
+    parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)   # a child: one size, one mode
+    parser.add_argument("--mode", choices=MODES, default="precomputed", help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.measure:
+        print(json.dumps(measure(Path(args.measure), args.mode, args.max_duration, args.batches, args.seconds)))
+        return 0
+    if any(hours <= 0 for hours in args.hours) or args.batches < 1 or args.memory_limit_gb <= 0:
+        print("asr.scale_benchmark: error: --hours, --batches and --memory-limit-gb must be positive", file=sys.stderr)
+        return 2
+    return run_command("asr.scale_benchmark", lambda: benchmark(args), usage_errors=(BadArguments,))
+
+
+if __name__ == "__main__":
+    sys.exit(main())
