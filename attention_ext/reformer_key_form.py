@@ -32,10 +32,10 @@ import math
 
 import torch
 
-from .clustered import ClusterMean, cluster_queries, empty_attention
+from .clustered import ClusteredAttention, ClusterMean, cluster_queries, empty_attention
 from .contract import autocast_disabled, check_inputs, kernel_dtype, valid_positions, zero_padded_queries
-from .iclustered import top_keys
-from .oracle_top import oracle_top_attention
+from .iclustered import ImprovedClusteredAttention, top_keys
+from .oracle_top import OracleTopAttention, oracle_top_attention
 from .registry import AttentionConfigError, ValidatedAttention, available_attentions
 from .shared_full import SharedFullAttention, unit_keys, visible_keys
 
@@ -70,48 +70,28 @@ def build_in_reformer_form(attention: ValidatedAttention) -> torch.nn.Module:
                                "shared QK")
 
 
-class ReformerOracleTopAttention(torch.nn.Module):
-    """oracle_top in the Reformer conventions: the top-k of each query's shared_full scores."""
+class ReformerOracleTopAttention(OracleTopAttention):
+    """oracle_top in the Reformer conventions: the top-k of each query's shared_full scores. Its
+    options (and their defaults) are oracle_top's; only the forward differs."""
     attention_name, needs_shared_qk = "oracle_top (Reformer key form)", True
-
-    def __init__(self, topk: int = 32):
-        super().__init__()
-        self.topk = topk
-
-    def extra_repr(self) -> str:
-        return f"topk={self.topk}"
 
     def forward(self, q, k, v, lengths=None):
         lengths = check_inputs(q, k, v, lengths, attention=self)
         return oracle_top_attention(q, unit_keys(q), v, lengths, self.topk, exclude_self=True)
 
 
-class ReformerClusteredAttention(torch.nn.Module):
-    """clustered in the Reformer conventions (module doc)."""
+class ReformerClusteredAttention(ClusteredAttention):
+    """clustered in the Reformer conventions (module doc); clustered's options, its own forward."""
     attention_name, needs_shared_qk = "clustered (Reformer key form)", True
-
-    def __init__(self, clusters: int = 100, bits: int = 63, iterations: int = 10):
-        super().__init__()
-        self.clusters, self.bits, self.iterations = clusters, bits, iterations
-
-    def extra_repr(self) -> str:
-        return f"clusters={self.clusters}, bits={self.bits}, iterations={self.iterations}"
 
     def forward(self, q, k, v, lengths=None):
         lengths = check_inputs(q, k, v, lengths, attention=self)
         return _clustered_rows(q, v, lengths, self.clusters, self.bits, self.iterations, topk=None)
 
 
-class ReformerImprovedClusteredAttention(ReformerClusteredAttention):
-    """iclustered in the Reformer conventions (module doc)."""
-    attention_name = "iclustered (Reformer key form)"
-
-    def __init__(self, clusters: int = 100, bits: int = 63, iterations: int = 10, topk: int = 32):
-        super().__init__(clusters, bits, iterations)
-        self.topk = topk
-
-    def extra_repr(self) -> str:
-        return f"{super().extra_repr()}, topk={self.topk}"
+class ReformerImprovedClusteredAttention(ImprovedClusteredAttention):
+    """iclustered in the Reformer conventions (module doc); iclustered's options, its own forward."""
+    attention_name, needs_shared_qk = "iclustered (Reformer key form)", True
 
     def forward(self, q, k, v, lengths=None):
         lengths = check_inputs(q, k, v, lengths, attention=self)
