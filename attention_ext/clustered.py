@@ -114,7 +114,7 @@ def cluster_slots(clusters: int, length):
 # draw_seed's .item() would break the graph). Tagged nondeterministic_seeded so that the
 # compiler never merges two calls with equal inputs into one, nor recomputes one in backward.
 @torch.library.custom_op("attention_ext::cluster_queries", mutates_args=(),
-                         tags=torch.Tag.nondeterministic_seeded)
+                         tags=(torch.Tag.nondeterministic_seeded,))
 def _cluster_queries_op(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bits: int,
                         iterations: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(assignment, offsets, members) of `cluster_queries`, for q without gradient."""
@@ -218,13 +218,26 @@ def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
 # torch's scaled_dot_product_attention with the C centroids as queries (on CUDA FlashAttention where
 # no key is masked, else another of its backends). All three compute the same values and gradients;
 # which is fastest is measured (`python -m attention_ext.gpu_report` times "unfused" and "sdpa" on CUDA).
-CENTROID_ROUTES = ("fused", "unfused", "sdpa")
-_centroid_routes = {"cpu": "fused", "cuda": "unfused"}
+# "auto", CUDA's default, is what that measurement chose on an H200 (attention_ext/RESULTS.md, "GPU
+# report"): "sdpa" in bfloat16 and float16 (1.02-1.28x faster than unfused at every length measured),
+# "unfused" in float32 (SDPA's float32 kernels were 2-3.4x slower from N=16384 in the paper shape).
+CENTROID_ROUTES = ("fused", "unfused", "sdpa", "auto")
+_centroid_routes = {"cpu": "fused", "cuda": "auto"}
 
 
 def centroid_route(device_type: str) -> str:
     """The route clustered attention takes on `device_type` ("cpu", "cuda"; any other: "unfused")."""
     return _centroid_routes.get(device_type, "unfused")
+
+
+def resolved_centroid_route(device_type: str, dtype: torch.dtype) -> str:
+    """The route a call on `device_type` in `dtype` takes: "auto" resolved by dtype."""
+    route = centroid_route(device_type)
+    if route != "auto":
+        return route
+    if device_type == "cpu":
+        return "fused"
+    return "sdpa" if dtype in (torch.bfloat16, torch.float16) else "unfused"
 
 
 def set_centroid_route(device_type: str, route: str) -> str:
@@ -240,8 +253,8 @@ def set_centroid_route(device_type: str, route: str) -> str:
 
 def centroid_route_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                           clusters: QueryClusters, padded: bool = True) -> torch.Tensor:
-    """V^c (B, H, C, D) by the route chosen for q's device (centroid_route)."""
-    route = centroid_route(q.device.type)
+    """V^c (B, H, C, D) by the route chosen for q's device and dtype (resolved_centroid_route)."""
+    route = resolved_centroid_route(q.device.type, q.dtype)
     scale = 1.0 / math.sqrt(q.shape[-1])
     if route == "fused":   # the (C, N) weights are never needed whole
         return CentroidValues.apply(ClusterMean.apply(q, clusters) * scale, k, v, lengths)

@@ -109,7 +109,7 @@ def lsh_hash(queries: torch.Tensor, lengths: torch.Tensor, rounds: int, chunk_si
 # hashing; the attention kernels' checks of lengths and order make one more each way).
 # Tagged nondeterministic_seeded: never merged with another call, nor recomputed.
 @torch.library.custom_op("attention_ext::lsh_sorted_order", mutates_args=(),
-                         tags=torch.Tag.nondeterministic_seeded)
+                         tags=(torch.Tag.nondeterministic_seeded,))
 def _lsh_sorted_order_op(queries: torch.Tensor, lengths: torch.Tensor, rounds: int,
                          chunk_size: int) -> torch.Tensor:
     """`lsh_hash(queries, lengths, rounds, chunk_size, draw_seed()).order`, (B, H, R, N) int64."""
