@@ -3,6 +3,7 @@
     python -m attention_ext.gpu_report                     # all parts; a rerun goes on where it stopped
     python -m attention_ext.gpu_report --parts centroid_routes profiles
     python -m attention_ext.gpu_report --redo benchmark_bfloat16
+    python -m attention_ext.gpu_report --corpus DIR        # a synth corpus made elsewhere (no espeak-ng there)
 
 Runs the parts of parts.PARTS (the CUDA tests; the benchmark tables in bfloat16 and float32 with
 their overtaking points against SDPA; LSH's memory per element to N=65,536; profiles of clustered-100
@@ -46,9 +47,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--redo", nargs="+", choices=PART_NAMES, default=[], help="run these again even if finished")
     parser.add_argument("--budget", type=float, default=TOTAL_BUDGET_SECONDS,
                         help="seconds for this run in all (default: %(default)s)")
+    parser.add_argument("--corpus", type=Path, default=None,
+                        help="a synthetic corpus prepared on another machine (python -m recipes.synth.prepare "
+                             "--out DIR --train 200 --dev 30 --test 30), for a GPU machine without espeak-ng and "
+                             "flite: linked as <out>/synth, which the training parts use instead of generating it")
     parser.add_argument("--report-only", action="store_true",
                         help="write REPORT.md from the saved part results without running anything")
     return parser
+
+
+def link_corpus(corpus: Path, target: Path) -> str | None:
+    """Links a prepared synth corpus as the training parts' data root; an error message, or None."""
+    corpus = corpus.resolve()
+    if not (corpus / "synth_cuts_train.jsonl.gz").is_file():
+        return (f"--corpus {corpus} holds no synth_cuts_train.jsonl.gz; prepare one with "
+                f"python -m recipes.synth.prepare --out {corpus} --train 200 --dev 30 --test 30")
+    if target.is_symlink() or target.exists():
+        if target.resolve() == corpus:
+            return None
+        return f"{target} already holds a corpus; remove it, or leave out --corpus to use it"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.symlink_to(corpus, target_is_directory=True)
+    return None
 
 
 def main(argv: list[str] | None = None, parts=PARTS, cuda_available=torch.cuda.is_available) -> int:
@@ -60,6 +80,10 @@ def main(argv: list[str] | None = None, parts=PARTS, cuda_available=torch.cuda.i
     else:
         if not cuda_available():
             print("gpu_report: no CUDA device here (torch.cuda.is_available() is False); nothing was run")
+            return 2
+        problem = link_corpus(args.corpus, args.out / "synth") if args.corpus else None
+        if problem:
+            print(f"gpu_report: {problem}")
             return 2
         results = run_parts(chosen, args.out, args.budget, tuple(args.redo))
     args.out.mkdir(parents=True, exist_ok=True)

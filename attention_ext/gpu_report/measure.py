@@ -182,7 +182,8 @@ def run_centroid_routes(out: Path, repeats: int = 10, cases=ROUTE_CASES, device:
 def run_training(out: Path, compiled: bool, name: str, steps: int = 200) -> None:
     """Runs `python -m asr.train` (the demo preset) for `steps` steps on one GPU and prints its run
     folder; parts.read_training reads its results.json. A smaller corpus (800 training utterances)
-    than the demo's, generated once into <out>/synth, so both runs use it."""
+    than the demo's, generated once into <out>/synth (or linked there by gpu_report --corpus), so both
+    runs use it."""
     run_dir = out / "runs" / name
     command = [sys.executable, "-m", "asr.train", f"run_dir={run_dir}", f"data.root={out / 'synth'}",
                "synth_corpus.train_utterances=800", f"trainer.max_steps={steps}", "trainer.max_epochs=-1",
