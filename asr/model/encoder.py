@@ -224,5 +224,11 @@ def compile_encoder(encoder: TransformerEncoder) -> None:
     every new one) or failed to lower. Forced, the backward runs channels-last as the forward and
     the eager front end do (ConvSubsampling.forward), and one graph with symbolic lengths serves
     every batch.
+
+    `triton.coalesce_tiling_analysis` off works around an inductor assertion on CUDA (torch 2.11,
+    `get_pw_red_splits` in tiling_utils.py, with symbolic lengths): with it on, the demo preset's
+    first compiled step failed on an H200 (attention_ext/RESULTS.md, GPU report); off, it trained.
+    It only chooses the tiling of GPU kernels, so the CPU is unaffected.
     """
-    encoder.compile(fullgraph=True, options={"force_layout_optimization": True})
+    encoder.compile(fullgraph=True, options={"force_layout_optimization": True,
+                                             "triton.coalesce_tiling_analysis": False})
