@@ -152,11 +152,12 @@ def plot_per_element(measurements: list[Measurement], config: BenchmarkConfig, p
     plt.close(figure)
 
 
-def routes_line(device_type: str) -> str:
+def routes_line(device_type: str, dtype: torch.dtype = torch.float32) -> str:
     """Which route the run takes where there is a choice: the instruction sets torch's own kernels
-    (SDPA, MKL's products) use, and clustered attention's centroid route on this device."""
-    from ..clustered import centroid_route
-    route = f"clustered centroid route {centroid_route(device_type)}"
+    (SDPA, MKL's products) use, and clustered attention's centroid route on this device and dtype."""
+    from ..clustered import centroid_route, resolved_centroid_route
+    chosen, resolved = centroid_route(device_type), resolved_centroid_route(device_type, dtype)
+    route = f"clustered centroid route {resolved}" + (f" (auto for {dtype})" if chosen == "auto" else "")
     if device_type != "cpu":
         return f"routes: {route}"
     mkl = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "MKL's choice")
@@ -173,7 +174,7 @@ def format_header(config: BenchmarkConfig, cases: list[BenchmarkCase]) -> str:
     lines = [f"attention forward+backward benchmark: torch {torch.__version__}, {where}",
              f"batch {config.batch}, {config.heads} heads, dim {config.dim}, {dtype}; "
              f"median of {config.repeats} after {config.warmup} warm-up; seed {config.seed}",
-             routes_line(config.device.type),
+             routes_line(config.device.type, config.dtype),
              "attentions:"]
     for case in cases:
         extra = []

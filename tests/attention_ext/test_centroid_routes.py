@@ -94,3 +94,18 @@ def test_unknown_and_impossible_routes_are_refused(route):
         set_centroid_route("cuda", "fused")
     assert set_centroid_route("cpu", "sdpa") == "fused"
     assert centroid_route("cpu") == "sdpa"
+
+
+def test_auto_route_resolves_by_device_and_dtype(route):
+    """CUDA's default: sdpa in half precision, unfused in float32 (chosen by the GPU report's
+    measurement); the CPU keeps its fused kernel."""
+    from attention_ext.clustered import resolved_centroid_route
+    assert centroid_route("cuda") == "auto"
+    assert resolved_centroid_route("cuda", torch.bfloat16) == "sdpa"
+    assert resolved_centroid_route("cuda", torch.float16) == "sdpa"
+    assert resolved_centroid_route("cuda", torch.float32) == "unfused"
+    assert resolved_centroid_route("cpu", torch.bfloat16) == "fused"
+    set_centroid_route("cpu", "auto")
+    assert resolved_centroid_route("cpu", torch.float32) == "fused"
+    set_centroid_route("cuda", "unfused")
+    assert resolved_centroid_route("cuda", torch.bfloat16) == "unfused"
