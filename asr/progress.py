@@ -127,7 +127,7 @@ class StepBudgetEstimate(Callback):
         first = self._origin[1] + 1
         line = (f"trainer.max_steps={trainer.max_steps}: {self._pace:.3f} s/step over steps {first}-"
                 f"{trainer.global_step}, so the {trainer.max_steps - trainer.global_step} steps left take about "
-                f"{clock(left)} (until about {end:%H:%M}), plus a validation per epoch")
+                f"{clock(left)} (until about {end:%H:%M}), plus a validation per epoch and one at the end")
         bar = getattr(getattr(trainer, "progress_bar_callback", None), "train_progress_bar", None)
         if bar is not None:   # above the bar, not through it
             with bar.external_write_mode():

@@ -112,7 +112,7 @@ def test_step_budget_estimate_leaves_out_the_first_steps_and_says_when_it_ends(c
     assert estimate.seconds_left(trainer) == 2.0 * 80         # 80 steps left
     assert [record.getMessage() for record in caplog.records] == [
         "trainer.max_steps=100: 2.000 s/step over steps 6-20, so the 80 steps left take about 2:40 "
-        "(until about 07:02), plus a validation per epoch"]
+        "(until about 07:02), plus a validation per epoch and one at the end"]
     run_steps(estimate, trainer, [2.0] * 9 + [32.0], now)     # a validation of 30 s counts from then on
     assert estimate.seconds_per_step() == (15 * 2.0 + 9 * 2.0 + 32.0) / 25
     assert len(caplog.records) == 1                             # said once
