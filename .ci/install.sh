@@ -40,6 +40,18 @@ say_begin() { printf 'install.sh: %s ... ' "$*"; }
 say_done() { echo "$* ($(seconds_since "$step_started"))"; }
 # A failure message starts on a line of its own, after a say_begin's unfinished one.
 fail() { echo; echo "install.sh: $*" >&2; exit 1; }
+# pip's and apt's own output goes to a log (a local index's warnings would otherwise break the
+# one line per step); on failure its end is printed and the step stops the install.
+state_dir=build/install-state      # the logs, and what the last successful install was made from
+mkdir -p "$state_dir"
+quietly() {
+  local log="$state_dir/$1.log"; shift
+  if ! "$@" >"$log" 2>&1; then
+    echo; tail -n 30 "$log" >&2
+    echo "install.sh: '$*' failed; its whole output is in $log" >&2
+    exit 1
+  fi
+}
 
 # A short fingerprint of files and strings (file names included, so a renamed source counts).
 fingerprint() {
@@ -69,8 +81,8 @@ elif [ ${#missing[@]} -eq 0 ]; then
 else
   if [ "$(id -u)" = "0" ]; then SUDO=""; else SUDO="sudo"; fi
   say_begin "[1/4] Debian packages: installing ${missing[*]} with apt-get (a minute or two)"
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+  quietly apt-get-update $SUDO apt-get update -qq
+  quietly apt-get-install $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}"
   say_done "installed"
 fi
 
@@ -93,7 +105,7 @@ if [ -z "${installed_torch:-}" ]; then
   if [ -n "${TORCH_INDEX_URL:-}" ]; then index_args=(--index-url "$TORCH_INDEX_URL"); fi
   say_begin "[2/4] torch: installing $torch_spec${TORCH_INDEX_URL:+ from $TORCH_INDEX_URL} and numpy (a large download: minutes)"
   # ${a[@]+"${a[@]}"}: an empty array expands to nothing, also under set -u in older bash
-  python -m pip install -q ${index_args[@]+"${index_args[@]}"} "$torch_spec" numpy
+  quietly pip-torch python -m pip install -q ${index_args[@]+"${index_args[@]}"} "$torch_spec" numpy
   probe_torch
   if [ -z "${installed_torch:-}" ]; then
     fail "torch does not import after installing $torch_spec (see pip's output above)"
@@ -113,7 +125,7 @@ echo "torch==${installed_torch}" > "$constraints"
 if ! python -c "import numpy" >/dev/null 2>&1; then
   step
   say_begin "[2/4] torch: installing numpy (torch uses it; the extension build imports torch)"
-  python -m pip install -q -c "$constraints" numpy
+  quietly pip-numpy python -m pip install -q -c "$constraints" numpy
   say_done "installed"
 fi
 if [ "${INSTALL_PROJECT:-1}" = "0" ]; then
@@ -125,8 +137,6 @@ fi
 # the extension compiles against the torch installed above. pip builds the extension too.
 # Skipped while the inputs are those of the last successful install and the environment still
 # satisfies them (the project installed from this checkout, every requirement present).
-state_dir=build/install-state
-mkdir -p "$state_dir"
 packages_key=$(fingerprint pyproject.toml "torch $installed_torch" "python $python_prefix")
 verify_packages='
 import importlib.metadata as metadata, json, os, sys, urllib.parse
@@ -163,8 +173,8 @@ else
   say_begin "[3/4] Python packages: pip install -e \".[asr,test]\" (downloads what is missing; builds attention_ext: minutes)"
   rm -f "$state_dir/python-packages"
   # --root-user-action=ignore: as root (CI, Docker) pip would warn mid-line, cutting the step line in two
-  python -m pip install -q --root-user-action=ignore -c "$constraints" setuptools wheel ninja
-  python -m pip install -q --root-user-action=ignore -c "$constraints" --no-build-isolation -e ".[asr,test]"
+  quietly pip-build-tools python -m pip install -q --root-user-action=ignore -c "$constraints" setuptools wheel ninja
+  quietly pip-project python -m pip install -q --root-user-action=ignore -c "$constraints" --no-build-isolation -e ".[asr,test]"
   echo "$packages_key" > "$state_dir/python-packages"
   extension_built_by_pip=1
   say_done "installed"
