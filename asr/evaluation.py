@@ -238,7 +238,7 @@ def prepare_missing_split(config: DataConfig, split: str, progress: bool = True)
     preparer = corpus_preparer(config.corpus)
     if preparer is None:
         return
-    log.warning("corpus %s: no %s manifest in %s, preparing the corpus there (once)", config.corpus, split, root)
+    log.info("corpus %s: no %s manifest in %s, preparing the corpus there (once)", config.corpus, split, root)
     try:
         preparer(root, progress=progress)
     except (ValueError, RuntimeError, OSError) as error:   # a preparer's own errors: usage, problems, files

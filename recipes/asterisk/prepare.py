@@ -305,7 +305,8 @@ def sentence_phones(prompts: list[Prompt], jobs: int, progress: bool) -> dict[st
     with ThreadPoolExecutor(max_workers=jobs) as pool:     # each call waits on an espeak-ng process
         results = tqdm(pool.map(phones, prompts), total=len(prompts), desc=f"{CORPUS}: phones", unit="prompt",
                        disable=not progress)
-        return {prompt.name: result for prompt, result in zip(prompts, results)}
+        # strict: zip then asks the bar for one more item, so it reaches its end and closes (306/306, not 305)
+        return {prompt.name: result for prompt, result in zip(prompts, results, strict=True)}
 
 
 def synthetic_corpus_weak_form_words() -> set[str]:
