@@ -129,7 +129,7 @@ _LOST_PEER = re.compile(r"connection (?:closed|reset) by peer|broken pipe|timed 
 
 def lost_process(error: BaseException) -> str | None:
     """What happened, when `error` is a collective's failure because another process is gone or does
-    not answer ('ended' or 'did not answer in time', with the library's words); None otherwise."""
+    not answer (in our words, then the library's); None otherwise."""
     distributed = getattr(torch.distributed, "DistError", ())
     text = str(error)
     if not (isinstance(error, distributed) or ("gloo" in text.lower() and _LOST_PEER.search(text))):
@@ -138,5 +138,6 @@ def lost_process(error: BaseException) -> str | None:
     detail = re.sub(r"^\[[^\]]*\]\s*", "", detail)      # gloo prefixes its source file and line
     detail = detail.split(". ")[0].rstrip(".")[:160]     # and explains at length after the first sentence
     if re.search(r"timed out|timeout", text, re.I):
-        return f"another process of the run did not answer in time ({detail})"
-    return f"another process of the run has ended ({detail})"
+        return (f"another process of the run did not answer within trainer.ddp_timeout_minutes: it hangs, or its "
+                f"machine is unreachable ({detail})")
+    return f"another process of the run has ended: killed, out of memory, or its machine lost ({detail})"

@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -165,16 +166,22 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     if rank_zero_only.rank == 0:   # the processes of a multi-process run share the folder; one writes it
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
+    # The processes of a multi-process run prepare the data together: each reads and checks the
+    # manifests itself, all at once; what is written (the built-in corpus, the feature cache, the
+    # statistics, the run's copies of the lexicon and LM) is written by one process at a time, and
+    # whoever comes later finds it on disk (asr.run_folder.one_process_at_a_time).
+    preparation_lock = partial(one_process_at_a_time, run_dir / ".data_preparation.lock")
+    datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed,
+                                  cache_lock=preparation_lock)
     if checkpoint is not None:
         datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
-    with one_process_at_a_time(run_dir / ".data_preparation.lock"):
+    with preparation_lock():
         ensure_corpus(cfg, run_dir)
         # the corpus's lexicon and LM travel with the run folder (asr.decoding.evaluation.model_decoding_files)
         keep_decoding_files_in_run(run_dir, corpus_root(cfg.data.root))
-        datamodule.setup("fit")
-        if cfg.test:   # the test split's features too, now, not concurrently by every process later
-            datamodule.setup("test")
+    datamodule.setup("fit")
+    if cfg.test:   # the test split's features too, now, not concurrently by every process later
+        datamodule.setup("test")
     model = build_model(cfg, attention, datamodule)
     if checkpoint is not None:
         check_state_dict_fits(model, checkpoint["state_dict"], f"checkpoint {resume_from}")

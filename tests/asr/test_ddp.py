@@ -8,10 +8,15 @@ gathered validation PER against a single-process validation of the same checkpoi
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import json
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -19,8 +24,9 @@ import torch
 from lhotse import load_manifest
 
 from asr.config import ConfigError, validate_config
+from asr.data.datamodule import SpeechDataModule
 from asr.distributed import check_launch_matches_trainer, launched_rank, lost_process
-from asr.run_folder import check_launch_shares_run_folder, run_folder
+from asr.run_folder import check_launch_shares_run_folder, one_process_at_a_time, run_folder
 from tiny_runs import TINY, compose_config, subprocess_environment, validate_in_one_process
 
 
@@ -165,15 +171,59 @@ def test_the_collective_timeout_must_be_positive():
     (RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
                   "[127.0.0.1]:23710: Connection reset by peer. This is typically caused by a remote worker hanging "
                   "or bugs in the application. Check the logs of the remote worker before reporting an error."),
-     "another process of the run has ended (Read error [127.0.0.1]:23710: Connection reset by peer)"),
+     "another process of the run has ended: killed, out of memory, or its machine lost (Read error "
+     "[127.0.0.1]:23710: Connection reset by peer)"),
     (RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
                   "[127.0.0.1]:8404. This is typically caused by a remote worker crashing."),
-     "another process of the run has ended (Connection closed by peer [127.0.0.1]:8404)"),
+     "another process of the run has ended: killed, out of memory, or its machine lost (Connection closed "
+     "by peer [127.0.0.1]:8404)"),
     (RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 60000ms for "
                   "recv operation to complete"),
-     "another process of the run did not answer in time (Timed out waiting 60000ms for recv operation to complete)"),
+     "another process of the run did not answer within trainer.ddp_timeout_minutes: it hangs, or its machine is "
+     "unreachable (Timed out waiting 60000ms for recv operation to complete)"),
     (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), None),
     (ValueError("gloo is a word"), None),
 ])
 def test_a_collective_failed_by_a_lost_process_is_recognised(error, said):
     assert lost_process(error) == said
+
+
+# ---- the processes of a run prepare the data: all read at once, one writes at a time ---------------------
+def test_a_complete_feature_cache_is_read_without_the_lock_and_a_missing_one_written_under_it(ddp_corpus, tmp_path):
+    lock_file, cache = tmp_path / "run" / ".data_preparation.lock", tmp_path / "features"
+    data_config = compose_config(*TINY, "conf=synth_full", f"data.root={ddp_corpus}", f"data.cache_dir={cache}").data
+
+    def set_up_in_a_thread() -> tuple[threading.Thread, SpeechDataModule]:
+        data = SpeechDataModule(data_config, frame_subsampling=2, cache_lock=partial(one_process_at_a_time, lock_file))
+        thread = threading.Thread(target=data.setup, args=("fit",), daemon=True)
+        thread.start()
+        return thread, data
+
+    lock_file.parent.mkdir()
+    with open(lock_file, "a") as other_process:   # another process of the run holds the lock
+        fcntl.flock(other_process, fcntl.LOCK_EX)
+        writer, first = set_up_in_a_thread()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:        # the cache is empty: it waits for the lock, writing nothing
+            assert writer.is_alive() and not list(cache.glob("*/*/shard-*"))
+            time.sleep(0.1)
+        fcntl.flock(other_process, fcntl.LOCK_UN)
+        writer.join(120)
+        assert not writer.is_alive() and list(cache.glob("*/train/shard-*.json"))
+
+        fcntl.flock(other_process, fcntl.LOCK_EX)  # held again: the complete cache is read without it
+        reader, second = set_up_in_a_thread()
+        reader.join(120)
+        assert not reader.is_alive()
+    assert second.feature_stats.to_json() == first.feature_stats.to_json()
+    assert second.split("train").features.store.index == first.split("train").features.store.index
+
+
+def test_a_file_system_without_locks_is_named(tmp_path, monkeypatch):
+    def refuse(*_):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    with pytest.raises(ConfigError, match=rf"the run folder {tmp_path} is on a file system without file locks \(flock: "
+                                          r"Function not implemented\).*give run_dir= on a file system with them"):
+        with one_process_at_a_time(tmp_path / ".data_preparation.lock"):
+            pass
