@@ -6,7 +6,7 @@ One run folder goes through three jobs, as a run on a cluster might:
 1. 2 nodes x 2 processes train 2 epochs and test (`trainer.num_nodes=2 trainer.devices=2`): every
    process runs its own disjoint share of every split, each utterance once; only rank 0 writes the
    checkpoints, the logs and results.json (every file each process writes is recorded by an audit
-   hook, tests' sitecustomize below); one process computes the feature cache; the gathered
+   hook, tests' sitecustomize below); each split's features are computed once, by one process; the gathered
    validation PER is a single process's validation of the same checkpoint; and the process group
    has the collective timeout asked for (`trainer.ddp_timeout_minutes`).
 2. The run resumes (`ckpt_path=last`) on 2 nodes x 1 process, and the process of node 1 is killed
@@ -31,6 +31,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -116,6 +117,19 @@ def wait(agents, seconds: float = TIMEOUT) -> list[int]:
         raise
 
 
+def processes_of(marker: str) -> list[int]:
+    """The processes this test started (their environment holds `marker`): agents and workers."""
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit() and int(entry.name) != os.getpid():
+            try:
+                if f"ASR_TEST_MARKER={marker}".encode() in (entry / "environ").read_bytes().split(b"\0"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
+
+
 def records(run: Path, rank: int, skip: int = 0) -> list[dict]:
     """The batches process `rank` recorded (asr.callbacks.BatchRecorder), after the first `skip` lines."""
     path = run / "batches" / f"rank{rank}.jsonl"
@@ -158,23 +172,32 @@ def checkpoint_position(path: Path) -> tuple[int, int]:
 
 def worker_pid(marker: str, rank: int) -> int | None:
     """The asr.train process of this test (its environment holds `marker`) that has RANK=rank."""
-    for entry in Path("/proc").iterdir():
-        if not entry.name.isdigit():
-            continue
+    for pid in processes_of(marker):
         try:
-            environment = dict(item.split("=", 1) for item in (entry / "environ").read_text().split("\0") if "=" in item)
-            command = (entry / "cmdline").read_text()
+            environment = (Path("/proc") / str(pid) / "environ").read_bytes().split(b"\0")
+            command = (Path("/proc") / str(pid) / "cmdline").read_bytes()
         except OSError:
             continue
-        if environment.get("ASR_TEST_MARKER") == marker and environment.get("RANK") == str(rank) and "asr.train" in command:
-            return int(entry.name)
+        if f"RANK={rank}".encode() in environment and b"asr.train" in command:
+            return pid
     return None
 
 
 @pytest.fixture(scope="module")
-def jobs(ddp_corpus, tmp_path_factory) -> dict:
+def jobs(ddp_corpus, tmp_path_factory) -> Iterator[dict]:
     """The three jobs of the module doc, one after another in one run folder; what each left."""
     where = tmp_path_factory.mktemp("nodes")
+    try:
+        yield run_the_jobs(ddp_corpus, where)
+    finally:   # whatever a failed job left running (torchrun starts its workers in sessions of their own)
+        for pid in processes_of(str(where)):
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
+def run_the_jobs(ddp_corpus: Path, where: Path) -> dict:
     run, cache, audit, site = where / "run", where / "features", where / "audit", where / "site"
     audit.mkdir()
     site.mkdir()
@@ -249,18 +272,24 @@ def test_four_processes_on_two_nodes_run_disjoint_shares_of_every_split(jobs, dd
 
 def test_only_rank_zero_writes_checkpoints_logs_and_results(jobs):
     run, cache = jobs["run"], jobs["cache"]
-    by_rank: dict[str, set[str]] = {}
+    writers: dict[str, set[str]] = {}     # path -> the ranks that wrote it
     for write in jobs["first"]["writes"]:
-        by_rank.setdefault(write["rank"], set()).add(write["path"])
+        writers.setdefault(write["path"], set()).add(write["rank"])
+    by_rank: dict[str, set[str]] = {}
+    for path, ranks in writers.items():
+        for rank in ranks:
+            by_rank.setdefault(rank, set()).add(path)
     assert {"0", "1", "2", "3"} <= set(by_rank)
-    # the data was prepared by one process, the first to take the lock (any rank): it computed the
-    # feature cache and copied the corpus's lexicon and LM into the run folder; the others read them
-    prepared = {rank for rank, paths in by_rank.items() if any(p.startswith(str(cache) + os.sep) for p in paths)}
-    assert len(prepared) == 1 and list(cache.glob("*/train/shard-*.json"))
+    # what the data preparation writes - the feature cache, the run's copies of the lexicon and LM - is
+    # written by whichever process needs it first (under the lock), once: the others find it on disk
+    # (options.json excepted: it says the options, and every process that finds it missing writes it)
+    prepared = [path for path in writers if path.startswith((str(cache) + os.sep, str(run / "decoding") + os.sep))]
+    assert prepared and all(len(writers[path]) == 1 for path in prepared if not path.endswith((".tmp", "options.json")))
+    assert all(len(list(cache.glob(f"*/{split}/shard-*.json"))) == 1 for split in ("train", "dev", "test"))
     in_run = {rank: {str(Path(p).relative_to(run)) for p in paths if p.startswith(str(run) + os.sep)}
               for rank, paths in by_rank.items()}
     for rank in ("1", "2", "3"):   # besides that: its own batch record and log, and the lock
-        assert {path for path in in_run[rank] if not (rank in prepared and path.startswith("decoding/"))} <= \
+        assert {path for path in in_run[rank] if not path.startswith("decoding/")} <= \
             {f"batches/rank{rank}.jsonl", f"train_ddp_process_{rank}.log", ".data_preparation.lock"}, rank
     assert not in_run.get("-")     # nor the torchrun agents
     assert {"checkpoints/last.ckpt", "checkpoints/best.ckpt", "results.json", "config.yaml", "train.log"} <= in_run["0"]
