@@ -5,7 +5,8 @@
   Lightning's own launcher does for the processes it starts.
 - `check_launch_matches_trainer`: `trainer.devices` x `trainer.num_nodes` must be the processes the
   launcher started; said at start-up, before the data is prepared, instead of by Lightning inside fit.
-- `apply_collective_timeout`: `trainer.ddp_timeout_minutes` becomes the process group's timeout.
+- `apply_collective_timeout`: `trainer.ddp_timeout_minutes` becomes the process group's timeout;
+  `CollectiveTimeoutLine` logs it when fit starts, as the process group has it.
 - `lost_process`: whether an exception says that another process of the run has gone (killed, out
   of memory, its machine lost) or stopped answering, so that asr.train can say so in one line with
   the command that resumes the run, instead of a traceback from inside a collective.
