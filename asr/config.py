@@ -67,6 +67,10 @@ class TrainerConfig:
     devices: Any = "auto"              # per node: a count, a list of GPU ids, or "auto" (all)
     num_nodes: int = 1                 # machines; the run has num_nodes x devices processes (DDP)
     strategy: str = "auto"             # "auto" is DDP when there are several devices or nodes
+    # DDP: how long a process waits at a collective (gradient averaging, gathering the validation
+    # transcripts, start-up) for the others before it gives up and the run stops. A killed process is
+    # noticed at once; this bounds the wait for a hung one or a lost machine. Lightning's default.
+    ddp_timeout_minutes: float = 30.0
     precision: str = "32-true"         # 32-true | bf16-mixed | 16-mixed (16-mixed needs a GPU)
     log_every_n_steps: int = 10        # training metrics to the logs every N steps
     val_check_interval: Optional[int] = None  # validate every N training batches; None: once per epoch
@@ -222,6 +226,8 @@ def validate_config(cfg: Any) -> ValidatedAttention:
              "trainer.keep_checkpoints_every_n_steps", trainer.keep_checkpoints_every_n_steps,
              "must be a number of optimiser steps >= 1, or null (off)")
     _require(trainer.num_nodes >= 1, "trainer.num_nodes", trainer.num_nodes, "must be >= 1")
+    _require(trainer.ddp_timeout_minutes > 0, "trainer.ddp_timeout_minutes", trainer.ddp_timeout_minutes,
+             "must be a number of minutes > 0")
     _require(trainer.val_check_interval is None or trainer.val_check_interval >= 1, "trainer.val_check_interval",
              trainer.val_check_interval, "must be a number of training batches >= 1, or null (once per epoch)")
     return attention

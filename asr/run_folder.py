@@ -103,13 +103,26 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | Non
 
 @contextmanager
 def one_process_at_a_time(lock_file: Path):
-    """Processes of one run that an outside launcher starts together (torchrun, srun) generate the
-    synth corpus and compute features and statistics one after another: the first does the work,
-    the others find it on disk (the caches' writes are not safe against concurrent writers).
-    Lightning's own launcher starts the other processes only after this one has prepared the data."""
+    """Processes of one run that an outside launcher starts together (torchrun, srun) write what the
+    data preparation writes - the synth corpus, the feature cache and statistics, the run's copies of
+    the lexicon and LM - one after another: the first does the work, the others find it on disk (the
+    caches' writes are not safe against concurrent writers). Reading needs no lock, so they load and
+    check the manifests all at once (asr.training.train). Lightning's own launcher starts the other
+    processes only after this one has prepared the data.
+
+    An flock on a file in the run folder: it holds between the processes of one machine on any file
+    system; between machines only where the file system makes flock locks cluster-wide (NFS does on
+    Linux clients; Lustre with the `flock` mount option, not `localflock`): asr/docs/training.md,
+    "Several GPUs and machines"."""
     lock_file.parent.mkdir(parents=True, exist_ok=True)
     with open(lock_file, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+        except OSError as error:   # e.g. Lustre mounted without flock: ENOSYS
+            raise ConfigError(
+                f"the run folder {lock_file.parent} is on a file system without file locks (flock: "
+                f"{error.strerror}), which the processes of a run need to prepare data one at a time; give "
+                "run_dir= on a file system with them (Lustre: mounted with -o flock)") from None
         try:
             yield
         finally:

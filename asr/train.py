@@ -12,8 +12,9 @@ One run = one folder (<run_root>/<preset>/<timestamp>, or run_dir=...):
     results.json            test and best-validation PER/WER/CER, time per epoch, parameters, ...
     corpus_report.json      when the run generated its corpus (the built-in one): the recipe's report
     train.log               what the console showed but the progress bars, through the test result
-                            and why training stopped (train_ddp_process_N.log: the other processes
-                            of a multi-device run that Lightning started itself)
+                            and why training stopped (train_ddp_process_N.log: process N > 0 of a
+                            multi-process run; N is the local rank under Lightning's own launcher,
+                            the global rank under torchrun or srun)
     batches/rankN.jsonl     with trainer.record_batches=true: the utterance ids of every batch
                             process N ran (BatchRecorder)
     decoding/               the corpus's lexicon.txt and lm/3gram.arpa.gz, when it has them: what
@@ -46,6 +47,7 @@ from asr.config import ConfigError, register_schema
 from asr.config_help import schema_help
 from asr.config_spelling import exit_on_misspelt_override
 from asr.data.manifests import ManifestError
+from asr.distributed import launched_rank, lost_process
 from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
 from asr.metrics import percent
 from asr.model.checkpoint import CheckpointError
@@ -92,13 +94,18 @@ _task_started = False   # set by the Hydra task; before it, a failure is Hydra's
 
 def resume_hint(run_dir: Path) -> str:
     """How to continue an interrupted run: its own command with run_dir=<its folder> ckpt_path=last,
-    or, before its first epoch finished, the same command again."""
+    or, before its first epoch finished, the same command again. Processes started by torchrun or
+    srun cannot know the launcher's command: they name the arguments to add to it."""
     overrides = [o for o in HydraConfig.get().overrides.task
                  if not o.startswith(("ckpt_path=", "run_dir=", "+ckpt_path=", "+run_dir="))]
     if not (run_dir / "checkpoints" / "last.ckpt").is_file():
         return "no epoch had finished, so there is no checkpoint to resume from; run the same command again"
     relative = os.path.relpath(run_dir)
     folder = str(run_dir) if relative.startswith("..") else relative
+    if launched_rank() is not None:   # the processes may run on other machines, in other folders
+        return (f"resume from the last finished epoch by starting the job again with "
+                f"{shlex.quote(f'run_dir={run_dir.resolve()}')} ckpt_path=last added to asr.train's arguments "
+                "(on any number of processes)")
     command = " ".join(["python -m asr.train", *map(shlex.quote, overrides),
                         shlex.quote(f"run_dir={folder}"), "ckpt_path=last"])
     return f"resume from the last finished epoch with: {command}"
@@ -121,9 +128,14 @@ def run(cfg: DictConfig) -> None:
     except KeyboardInterrupt:
         say(f"\nasr.train: interrupted; {resume_hint(run_dir)}", sys.stderr)
         raise SystemExit(INTERRUPTED) from None
-    except Exception:   # the console gets Hydra's report of it; train.log the reason the run stopped
+    except Exception as error:   # the console gets Hydra's report of it; train.log the reason the run stopped
         file_log.exception("asr.train: stopped by an error")
-        raise
+        lost = lost_process(error)
+        if lost is None:
+            raise
+        # a collective failed because another process of a multi-process run is gone: one line, no traceback
+        say(f"asr.train: error: {lost}, so the run stopped; {resume_hint(run_dir)}", sys.stderr)
+        raise SystemExit(FAILURE) from None
     if rank_zero_only.rank != 0:   # the other processes of a multi-device run stay quiet
         return
     say(f"\nrun folder: {run_dir}")
@@ -166,6 +178,9 @@ def main() -> None:
     a config it cannot compose (an unknown key, a bad value type, a missing preset); that is a
     usage error (2). A failure inside the task stays 1."""
     exit_on_misspelt_override("asr.train", sys.argv[1:])
+    rank = launched_rank()
+    if rank:   # torchrun's or srun's other processes: a log of their own, Hydra's record written once
+        sys.argv += [f"hydra.job.name=train_ddp_process_{rank}", "hydra.output_subdir=null"]
     try:
         run()
     except SystemExit as exit:

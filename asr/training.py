@@ -13,6 +13,7 @@ import json
 import logging
 import time
 from contextlib import contextmanager
+from functools import partial
 from pathlib import Path
 
 import lightning as L
@@ -20,6 +21,7 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.callbacks import Callback, EarlyStopping, ModelCheckpoint, Timer
 from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from asr.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, StepCheckpoint, ValidateAtStepBudget
@@ -29,6 +31,7 @@ from asr.data.corpus_summary import format_corpus_summary, summarise_split
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import corpus_root, cuts_path, manifest_name
 from asr.decoding.evaluation import keep_decoding_files_in_run, out_of_vocabulary_report
+from asr.distributed import CollectiveTimeoutLine, apply_collective_timeout, check_launch_matches_trainer
 from asr.evaluation import lexicon_word_decoding, real_speech_rates
 from asr.model.checkpoint import AtomicCheckpointIO
 from asr.model.diagnostics import TrainingDiagnostics
@@ -94,7 +97,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
     # newest epoch, rewritten at the end of every epoch (what ckpt_path=last resumes).
     latest = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="last", save_top_k=1,
                              enable_version_counter=False)
-    callbacks: list[Callback] = [best, latest, timer]
+    callbacks: list[Callback] = [best, latest, timer, CollectiveTimeoutLine()]
     if t.keep_epoch_checkpoints:   # for asr.average: each epoch's weights, with its validation rates
         callbacks.append(EpochCheckpoint(dirpath=run_dir / "checkpoints", filename="epoch-{epoch:03d}",
                                          save_top_k=-1, auto_insert_metric_name=False,
@@ -131,6 +134,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
         use_distributed_sampler=False,   # the data module's lhotse samplers shard by rank themselves
         plugins=[AtomicCheckpointIO()],
         **limits)
+    apply_collective_timeout(trainer, t.ddp_timeout_minutes)
     return trainer, best, latest
 
 
@@ -152,24 +156,32 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     # everything that can be checked is checked before the run folder gets anything of ours
     attention = validate_config(cfg)
     check_launch_shares_run_folder(cfg.run_dir)
+    check_launch_matches_trainer(cfg.trainer)
     resume_from, checkpoint = resolve_checkpoint(cfg.ckpt_path, run_dir)
     if corpus_preparer(cfg.data.corpus) is None:
         ensure_corpus(cfg)   # a real corpus is only checked, never prepared: its missing manifests stop us here
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
     run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
+    if rank_zero_only.rank == 0:   # the processes of a multi-process run share the folder; one writes it
+        (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
+    # The processes of a multi-process run prepare the data together: each reads and checks the
+    # manifests itself, all at once; what is written (the built-in corpus, the feature cache, the
+    # statistics, the run's copies of the lexicon and LM) is written by one process at a time, and
+    # whoever comes later finds it on disk (asr.run_folder.one_process_at_a_time).
+    preparation_lock = partial(one_process_at_a_time, run_dir / ".data_preparation.lock")
+    datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed,
+                                  cache_lock=preparation_lock)
     if checkpoint is not None:
         datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
-    with one_process_at_a_time(run_dir / ".data_preparation.lock"):
+    with preparation_lock():
         ensure_corpus(cfg, run_dir)
         # the corpus's lexicon and LM travel with the run folder (asr.decoding.evaluation.model_decoding_files)
         keep_decoding_files_in_run(run_dir, corpus_root(cfg.data.root))
-        datamodule.setup("fit")
-        if cfg.test:   # the test split's features too, now, not concurrently by every process later
-            datamodule.setup("test")
+    datamodule.setup("fit")
+    if cfg.test:   # the test split's features too, now, not concurrently by every process later
+        datamodule.setup("test")
     model = build_model(cfg, attention, datamodule)
     if checkpoint is not None:
         check_state_dict_fits(model, checkpoint["state_dict"], f"checkpoint {resume_from}")

@@ -175,11 +175,13 @@ class SpeechDataModule(lightning.LightningDataModule):
 
     `frame_subsampling`: how many feature frames the encoder turns into one output frame (for the
     CTC feasibility filter). `seed`: sampler shuffling (epoch e uses seed + e, via `set_epoch`) and
-    SpecAugment draws.
+    SpecAugment draws. `cache_lock`: for processes that share the feature cache (asr.train's
+    processes of one run), a context manager factory held by one process at a time while it writes
+    the cache (features, statistics); reading needs no lock (feature_cache.precompute_features).
     """
 
     def __init__(self, cfg: DataConfig | Any, frame_subsampling: int = 1, seed: int = 0,
-                 filterbank: FilterBank | None = None):
+                 filterbank: FilterBank | None = None, cache_lock=None):
         super().__init__()
         self.cfg = as_data_config(cfg)
         validate_data_config(self.cfg)
@@ -187,6 +189,7 @@ class SpeechDataModule(lightning.LightningDataModule):
             raise ValueError(f"frame_subsampling={frame_subsampling} must be >= 1")
         self.frame_subsampling = int(frame_subsampling)
         self.seed = int(seed)
+        self.cache_lock = cache_lock
         # filterbank: a trained model's front-end (SpeechRecognizer.frontend) when evaluating it
         self.filterbank = filterbank if filterbank is not None else FilterBank(self.cfg.num_mel_bins)
         if self.filterbank.num_mel_bins != self.cfg.num_mel_bins:
@@ -237,7 +240,8 @@ class SpeechDataModule(lightning.LightningDataModule):
         if features and data.features is None:
             # 4. attach features; leave out audio found corrupt there, and what CTC cannot align
             data.features, failures = attach_features(data.cuts, self.filterbank, cfg.precompute_features,
-                                                      feature_cache_folder(cfg), name, cfg.feature_jobs, cfg.progress)
+                                                      feature_cache_folder(cfg), name, cfg.feature_jobs, cfg.progress,
+                                                      self.cache_lock)
             drop_bad_audio(data, failures, cfg.skip_bad_audio)
             drop_ctc_infeasible(data, self.frame_subsampling, is_train=name == cfg.train_split)
             log.info("%s %s: %d utterances, %.2f h%s", cfg.corpus, name, len(data.cuts), data.hours,
@@ -327,7 +331,7 @@ class SpeechDataModule(lightning.LightningDataModule):
             store = train.features.store if isinstance(train.features, StoredFeatures) else None
             stats, failures = global_feature_stats(
                 statistics_sample(train.cuts), self.filterbank, self.feature_directory / train.name, store,
-                self.cfg.feature_jobs, self.cfg.progress)
+                self.cfg.feature_jobs, self.cfg.progress, self.cache_lock)
             # only in on-the-fly mode: audio corrupt past its header; stats exclude these
             drop_bad_audio(train, failures, self.cfg.skip_bad_audio)
             self._stats = stats

@@ -247,14 +247,22 @@ def feature_directory(cache: str | os.PathLike, filterbank: FilterBank) -> Path:
     directory = Path(cache) / filterbank.cache_key
     directory.mkdir(parents=True, exist_ok=True)
     options_file = directory / "options.json"
-    if not options_file.exists():
-        _write_atomic(options_file, lambda f: f.write(json.dumps(filterbank.options, indent=2).encode()))
+    if not options_file.exists():   # processes may get here at once: each writes its own temporary file
+        temporary = options_file.with_name(f"options.{uuid.uuid4().hex[:8]}.tmp")
+        temporary.write_text(json.dumps(filterbank.options, indent=2))
+        os.replace(temporary, options_file)
     return directory
 
 
 def precompute_features(cuts, filterbank: FilterBank, directory: Path, jobs: int = 1,
-                        progress: bool = True, description: str = "fbank"):
+                        progress: bool = True, description: str = "fbank", lock=None):
     """Make sure `directory` holds the features of every cut; compute only the missing or stale ones.
+
+    `lock`: for processes that share the cache (the processes of a multi-process run), a context
+    manager factory that one process holds at a time (asr.run_folder.one_process_at_a_time). A
+    process that finds every cut's features reads them without it; one that finds some missing
+    takes it and looks again - another process may have computed them meanwhile - before it
+    computes and writes the rest. The cache's writes are not safe against concurrent writers.
 
     Returns (FeatureStore, failures {cut_id: message}) - cuts whose audio could not be read are not stored.
     """
@@ -262,6 +270,9 @@ def precompute_features(cuts, filterbank: FilterBank, directory: Path, jobs: int
     directory.mkdir(parents=True, exist_ok=True)
     store = FeatureStore(directory, filterbank.num_mel_bins)
     missing = [cut for cut in cuts if not store.has(cut)]
+    if missing and lock is not None:
+        with lock():
+            return precompute_features(cuts, filterbank, directory, jobs, progress, description)
     chunks = [missing[i:i + SHARD_CUTS] for i in range(0, len(missing), SHARD_CUTS)]
     shard_paths = [str(directory / f"shard-{time.time_ns():020d}-{uuid.uuid4().hex[:8]}") for _ in chunks]
     failures: dict[str, str] = {}
@@ -301,16 +312,17 @@ class OnTheFlyFeatures:
 
 
 def attach_features(cuts, filterbank: FilterBank, precompute: bool, cache: str | os.PathLike, split: str,
-                    jobs: int = 1, progress: bool = True):
+                    jobs: int = 1, progress: bool = True, lock=None):
     """Where each cut's features come from: with `precompute`, the cache under `cache` (computed now
-    for the cuts it lacks or holds stale); otherwise the audio, each time a batch is built.
+    for the cuts it lacks or holds stale; `lock` as in precompute_features); otherwise the audio, each
+    time a batch is built.
 
     Returns (StoredFeatures or OnTheFlyFeatures, failures {cut_id: message}): cuts whose audio could
     not be read past its header are not stored (only in the precompute mode)."""
     if not precompute:
         return OnTheFlyFeatures(filterbank), {}
     store, failures = precompute_features(list(cuts), filterbank, feature_directory(cache, filterbank) / split,
-                                          jobs, progress, f"fbank {split}")
+                                          jobs, progress, f"fbank {split}", lock)
     return StoredFeatures(store), failures
 
 
@@ -363,18 +375,21 @@ def _stats_file(directory: Path, cuts) -> Path:
 
 
 def global_feature_stats(cuts, filterbank: FilterBank, directory: Path, store: FeatureStore | None = None,
-                         jobs: int = 1, progress: bool = True) -> tuple[FeatureStats, dict[str, str]]:
+                         jobs: int = 1, progress: bool = True, lock=None) -> tuple[FeatureStats, dict[str, str]]:
     """Mean/std over every frame of `cuts` (the caller passes `statistics_sample` of a large split),
     cached in `directory` for this exact set of cuts.
 
     With a `store` the frames are read from it; without one they are computed from the audio (the
     on-the-fly mode) and only the statistics are kept. Returns (stats, failures {cut_id: message}):
     cuts whose audio cannot be read count as failures, and the statistics are then over the others
-    (and not cached).
+    (and not cached). `lock`: as in precompute_features, taken only when the statistics are not cached.
     """
     stats_file = _stats_file(directory, cuts)
     if stats_file.is_file():
         return FeatureStats.from_json(stats_file.read_text()), {}
+    if lock is not None:
+        with lock():
+            return global_feature_stats(cuts, filterbank, directory, store, jobs, progress)
     failures: dict[str, str] = {}
     total = np.zeros(filterbank.num_mel_bins)
     total_sq = np.zeros(filterbank.num_mel_bins)

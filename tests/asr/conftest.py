@@ -19,6 +19,18 @@ def tiny_synth(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def ddp_corpus(tmp_path_factory) -> Path:
+    """The built-in corpus with 6 / 5 / 1 utterances, for the multi-process runs (test_ddp*.py): with
+    two processes or more, the dev split's last round and the single test utterance leave some
+    process a padding batch."""
+    root = tmp_path_factory.mktemp("synth_ddp")
+    ensure_corpus(compose_config(f"data.root={root}", "synth_corpus.train_utterances=6",
+                                 "synth_corpus.dev_utterances=5", "synth_corpus.test_utterances=1",
+                                 "synth_corpus.jobs=1"))
+    return root
+
+
+@pytest.fixture(scope="session")
 def tiny_epochs_run(tiny_synth, tmp_path_factory) -> Path:
     """A tiny synth_full run of three epochs that keeps every epoch's checkpoint (asr.average and
     asr.transcribe use it)."""

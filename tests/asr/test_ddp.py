@@ -8,36 +8,26 @@ gathered validation PER against a single-process validation of the same checkpoi
 from __future__ import annotations
 
 import csv
+import errno
+import fcntl
 import json
-import os
 import subprocess
 import sys
+import threading
+import time
 from collections import Counter
+from functools import partial
 from pathlib import Path
 
-import lightning as L
 import pytest
 import torch
 from lhotse import load_manifest
-from omegaconf import OmegaConf
 
+from asr.config import ConfigError, validate_config
 from asr.data.datamodule import SpeechDataModule
-from asr.model.recognizer import SpeechRecognizer
-from asr.config import ConfigError
-from asr.run_folder import check_launch_shares_run_folder, run_folder
-from asr.training import ensure_corpus
-from tiny_runs import ROOT, TINY, compose_config
-
-
-@pytest.fixture(scope="module")
-def ddp_corpus(tmp_path_factory) -> Path:
-    """The built-in corpus with 6 / 5 / 1 utterances: with two processes the dev split's last
-    round and the single test utterance leave one process a padding batch."""
-    root = tmp_path_factory.mktemp("synth_ddp")
-    ensure_corpus(compose_config(f"data.root={root}", "synth_corpus.train_utterances=6",
-                                 "synth_corpus.dev_utterances=5", "synth_corpus.test_utterances=1",
-                                 "synth_corpus.jobs=1"))
-    return root
+from asr.distributed import check_launch_matches_trainer, launched_rank, lost_process
+from asr.run_folder import check_launch_shares_run_folder, one_process_at_a_time, run_folder
+from tiny_runs import TINY, compose_config, subprocess_environment, validate_in_one_process
 
 
 def manifest_ids(root: Path, split: str) -> Counter:
@@ -54,9 +44,7 @@ def counted_ids(batches: list[dict]) -> Counter:
 
 def test_two_processes_split_the_data_and_gather_the_error_rates(ddp_corpus, tmp_path):
     run = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT"):
-        env.pop(name, None)
+    env = subprocess_environment()
     command = [sys.executable, "-m", "asr.train", "conf=synth_full", *TINY, f"data.root={ddp_corpus}",
                f"run_dir={run}", "trainer.max_epochs=2", "trainer.accelerator=cpu", "trainer.devices=2",
                "trainer.strategy=ddp", "trainer.record_batches=true", "trainer.torch_threads=1"]
@@ -81,19 +69,12 @@ def test_two_processes_split_the_data_and_gather_the_error_rates(ddp_corpus, tmp
     assert len(validations) == 2
     last = run / "checkpoints" / "last.ckpt"   # the latest epoch, also when its PER was not the best
     assert torch.load(last, map_location="cpu", weights_only=True)["global_step"] == results["steps"]
-    model = SpeechRecognizer.load_from_checkpoint(last, map_location="cpu")
-    cfg = OmegaConf.load(run / "config.yaml")
-    data = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
-    data.set_tokenizers(model.hparams.tokenizers)
-    single = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
-                       enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False)
-    single.validate(model, datamodule=data, verbose=False)
-    expected = model.last_error_rates["val"]
+    expected, expected_loss = validate_in_one_process(run, last)
     assert 0 < expected["per"] and expected["per"] != 1.0          # not the all-blank (or perfect) output
     assert results["val"]["per"] == expected["per"] and results["val"]["wer"] == expected["wer"]
     assert float(validations[-1]["val/per"]) == pytest.approx(expected["per"], rel=1e-6)
     # the loss is a mean over utterances: the padding batches (weight 0) leave it unchanged
-    assert float(validations[-1]["val/loss"]) == pytest.approx(single.callback_metrics["val/loss"].item(), rel=1e-4)
+    assert float(validations[-1]["val/loss"]) == pytest.approx(expected_loss, rel=1e-4)
 
 
 # ---- processes started by an outside launcher (torchrun, srun) share one run folder ---------------
@@ -128,3 +109,121 @@ def test_torchrun_without_a_rendezvous_id_needs_run_dir(monkeypatch):
     with pytest.raises(ConfigError, match="give each the same run_dir=FOLDER"):
         check_launch_shares_run_folder(None)
     check_launch_shares_run_folder("/shared/runs/x")      # given: fine
+
+
+# ---- what a launcher's processes are told, and what a lost process looks like -------------------------
+LAUNCH_VARIABLES = LAUNCHER_VARIABLES + ("RANK", "LOCAL_RANK", "SLURM_PROCID", "SLURM_NTASKS_PER_NODE", "SLURM_NNODES")
+
+
+@pytest.mark.parametrize("variables, rank", [
+    ({}, None),                                                                     # one process
+    ({"LOCAL_RANK": "1", "WORLD_SIZE": "2"}, None),                                 # Lightning's own launcher
+    ({"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "4", "RANK": "3", "LOCAL_RANK": "1"}, 3),   # torchrun
+    ({"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "1", "RANK": "0"}, None),        # torchrun, one process
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_TASKS": "8", "SLURM_PROCID": "5"}, 5),   # srun
+    ({"SLURM_JOB_ID": "7", "SLURM_STEP_NUM_TASKS": "1", "SLURM_PROCID": "0"}, None),
+])
+def test_the_rank_a_launcher_gave(variables, rank, monkeypatch):
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    assert launched_rank() == rank
+
+
+@pytest.mark.parametrize("variables, overrides, message", [
+    ({"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "8"}, ["trainer.devices=2", "trainer.num_nodes=2"],
+     r"trainer.devices=2 x trainer.num_nodes=2 = 4 processes, but torchrun started 8; give trainer.devices=<its "
+     r"--nproc-per-node> and trainer.num_nodes=<its --nnodes>"),
+    ({"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "8"}, ["trainer.devices=4", "trainer.num_nodes=2"], None),
+    ({"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "8"}, ["trainer.devices=[0,1,2,3]", "trainer.num_nodes=2"], None),
+    ({"TORCHELASTIC_RUN_ID": "none", "WORLD_SIZE": "8"}, ["trainer.devices=auto", "trainer.num_nodes=2"], None),
+    ({"SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "2"},
+     ["trainer.devices=8", "trainer.num_nodes=2"],
+     r"trainer.devices=8 is not allowed: srun starts 4 tasks per node \(--ntasks-per-node\); give trainer.devices=4"),
+    ({"SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "2"},
+     ["trainer.devices=4", "trainer.num_nodes=1"],
+     r"trainer.num_nodes=1 is not allowed: the job has 2 nodes \(--nodes\); give trainer.num_nodes=2"),
+    ({"SLURM_STEP_NUM_TASKS": "8", "SLURM_NTASKS_PER_NODE": "4", "SLURM_NNODES": "2"},
+     ["trainer.devices=4", "trainer.num_nodes=2"], None),
+])
+def test_the_trainer_must_count_the_processes_the_launcher_started(variables, overrides, message, monkeypatch):
+    for name in LAUNCH_VARIABLES:
+        monkeypatch.delenv(name, raising=False)
+    for name, value in variables.items():
+        monkeypatch.setenv(name, value)
+    trainer = compose_config(*overrides).trainer
+    if message is None:
+        check_launch_matches_trainer(trainer)
+    else:
+        with pytest.raises(ConfigError, match=message):
+            check_launch_matches_trainer(trainer)
+
+
+def test_the_collective_timeout_must_be_positive():
+    with pytest.raises(ConfigError, match=r"trainer.ddp_timeout_minutes=0.0 is not allowed: must be a number of "
+                                          r"minutes > 0"):
+        validate_config(compose_config("trainer.ddp_timeout_minutes=0"))
+
+
+@pytest.mark.parametrize("error, said", [
+    # what gloo raised in the processes of runs whose other process was killed or stopped (seen here)
+    (RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:537] Read error "
+                  "[127.0.0.1]:23710: Connection reset by peer. This is typically caused by a remote worker hanging "
+                  "or bugs in the application. Check the logs of the remote worker before reporting an error."),
+     "another process of the run has ended: killed, out of memory, or its machine lost (Read error "
+     "[127.0.0.1]:23710: Connection reset by peer)"),
+    (RuntimeError("[/__w/pytorch/pytorch/third_party/gloo/gloo/transport/tcp/pair.cc:553] Connection closed by peer "
+                  "[127.0.0.1]:8404. This is typically caused by a remote worker crashing."),
+     "another process of the run has ended: killed, out of memory, or its machine lost (Connection closed "
+     "by peer [127.0.0.1]:8404)"),
+    (RuntimeError("[../third_party/gloo/gloo/transport/tcp/unbound_buffer.cc:81] Timed out waiting 60000ms for "
+                  "recv operation to complete"),
+     "another process of the run did not answer within trainer.ddp_timeout_minutes: it hangs, or its machine is "
+     "unreachable (Timed out waiting 60000ms for recv operation to complete)"),
+    (RuntimeError("CUDA out of memory. Tried to allocate 2.00 GiB"), None),
+    (ValueError("gloo is a word"), None),
+])
+def test_a_collective_failed_by_a_lost_process_is_recognised(error, said):
+    assert lost_process(error) == said
+
+
+# ---- the processes of a run prepare the data: all read at once, one writes at a time ---------------------
+def test_a_complete_feature_cache_is_read_without_the_lock_and_a_missing_one_written_under_it(ddp_corpus, tmp_path):
+    lock_file, cache = tmp_path / "run" / ".data_preparation.lock", tmp_path / "features"
+    data_config = compose_config(*TINY, "conf=synth_full", f"data.root={ddp_corpus}", f"data.cache_dir={cache}").data
+
+    def set_up_in_a_thread() -> tuple[threading.Thread, SpeechDataModule]:
+        data = SpeechDataModule(data_config, frame_subsampling=2, cache_lock=partial(one_process_at_a_time, lock_file))
+        thread = threading.Thread(target=data.setup, args=("fit",), daemon=True)
+        thread.start()
+        return thread, data
+
+    lock_file.parent.mkdir()
+    with open(lock_file, "a") as other_process:   # another process of the run holds the lock
+        fcntl.flock(other_process, fcntl.LOCK_EX)
+        writer, first = set_up_in_a_thread()
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:        # the cache is empty: it waits for the lock, writing nothing
+            assert writer.is_alive() and not list(cache.glob("*/*/shard-*"))
+            time.sleep(0.1)
+        fcntl.flock(other_process, fcntl.LOCK_UN)
+        writer.join(120)
+        assert not writer.is_alive() and list(cache.glob("*/train/shard-*.json"))
+
+        fcntl.flock(other_process, fcntl.LOCK_EX)  # held again: the complete cache is read without it
+        reader, second = set_up_in_a_thread()
+        reader.join(120)
+        assert not reader.is_alive()
+    assert second.feature_stats.to_json() == first.feature_stats.to_json()
+    assert second.split("train").features.store.index == first.split("train").features.store.index
+
+
+def test_a_file_system_without_locks_is_named(tmp_path, monkeypatch):
+    def refuse(*_):
+        raise OSError(errno.ENOSYS, "Function not implemented")
+    monkeypatch.setattr(fcntl, "flock", refuse)
+    with pytest.raises(ConfigError, match=rf"the run folder {tmp_path} is on a file system without file locks \(flock: "
+                                          r"Function not implemented\).*give run_dir= on a file system with them"):
+        with one_process_at_a_time(tmp_path / ".data_preparation.lock"):
+            pass

@@ -1,6 +1,7 @@
 """Tiny training runs for the asr tests: a model and a run small enough for seconds on a CPU."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from hydra import compose, initialize_config_dir
@@ -32,3 +33,33 @@ def compose_config(*overrides: str):
 
 def tiny_config(corpus: Path, *overrides: str):
     return compose_config(*TINY, f"data.root={corpus}", *overrides)
+
+
+def subprocess_environment() -> dict[str, str]:
+    """The environment of a `python -m asr.train` subprocess: this checkout importable, and none of
+    the variables by which a launcher (torchrun, srun, Lightning) tells a process its rank."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for name in ("RANK", "LOCAL_RANK", "WORLD_SIZE", "NODE_RANK", "GROUP_RANK", "LOCAL_WORLD_SIZE", "MASTER_ADDR",
+                 "MASTER_PORT", "TORCHELASTIC_RUN_ID", "SLURM_JOB_ID", "SLURM_PROCID", "SLURM_STEP_NUM_TASKS",
+                 "SLURM_NTASKS", "ASR_PAUSE_AT"):
+        env.pop(name, None)
+    return env
+
+
+def validate_in_one_process(run: Path, checkpoint: Path):
+    """A single-process validation of `checkpoint` on its run's dev split (the run's config.yaml):
+    (the error rates, the validation loss) - what a multi-process run's gathered validation must equal."""
+    import lightning as L
+    from omegaconf import OmegaConf
+
+    from asr.data.datamodule import SpeechDataModule
+    from asr.model.recognizer import SpeechRecognizer
+
+    model = SpeechRecognizer.load_from_checkpoint(checkpoint, map_location="cpu")
+    cfg = OmegaConf.load(run / "config.yaml")
+    data = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
+    data.set_tokenizers(model.hparams.tokenizers)
+    single = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
+                       enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False)
+    single.validate(model, datamodule=data, verbose=False)
+    return model.last_error_rates["val"], single.callback_metrics["val/loss"].item()
