@@ -39,6 +39,10 @@
 
 #include "checks.h"
 
+#if defined(__AVX2__) && !defined(__AVX512BW__)
+#include <immintrin.h>
+#endif
+
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
@@ -209,6 +213,41 @@ inline int64_t nearest_centroid(int64_t x, const int64_t* cent, int64_t clusters
 // replaces the best, so ties keep the lowest index.
 constexpr int kCodesAtOnce = 16;
 
+#if defined(__AVX2__) && !defined(__AVX512BW__)
+// AVX2 (the x86-64-v3 build of the Docker image): GCC vectorises the loop below with AVX-512BW
+// (a byte-table popcount) but not with AVX2, where it ran scalar popcnt lane by lane and K-Means
+// took 9.5 ms instead of 1.4 at N=4096 (clustered_profile, 2 threads). Here the same byte-table
+// popcount is written out: each nibble's bit count looked up with pshufb, the bytes of each 64-bit
+// lane summed with psadbw (Mula, Kurz and Lemire, "Faster population counts using AVX2").
+inline __m256i popcount_lanes(__m256i v) {
+  const __m256i table = _mm256_setr_epi8(0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4,
+                                         0, 1, 1, 2, 1, 2, 2, 3, 1, 2, 2, 3, 2, 3, 3, 4);
+  const __m256i nibble = _mm256_set1_epi8(0x0f);
+  const __m256i low = _mm256_shuffle_epi8(table, _mm256_and_si256(v, nibble));
+  const __m256i high = _mm256_shuffle_epi8(table, _mm256_and_si256(_mm256_srli_epi16(v, 4), nibble));
+  return _mm256_sad_epu8(_mm256_add_epi8(low, high), _mm256_setzero_si256());
+}
+
+inline void nearest_centroids(const int64_t* x, const int64_t* cent, int64_t clusters, int64_t* out) {
+  constexpr int kVectors = kCodesAtOnce / 4;   // four 64-bit codes per register
+  __m256i codes[kVectors], best[kVectors], nearest[kVectors];
+  for (int v = 0; v < kVectors; ++v) {
+    codes[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 4 * v));
+    best[v] = _mm256_set1_epi64x(65);   // more than any distance between 64-bit codes
+    nearest[v] = _mm256_setzero_si256();
+  }
+  for (int64_t c = 0; c < clusters; ++c) {
+    const __m256i centroid = _mm256_set1_epi64x(cent[c]), index = _mm256_set1_epi64x(c);
+    for (int v = 0; v < kVectors; ++v) {
+      const __m256i distance = popcount_lanes(_mm256_xor_si256(codes[v], centroid));
+      const __m256i closer = _mm256_cmpgt_epi64(best[v], distance);   // strictly: ties keep the lower index
+      best[v] = _mm256_blendv_epi8(best[v], distance, closer);
+      nearest[v] = _mm256_blendv_epi8(nearest[v], index, closer);
+    }
+  }
+  for (int v = 0; v < kVectors; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 4 * v), nearest[v]);
+}
+#else
 inline void nearest_centroids(const int64_t* x, const int64_t* cent, int64_t clusters, int64_t* out) {
   int64_t best[kCodesAtOnce], nearest[kCodesAtOnce];
   for (int lane = 0; lane < kCodesAtOnce; ++lane) {
@@ -227,6 +266,7 @@ inline void nearest_centroids(const int64_t* x, const int64_t* cent, int64_t clu
   }
   for (int lane = 0; lane < kCodesAtOnce; ++lane) out[lane] = nearest[lane];
 }
+#endif
 
 // Hamming K-Means over every (batch, head): the codes and lengths it reads, the centroids and
 // the assignment it writes. A (batch, head) is settled once an update leaves all its centroids
