@@ -35,7 +35,7 @@
 #include "../common/top_k_floor.h"
 #include "../common/vector_exp.h"
 
-#if defined(__AVX512F__)
+#if defined(__AVX512F__) || defined(__AVX2__)
 #include <immintrin.h>
 #endif
 
@@ -154,6 +154,37 @@ void collect_candidates(const scalar_t* row, int64_t width, int64_t first, int64
       const int reached = __builtin_popcount(reach);
       for (int r = 0; r < reached; ++r) candidates[count + r] = Candidate<scalar_t>{scores[r], first + chunk + offsets[r]};
       count += reached;
+    }
+    pooled = count;
+    floor = bar;
+    return;
+  }
+#elif defined(__AVX2__)
+  if constexpr (std::is_same_v<scalar_t, float>) {
+    // The same with two 8-lane compares per chunk (AVX2 has no compress): the mask of the keys
+    // that reach the floor, and only those written, one per set bit. The loop below instead
+    // writes all 16 keys of a chunk that has any, which made the forward's top-k bookkeeping
+    // cost 2.5 ms more than on AVX-512 at N=4096 (clustered_profile).
+    static_assert(kChunk == 16, "a chunk is two 256-bit vectors of floats");
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    auto reaching = [&](const __m256 x, const __m256i present) {
+      const __m256 reach = _mm256_and_ps(_mm256_cmp_ps(x, _mm256_set1_ps(bar), _CMP_GE_OQ), _mm256_castsi256_ps(present));
+      return static_cast<unsigned>(_mm256_movemask_ps(reach));
+    };
+    for (int64_t chunk = 0; chunk < width; chunk += kChunk) {
+      const int64_t keys = std::min(width - chunk, kChunk);
+      // lanes past the row's end are neither loaded nor compared (maskload reads nothing there)
+      const __m256i present_low = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::min<int64_t>(keys, 8))), lanes);
+      const __m256i present_high = _mm256_cmpgt_epi32(_mm256_set1_epi32(static_cast<int>(std::max<int64_t>(keys - 8, 0))), lanes);
+      const __m256 low = _mm256_maskload_ps(row + chunk, present_low);
+      const __m256 high = _mm256_maskload_ps(row + chunk + 8, present_high);
+      unsigned reach = reaching(low, present_low) | (reaching(high, present_high) << 8);
+      if (!reach) continue;
+      if (make_room()) reach = reaching(low, present_low) | (reaching(high, present_high) << 8);
+      for (; reach; reach &= reach - 1) {
+        const int64_t offset = __builtin_ctz(reach);
+        candidates[count++] = Candidate<scalar_t>{row[chunk + offset], first + chunk + offset};
+      }
     }
     pooled = count;
     floor = bar;
