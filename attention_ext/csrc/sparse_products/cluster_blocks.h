@@ -59,10 +59,20 @@ inline void product_tile(int64_t depth, const scalar_t* A, int64_t a_row, int64_
     for (int64_t j = 0; j < W; ++j) C[r * ldc + j] = acc[r][j];
 }
 
+// Rows of a full tile. A tile row is one 512-bit accumulator on AVX-512 (32 registers: 8 rows)
+// but two 256-bit ones on AVX2, whose 16 registers 8 rows would overfill (16 accumulators, plus B's
+// row and A's broadcast: spilled to the stack in the inner loop); 6 rows x 2 vectors is the
+// classic AVX2 sgemm tile. The sums run over k in the same order either way: same results.
+#if defined(__AVX512F__)
+constexpr int kTileRows = 8;
+#else
+constexpr int kTileRows = 6;
+#endif
+
 // C (rows x columns) = A (rows x depth) @ B (depth x columns) for the small per-cluster
 // products; B and C are row-major with strides ldb, ldc, and columns, ldb and ldc are
 // multiples of kLanes (the callers pad with zeros).
-// The rows left after the tiles of 8 go in one tile of their own size: each row of a tile
+// The rows left after the full tiles go in one tile of their own size: each row of a tile
 // is an independent chain of multiply-adds, and tiles of one row would wait on their own
 // chain's latency (a cluster's member count is rarely a multiple of 8).
 template <typename scalar_t>
@@ -70,8 +80,8 @@ void small_product(int64_t rows, int64_t columns, int64_t depth, const scalar_t*
                    int64_t a_col, const scalar_t* B, int64_t ldb, scalar_t* C, int64_t ldc) {
   for (int64_t n = 0; n < columns; n += kLanes<scalar_t>) {
     int64_t m = 0;
-    for (; m + 8 <= rows; m += 8)
-      product_tile<scalar_t, 8>(depth, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc);
+    for (; m + kTileRows <= rows; m += kTileRows)
+      product_tile<scalar_t, kTileRows>(depth, A + m * a_row, a_row, a_col, B + n, ldb, C + m * ldc + n, ldc);
     const scalar_t* a = A + m * a_row;
     scalar_t* c = C + m * ldc + n;
     switch (rows - m) {
