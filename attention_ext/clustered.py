@@ -218,11 +218,14 @@ def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
 # torch's scaled_dot_product_attention with the C centroids as queries (on CUDA FlashAttention where
 # no key is masked, else another of its backends). All three compute the same values and gradients;
 # which is fastest is measured (`python -m attention_ext.gpu_report` times "unfused" and "sdpa" on CUDA).
-# "auto", CUDA's default, is what that measurement chose on an H200 (attention_ext/RESULTS.md, "GPU
-# report"): "sdpa" in bfloat16 and float16 (1.02-1.28x faster than unfused at every length measured),
-# "unfused" in float32 (SDPA's float32 kernels were 2-3.4x slower from N=16384 in the paper shape).
+# "auto", the default, is what measurement chose (attention_ext/RESULTS.md): on CUDA (an H200, "The
+# GPU") "sdpa" in bfloat16 and float16 (1.02-1.28x faster than unfused at every length measured),
+# "unfused" in float32 (SDPA's float32 kernels were 2-3.4x slower from N=16384 in the paper shape);
+# on the CPU by the instruction set torch's kernels use (torch.backends.cpu.get_cpu_capability(),
+# "CPU speed"): "fused" with AVX-512 (0.85-0.91x sdpa's time at N=1024-4096), "sdpa" without it
+# (AVX2: fused 1.07-1.15x sdpa's time at N=1024-4096, where MKL's products run at half the width).
 CENTROID_ROUTES = ("fused", "unfused", "sdpa", "auto")
-_centroid_routes = {"cpu": "fused", "cuda": "auto"}
+_centroid_routes = {"cpu": "auto", "cuda": "auto"}
 
 
 def centroid_route(device_type: str) -> str:
@@ -236,7 +239,7 @@ def resolved_centroid_route(device_type: str, dtype: torch.dtype) -> str:
     if route != "auto":
         return route
     if device_type == "cpu":
-        return "fused"
+        return "fused" if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else "sdpa"
     return "sdpa" if dtype in (torch.bfloat16, torch.float16) else "unfused"
 
 

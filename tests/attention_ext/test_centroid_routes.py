@@ -92,20 +92,22 @@ def test_unknown_and_impossible_routes_are_refused(route):
         set_centroid_route("cpu", "flash")
     with pytest.raises(ValueError, match="CPU kernel"):
         set_centroid_route("cuda", "fused")
-    assert set_centroid_route("cpu", "sdpa") == "fused"
+    assert set_centroid_route("cpu", "sdpa") == "auto"   # returns the previous route
     assert centroid_route("cpu") == "sdpa"
 
 
-def test_auto_route_resolves_by_device_and_dtype(route):
-    """CUDA's default: sdpa in half precision, unfused in float32 (chosen by the GPU report's
-    measurement); the CPU keeps its fused kernel."""
+def test_auto_route_resolves_by_device_dtype_and_instruction_set(route, monkeypatch):
+    """The defaults chosen by measurement: on CUDA sdpa in half precision and unfused in float32;
+    on the CPU the fused kernel where torch's kernels use AVX-512, sdpa where they use AVX2."""
     from attention_ext.clustered import resolved_centroid_route
-    assert centroid_route("cuda") == "auto"
+    assert centroid_route("cuda") == "auto" and centroid_route("cpu") == "auto"
     assert resolved_centroid_route("cuda", torch.bfloat16) == "sdpa"
     assert resolved_centroid_route("cuda", torch.float16) == "sdpa"
     assert resolved_centroid_route("cuda", torch.float32) == "unfused"
-    assert resolved_centroid_route("cpu", torch.bfloat16) == "fused"
-    set_centroid_route("cpu", "auto")
-    assert resolved_centroid_route("cpu", torch.float32) == "fused"
+    for capability, expected in (("AVX512", "fused"), ("AVX512_BF16", "fused"), ("AVX2", "sdpa"), ("DEFAULT", "sdpa")):
+        monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: capability)
+        assert resolved_centroid_route("cpu", torch.float32) == expected, capability
+    set_centroid_route("cpu", "unfused")      # a route chosen by hand is taken as it is
+    assert resolved_centroid_route("cpu", torch.float32) == "unfused"
     set_centroid_route("cuda", "unfused")
     assert resolved_centroid_route("cuda", torch.bfloat16) == "unfused"
