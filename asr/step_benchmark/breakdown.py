@@ -11,6 +11,9 @@ the backward engine's own time and gradient accumulation, and the optimiser (cli
 """
 from __future__ import annotations
 
+import contextlib
+import os
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -97,9 +100,32 @@ class StepBreakdown:
     attention_operators: dict[str, list[float]] = field(default_factory=lambda: defaultdict(lambda: [0.0, 0.0]))
 
 
+@contextlib.contextmanager
+def profiler_notices_silenced():
+    """Standard error closed to torch.profiler's C++ side: its Kineto library writes two lines to
+    file descriptor 2 per profiled step ("USDT: ... profiler_start", "... profiler_stop"), which no
+    setting turns off and which buried the tables. Writes through sys.stderr still reach the terminal."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    try:
+        with open(os.devnull, "w") as null:
+            os.dup2(null.fileno(), 2)
+        python_stderr = sys.stderr
+        sys.stderr = os.fdopen(os.dup(saved), "w", buffering=1)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            sys.stderr.close()
+            sys.stderr = python_stderr
+    finally:
+        os.dup2(saved, 2)
+        os.close(saved)
+
+
 def profiled_step(model: TrainedModel, batch: TrainingBatch) -> StepBreakdown:
     """One training step (as TrainedModel.step, with the batch assembled first) under torch.profiler."""
-    with profile(activities=[ProfilerActivity.CPU]) as prof:
+    with profiler_notices_silenced(), profile(activities=[ProfilerActivity.CPU]) as prof:
         with record_function("step"):
             with record_function(STAGE_PREFIX + DATA):
                 batch = assemble_batch(batch)

@@ -116,3 +116,27 @@ def test_breakdown_accounts_for_the_whole_step(monkeypatch, label):
     assert attention_forward > 0 and attention_backward > 0
     # the attention's operators hold its backward (each node under the operator that made it)
     assert sum(b for _, b in breakdown.attention_operators.values()) == pytest.approx(attention_backward)
+
+
+def test_breakdown_console_has_no_profiler_notices(tmp_path):
+    """Kineto writes 'USDT: ... profiler_start/stop' to file descriptor 2 per profiled step; the
+    breakdown closes that descriptor around the profiler, while Python's own stderr still prints."""
+    import os
+    import subprocess
+    import sys
+    from tiny_runs import ROOT
+    code = ("import sys, torch\n"
+            "from torch.profiler import ProfilerActivity, profile\n"
+            "from asr.step_benchmark.breakdown import profiler_notices_silenced\n"
+            "with profiler_notices_silenced():\n"
+            "    print('from python', file=sys.stderr)\n"
+            "    with profile(activities=[ProfilerActivity.CPU]):\n"
+            "        torch.ones(3) + 1\n"
+            "print('after', file=sys.stderr)\n"
+            "with profile(activities=[ProfilerActivity.CPU]):\n"
+            "    torch.ones(3) + 1\n")
+    finished = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert finished.returncode == 0, finished.stderr
+    # nothing came between the two Python lines (an unsilenced profile, the last one, may print)
+    assert finished.stderr.splitlines()[:2] == ["from python", "after"]
