@@ -233,13 +233,18 @@ def centroid_route(device_type: str) -> str:
     return _centroid_routes.get(device_type, "unfused")
 
 
-def resolved_centroid_route(device_type: str, dtype: torch.dtype) -> str:
-    """The route a call on `device_type` in `dtype` takes: "auto" resolved by dtype."""
+# ATen's CPU instruction set, read once: it is fixed when torch loads (ATEN_CPU_CAPABILITY), and
+# torch.compile cannot trace the call that reads it.
+CPU_CAPABILITY = torch.backends.cpu.get_cpu_capability()
+
+
+def resolved_centroid_route(device_type: str, dtype: torch.dtype, cpu_capability: str = CPU_CAPABILITY) -> str:
+    """The route a call on `device_type` in `dtype` takes: "auto" resolved by instruction set and dtype."""
     route = centroid_route(device_type)
     if route != "auto":
         return route
     if device_type == "cpu":
-        return "fused" if torch.backends.cpu.get_cpu_capability().startswith("AVX512") else "sdpa"
+        return "fused" if cpu_capability.startswith("AVX512") else "sdpa"
     return "sdpa" if dtype in (torch.bfloat16, torch.float16) else "unfused"
 
 
