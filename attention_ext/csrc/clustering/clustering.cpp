@@ -228,24 +228,34 @@ inline __m256i popcount_lanes(__m256i v) {
   return _mm256_sad_epu8(_mm256_add_epi8(low, high), _mm256_setzero_si256());
 }
 
+// Distance and centroid index packed in one 32-bit key, (distance << 24) | index, so one unsigned
+// minimum keeps the nearest centroid and, among equally near ones, the lowest index (the one-code
+// loop's rule) - one instruction where a compare and two blends were (blends are 2 uops on most
+// AVX2 CPUs), and no separate register of indexes. Up to 2^24 centroids; more take the one-code loop.
+constexpr int64_t kPackedIndexLimit = int64_t{1} << 24;
+
 inline void nearest_centroids(const int64_t* x, const int64_t* cent, int64_t clusters, int64_t* out) {
+  if (clusters >= kPackedIndexLimit) {
+    for (int lane = 0; lane < kCodesAtOnce; ++lane) out[lane] = nearest_centroid(x[lane], cent, clusters);
+    return;
+  }
   constexpr int kVectors = kCodesAtOnce / 4;   // four 64-bit codes per register
-  __m256i codes[kVectors], best[kVectors], nearest[kVectors];
+  __m256i codes[kVectors], best[kVectors];
   for (int v = 0; v < kVectors; ++v) {
     codes[v] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x + 4 * v));
-    best[v] = _mm256_set1_epi64x(65);   // more than any distance between 64-bit codes
-    nearest[v] = _mm256_setzero_si256();
+    best[v] = _mm256_set1_epi64x(0x7FFFFFFF);   // above every key; the upper 32 bits of each lane stay 0
   }
   for (int64_t c = 0; c < clusters; ++c) {
     const __m256i centroid = _mm256_set1_epi64x(cent[c]), index = _mm256_set1_epi64x(c);
     for (int v = 0; v < kVectors; ++v) {
-      const __m256i distance = popcount_lanes(_mm256_xor_si256(codes[v], centroid));
-      const __m256i closer = _mm256_cmpgt_epi64(best[v], distance);   // strictly: ties keep the lower index
-      best[v] = _mm256_blendv_epi8(best[v], distance, closer);
-      nearest[v] = _mm256_blendv_epi8(nearest[v], index, closer);
+      const __m256i distance = popcount_lanes(_mm256_xor_si256(codes[v], centroid));   // < 2^7, low 32 bits
+      const __m256i key = _mm256_or_si256(_mm256_slli_epi32(distance, 24), index);
+      best[v] = _mm256_min_epu32(best[v], key);
     }
   }
-  for (int v = 0; v < kVectors; ++v) _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 4 * v), nearest[v]);
+  const __m256i index_bits = _mm256_set1_epi64x(kPackedIndexLimit - 1);
+  for (int v = 0; v < kVectors; ++v)
+    _mm256_storeu_si256(reinterpret_cast<__m256i*>(out + 4 * v), _mm256_and_si256(best[v], index_bits));
 }
 #else
 inline void nearest_centroids(const int64_t* x, const int64_t* cent, int64_t clusters, int64_t* out) {
