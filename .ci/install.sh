@@ -108,7 +108,7 @@ if [ -z "${installed_torch:-}" ]; then
   quietly pip-torch python -m pip install -q ${index_args[@]+"${index_args[@]}"} "$torch_spec" numpy
   probe_torch
   if [ -z "${installed_torch:-}" ]; then
-    fail "torch does not import after installing $torch_spec (see pip's output above)"
+    fail "torch does not import after installing $torch_spec (pip's output: $state_dir/pip-torch.log)"
   fi
   say_done "installed $installed_torch (${torch_cuda:+CUDA $torch_cuda}${torch_cuda:-a CPU build})"
 else
