@@ -3,6 +3,7 @@
     python -m recipes.synth.sharpening --run runs/sharpening_full --train 6000   # train (or resume), then measure
     python -m recipes.synth.sharpening --run RUN_DIR                             # measure a run that kept checkpoints
     python -m recipes.synth.sharpening --run RUN_DIR --publish recipes/synth     # also copy the JSON and PNG there
+    python -m recipes.synth.sharpening --run runs/sharpening_wsj --train 2000 --architecture wsj
 
 The question: RESULTS.md explains the small clustered-attention gap of the paper-length matrix by
 attention that is still nearly flat. Here, for every checkpoint a run kept at a fixed step
@@ -19,7 +20,10 @@ attention that is still nearly flat. Here, for every checkpoint a run kept at a 
 paper setting's overrides of recipes.synth.experiment: ~780 encoder positions, validation every 200
 steps, diagnostics every 50) for STEPS optimiser steps, keeping a checkpoint every --every steps;
 run it again after an interruption and it resumes from the run's last checkpoint (ckpt_path=last),
-or trains further when STEPS grew.
+or trains further when STEPS grew. --architecture wsj trains the paper's WSJ encoder instead of the
+synth one (supplementary C.3: 9 layers, 6 heads x 32 dims, feed-forward 768; ~2.6x the parameters),
+keeping the synth front end's stride 2 so that the length stays the paper's (~780 positions; the
+WSJ model's own front end has no stride, and this corpus's 15 s utterances would give ~1,480).
 
 Writes to --out (default: <run>/sharpening/); a run started again reuses what is there:
     matrix/               asr.cross_matrix of the kept checkpoints (columns step<N>) x the rows: one
@@ -45,6 +49,10 @@ ROWS = ("full", "clustered-100", "clustered-200", "i-clustered-100", "i-clustere
 REFERENCE_ROW = "full"
 PRESET = "synth_full"
 DEFAULT_EVERY = 500
+# The encoder the long run trains (model.* values): the synth presets' own, or the paper's WSJ one
+# at the synth front end's stride, i.e. at the paper length.
+ARCHITECTURES = {"synth": {"layers": 6, "heads": 4, "head_dim": 32, "ff_dim": 512},
+                 "wsj": {"layers": 9, "heads": 6, "head_dim": 32, "ff_dim": 768}}
 STEP_CHECKPOINT = re.compile(r"^step-(\d+)\.ckpt$")
 
 
@@ -63,21 +71,36 @@ def kept_checkpoints(run: Path) -> dict[int, Path]:
 
 
 # ---- training ------------------------------------------------------------------------------------------
-def training_overrides(steps: int, every: int) -> list[str]:
-    """asr.train overrides of the long run: the paper setting, a step budget, kept checkpoints."""
+def training_overrides(steps: int, every: int, architecture: str = "synth") -> list[str]:
+    """asr.train overrides of the long run: the paper setting, the encoder, a step budget, kept checkpoints."""
     from recipes.synth.experiment import SETTINGS, training_budget
-    return [*SETTINGS["paper"].preset_overrides(PRESET), *training_budget(steps, None),
+    encoder = [f"model.{key}={value}" for key, value in ARCHITECTURES[architecture].items()]
+    return [*SETTINGS["paper"].preset_overrides(PRESET), *encoder, *training_budget(steps, None),
             f"trainer.keep_checkpoints_every_n_steps={every}", "test=false"]
 
 
-def train_if_needed(run: Path, steps: int, every: int, extra: list[str]) -> int:
+def check_architecture(run: Path, architecture: str) -> None:
+    """A run folder that holds another encoder cannot be resumed as this one: said before training."""
+    stored = run / "config.yaml"
+    if not stored.is_file():
+        return
+    from omegaconf import OmegaConf
+    model = OmegaConf.load(stored).model
+    differing = {key: model.get(key) for key, value in ARCHITECTURES[architecture].items() if model.get(key) != value}
+    if differing:
+        raise SharpeningError(f"{run} holds another encoder than --architecture {architecture} "
+                              f"({', '.join(f'model.{key}={value}' for key, value in differing.items())}); "
+                              f"give that run's architecture or another --run folder")
+
+
+def train_if_needed(run: Path, steps: int, every: int, architecture: str, extra: list[str]) -> int:
     """Trains (or resumes, or extends) the run to `steps` steps; returns asr.train's exit status."""
     results = run / "results.json"
     if results.is_file() and json.loads(results.read_text()).get("steps", 0) >= steps:
         print(f"[sharpening] {run}: trained to {steps} steps already", flush=True)
         return SUCCESS
     from recipes.synth.experiment import train_preset
-    return train_preset(PRESET, run, [], [*training_overrides(steps, every), *extra])
+    return train_preset(PRESET, run, [], [*training_overrides(steps, every, architecture), *extra])
 
 
 # ---- entropy per checkpoint ------------------------------------------------------------------------------
@@ -220,6 +243,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"first train (or resume) the paper-length {PRESET} preset into --run for STEPS steps")
     parser.add_argument("--every", type=int, default=DEFAULT_EVERY,
                         help=f"--train: keep a checkpoint every N steps (default: {DEFAULT_EVERY})")
+    parser.add_argument("--architecture", choices=sorted(ARCHITECTURES), default="synth",
+                        help="--train: the synth presets' encoder (default) or the paper's WSJ one at the same "
+                             "length (9 layers, 6 heads x 32, feed-forward 768)")
     parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",
                         help="--train: an extra asr.train override (repeatable)")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), metavar="SPEC",
@@ -242,7 +268,8 @@ def run_sharpening(args: argparse.Namespace) -> int:
             raise SharpeningError(f"{option}={value} must be >= 1")
     args.rows = list(dict.fromkeys(args.rows))
     if args.train is not None:
-        status = train_if_needed(args.run, args.train, args.every, args.train_override)
+        check_architecture(args.run, args.architecture)
+        status = train_if_needed(args.run, args.train, args.every, args.architecture, args.train_override)
         if status != SUCCESS:
             print(f"recipes.synth.sharpening: asr.train stopped with exit status {status} (its message is above)",
                   file=sys.stderr)

@@ -107,3 +107,17 @@ def test_the_long_run_is_the_paper_length_full_preset_with_kept_checkpoints():
     assert (cfg.trainer.max_steps, cfg.trainer.max_epochs, cfg.trainer.max_minutes) == (6000, -1, None)
     assert cfg.trainer.keep_checkpoints_every_n_steps == 500 and cfg.trainer.val_check_interval == 200
     assert (cfg.data.root, cfg.synth_corpus.utterance_scale, cfg.attention.name) == ("data/synth_x2", 2, "full")
+    assert {key: cfg.model[key] for key in sharpening.ARCHITECTURES["synth"]} == sharpening.ARCHITECTURES["synth"]
+    assert cfg.model.subsampling == 2
+
+
+def test_the_wsj_architecture_is_the_papers_encoder_at_the_paper_length(tiny_run, capsys):
+    cfg = compose_config(f"conf={sharpening.PRESET}", *sharpening.training_overrides(2000, 500, "wsj"))
+    validate_config(cfg)
+    # supplementary C.3: 9 layers, 6 heads x 32, feed-forward 768; the synth front end's stride 2
+    assert (cfg.model.layers, cfg.model.heads, cfg.model.head_dim, cfg.model.ff_dim) == (9, 6, 32, 768)
+    assert (cfg.model.subsampling, cfg.synth_corpus.utterance_scale, cfg.trainer.max_steps) == (2, 2, 2000)
+    # a run folder of the synth encoder is not resumed as the WSJ one
+    assert sharpening.main(["--run", str(tiny_run), "--train", "8", "--architecture", "wsj"]) == 2
+    error = capsys.readouterr().err
+    assert "holds another encoder than --architecture wsj (model.layers=" in error and "model.ff_dim=" in error
