@@ -4,6 +4,8 @@
     python -m recipes.synth.experiment --setting short        # the synth presets as they are (~390)
     python -m recipes.synth.experiment --steps 600            # another training budget per preset
     python -m recipes.synth.experiment --presets synth_full synth_iclustered
+    python -m recipes.synth.experiment --presets synth_shared_full synth_lsh1 synth_lsh4 \
+        --columns-from recipes/synth/results.json         # re-run three columns, the rest as published
 
 Trains the six synth presets one after the other (full, shared_full, lsh1, lsh4, clustered,
 iclustered), each for the same number of optimiser steps (--steps: a step budget, so a shared or
@@ -18,6 +20,10 @@ Two settings (--setting):
          clusters; the matrix rows use 100 and 200 clusters as in Table 1.
   short  the synth presets unchanged: subsampling 2, ~390 positions, 64 clusters in training,
          rows with 32 and 64 clusters (the cluster counts scaled with the length).
+
+--columns-from RESULTS_JSON completes the matrix with the columns of an earlier run's results.json
+that this run does not train (their cells as they were, marked with the file they came from), so that
+the findings can be checked after re-running some columns only.
 
 Run it again after an interruption and it picks up where it stopped: a preset whose run has
 results.json is done and skipped, one with checkpoints/last.ckpt is resumed, and the matrix
@@ -214,8 +220,43 @@ def validation_curve(run_dir: Path) -> list[tuple[int, float]]:
     return sorted(points.items())
 
 
+def training_spec(column: str, setting: Setting) -> str:
+    """The attention spec a column's preset trains with (its diagonal row), e.g. iclustered ->
+    i-clustered-100 in the paper setting."""
+    clusters = setting.train_clusters
+    return {"full": "full", "shared_full": "shared-full", "lsh1": "lsh-1", "lsh4": "lsh-4",
+            "clustered": f"clustered-{clusters}", "iclustered": f"i-clustered-{clusters}"}.get(column, column)
+
+
+def with_columns_from(matrix: dict, earlier: dict, source: str) -> dict:
+    """The matrix with the columns of an earlier results.json that it lacks: those cells as they were
+    (valid ones only, as results.json keeps them), each marked with `source`; the diagonal from the
+    earlier run's setting."""
+    setting = SETTINGS[earlier["setting"]]
+    labels = [column["label"] for column in matrix["columns"]]
+    borrowed = list(dict.fromkeys(cell["train"] for cell in earlier["matrix"] if cell["train"] not in labels))
+    rows = {row["evaluate_with"]: row for row in matrix["rows"]}
+    for cell in earlier["matrix"]:
+        if cell["train"] in labels:
+            continue
+        row = rows.get(cell["evaluate"])
+        if row is None:
+            row = rows[cell["evaluate"]] = {"evaluate_with": cell["evaluate"], "cells": {}}
+            matrix["rows"].append(row)
+        row["cells"][cell["train"]] = {"valid": True, "per": cell["per"], "wer": cell["wer"],
+                                       "forward_ms_per_utterance": cell["forward_ms_per_utterance"], "from": source,
+                                       "same_as_training": cell["evaluate"] == training_spec(cell["train"], setting)}
+    # the earlier run's column order (the findings list their comparisons in it), then any new column
+    by_label = {column["label"]: column for column in matrix["columns"]}
+    by_label.update({label: {"label": label, "from": source} for label in borrowed})
+    order = list(dict.fromkeys([*(cell["train"] for cell in earlier["matrix"]), *labels]))
+    matrix["columns"] = [by_label[label] for label in order if label in by_label]
+    return matrix
+
+
 def experiment_results(out: Path, presets: list[str], matrix: dict, setting: str) -> dict:
-    """results.json: per preset its steps and test rates, and every matrix cell."""
+    """results.json: per preset its steps and test rates, and every matrix cell (with the file it came
+    from where it is not this run's)."""
     results = {"setting": setting, "presets": {}, "matrix": []}
     for preset in presets:
         run = json.loads((out / preset / "results.json").read_text())
@@ -229,7 +270,8 @@ def experiment_results(out: Path, presets: list[str], matrix: dict, setting: str
             if cell["valid"]:
                 results["matrix"].append({"train": column, "evaluate": row["evaluate_with"], "per": cell["per"],
                                           "wer": cell["wer"],
-                                          "forward_ms_per_utterance": cell["forward_ms_per_utterance"]})
+                                          "forward_ms_per_utterance": cell["forward_ms_per_utterance"],
+                                          **({"from": cell["from"]} if "from" in cell else {})})
     return results
 
 
@@ -289,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", default="test", help="split the matrix is scored on (default: test)")
     parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra asr.train override for every preset (repeatable)")
+    parser.add_argument("--columns-from", type=Path, default=None, metavar="RESULTS_JSON",
+                        help="complete the matrix and its findings with the columns of an earlier run's "
+                             "results.json that this run does not train (e.g. recipes/synth/results.json)")
     parser.add_argument("--publish", type=Path, default=None, metavar="DIR",
                         help="also copy what is kept in the repository (results.json, matrix.md, findings.md, "
                              "the heatmap, the speed-accuracy plot, the training curves) into DIR, "
@@ -298,9 +343,27 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)       # a bad option: argparse exits with USAGE_ERROR
-    return run_command("recipes.synth.experiment", lambda: run_experiment(args), usage_errors=(AttentionConfigError,),
+    return run_command("recipes.synth.experiment", lambda: run_experiment(args),
+                       usage_errors=(AttentionConfigError, ExperimentError),
                        resume_hint="run the same command again: trained presets are skipped, the interrupted "
                                    "one resumes from its last finished epoch, and computed matrix cells are reused")
+
+
+class ExperimentError(ValueError):
+    """An option the experiment cannot run with; the message says what to do."""
+
+
+def read_earlier_results(path: Path) -> dict:
+    """--columns-from's results.json, checked before any training."""
+    try:
+        earlier = json.loads(path.read_text())
+        cells = earlier["matrix"]
+        if not all({"train", "evaluate", "per", "wer", "forward_ms_per_utterance"} <= set(cell) for cell in cells):
+            raise KeyError("a cell's train, evaluate, per, wer or forward_ms_per_utterance")
+    except (OSError, ValueError, KeyError, TypeError) as error:
+        raise ExperimentError(f"--columns-from {path}: not a readable results.json of this experiment ({error}); "
+                              "give the results.json an earlier run wrote (e.g. recipes/synth/results.json)") from None
+    return earlier
 
 
 def run_experiment(args: argparse.Namespace) -> int:
@@ -310,6 +373,7 @@ def run_experiment(args: argparse.Namespace) -> int:
     specs = args.specs or list(setting.specs)
     for spec in specs:
         parse_attention_spec(spec)              # a bad row stops the experiment now, not after training
+    earlier = read_earlier_results(args.columns_from) if args.columns_from else None
     budget = training_budget(args.steps or setting.steps, args.minutes)
     print(f"[experiment] setting {args.setting}: {setting.description}; budget {' '.join(budget)}; into {out}",
           flush=True)
@@ -332,10 +396,16 @@ def run_experiment(args: argparse.Namespace) -> int:
     if code != 0:
         return code
     matrix = json.loads((out / "matrix" / "matrix.json").read_text())
+    if earlier is not None:
+        matrix = with_columns_from(matrix, earlier, str(args.columns_from))
     findings = format_findings(paper_findings(matrix, setting.small, setting.large))
     (out / "matrix" / "findings.md").write_text(findings)
-    (out / "results.json").write_text(json.dumps(experiment_results(out, args.presets, matrix, args.setting),
-                                                 indent=2) + "\n")
+    results = experiment_results(out, args.presets, matrix, args.setting)
+    if earlier is not None:       # the borrowed columns' training, as the earlier run recorded it
+        for column in matrix["columns"]:
+            if "from" in column and column["label"] in earlier.get("presets", {}):
+                results["presets"][column["label"]] = {**earlier["presets"][column["label"]], "from": column["from"]}
+    (out / "results.json").write_text(json.dumps(results, indent=2) + "\n")
     plot_training_curves(out, args.presets, out / "training_curves.png")
     if args.publish is not None:
         publish(out, args.publish)

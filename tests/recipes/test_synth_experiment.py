@@ -7,7 +7,7 @@ import pytest
 
 from recipes.synth.experiment import (PRESETS, PUBLISHED, SETTINGS, SPECS, experiment_results, format_findings,
                                       main, paper_findings, plot_training_curves, publish, training_budget,
-                                      validation_curve)
+                                      training_spec, validation_curve, with_columns_from)
 from test_presets_on_fixtures import compose_config   # composes conf/ as asr.train does
 
 COLUMNS = ["full", "shared_full", "lsh1", "lsh4", "clustered", "iclustered"]
@@ -156,3 +156,40 @@ def test_publish_copies_what_results_md_shows(tmp_path):
     publish(out, folder)
     assert {path.name: path.read_text() for path in folder.iterdir()} == {
         name: f"content of {source}" for source, name in PUBLISHED.items()}
+
+
+def test_the_training_spec_of_each_column_is_its_diagonal_row():
+    short, paper = SETTINGS["short"], SETTINGS["paper"]
+    assert {(row, column) for row in SPECS for column in COLUMNS
+            if training_spec(column, short) == row} == DIAGONAL
+    assert (training_spec("iclustered", paper), training_spec("lsh4", paper)) == ("i-clustered-100", "lsh-4")
+
+
+def test_columns_from_an_earlier_run_complete_the_matrix_and_its_findings(tmp_path, capsys):
+    """Three shared-QK columns re-run: the other three come from the earlier results.json, cell for cell,
+    and the findings over the whole matrix are those of the same matrix built at once."""
+    whole = matrix(paper_like)
+    for row in whole["rows"]:
+        for column, cell in row["cells"].items():
+            cell.update(wer=0.9, forward_ms_per_utterance=30.0)
+    earlier = experiment_results(tmp_path, [], whole, "short")     # every valid cell, as results.json keeps them
+    rerun = [column for column in COLUMNS if column in SHARED_QK_MODELS]
+    part = {"columns": [{"label": column} for column in rerun],
+            "rows": [{"evaluate_with": row["evaluate_with"],
+                      "cells": {column: dict(row["cells"][column]) for column in rerun}} for row in whole["rows"]]}
+    merged = with_columns_from(part, earlier, "earlier/results.json")
+    assert [column["label"] for column in merged["columns"]] == COLUMNS
+    assert [column.get("from") for column in merged["columns"]] == [
+        None if column in SHARED_QK_MODELS else "earlier/results.json" for column in COLUMNS]
+    cell = next(row for row in merged["rows"] if row["evaluate_with"] == "clustered-32")["cells"]["full"]
+    assert cell == {"valid": True, "per": 0.45, "wer": 0.9, "forward_ms_per_utterance": 30.0,
+                    "from": "earlier/results.json", "same_as_training": False}
+    assert format_findings(paper_findings(merged)) == format_findings(paper_findings(whole))
+    assert {entry.get("from") for entry in experiment_results(tmp_path, [], merged, "short")["matrix"]} == {
+        None, "earlier/results.json"}
+    # a file that is not a results.json stops the experiment before any training
+    (tmp_path / "bad.json").write_text('{"matrix": [{"train": "full"}]}')
+    assert main(["--out", str(tmp_path / "out"), "--columns-from", str(tmp_path / "bad.json")]) == 2
+    error = capsys.readouterr().err
+    assert f"--columns-from {tmp_path / 'bad.json'}: not a readable results.json" in error
+    assert not (tmp_path / "out").exists()
