@@ -331,6 +331,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--split", default="test", help="split the matrix is scored on (default: test)")
     parser.add_argument("--train-override", action="append", default=[], metavar="KEY=VALUE",
                         help="extra asr.train override for every preset (repeatable)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of the matrix's evaluations (default: torch's; training's are "
+                             "--train-override trainer.torch_threads=N)")
     parser.add_argument("--columns-from", type=Path, default=None, metavar="RESULTS_JSON",
                         help="complete the matrix and its findings with the columns of an earlier run's "
                              "results.json that this run does not train (e.g. recipes/synth/results.json)")
@@ -391,8 +394,9 @@ def run_experiment(args: argparse.Namespace) -> int:
                 return status
         checkpoints.append(f"{preset.removeprefix('synth_')}={best_checkpoint(run_dir)}")
     from asr import cross_matrix
+    threads = ["--threads", str(args.threads)] if args.threads else []
     code = cross_matrix.main([*checkpoints, "--specs", *specs, "--split", args.split,
-                              "--out", str(out / "matrix")])
+                              "--out", str(out / "matrix"), *threads])
     if code != 0:
         return code
     matrix = json.loads((out / "matrix" / "matrix.json").read_text())

@@ -196,6 +196,8 @@ def measure(args: argparse.Namespace) -> int:
             "--split", args.split, "--out", str(out / "matrix")]
     if args.limit is not None:
         argv += ["--limit", str(args.limit)]
+    if args.threads is not None:
+        argv += ["--threads", str(args.threads)]      # the entropy pass below runs with them too
     code = cross_matrix.main(argv)
     if code != SUCCESS:
         return code                     # asr.cross_matrix has said why
@@ -252,6 +254,9 @@ def build_parser() -> argparse.ArgumentParser:
                         help=f"evaluate-with attention specs; must include {REFERENCE_ROW} (default: {' '.join(ROWS)})")
     parser.add_argument("--split", default="dev", help="split of the run's corpus (default: dev)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N batches (a quick look)")
+    parser.add_argument("--threads", type=int, default=None,
+                        help="torch threads of the evaluations (default: torch's; 1 beside other work: "
+                             "two-thread evaluations slow down many times on a busy machine)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <run>/sharpening)")
     parser.add_argument("--publish", type=Path, default=None, metavar="DIR",
                         help="also copy sharpening.json and .png into DIR as sharpening_<run name>.json / .png")
@@ -263,7 +268,8 @@ def run_sharpening(args: argparse.Namespace) -> int:
         raise SharpeningError(f"--rows {' '.join(args.rows)}: the gaps are to {REFERENCE_ROW}; add it to --rows")
     for spec in args.rows:
         parse_attention_spec(spec)              # a bad row stops the command before any work
-    for option, value in (("--train", args.train), ("--every", args.every), ("--limit", args.limit)):
+    for option, value in (("--train", args.train), ("--every", args.every), ("--limit", args.limit),
+                          ("--threads", args.threads)):
         if value is not None and value < 1:
             raise SharpeningError(f"{option}={value} must be >= 1")
     args.rows = list(dict.fromkeys(args.rows))
