@@ -21,7 +21,7 @@ paper setting's overrides of recipes.synth.experiment: ~780 encoder positions, v
 steps, diagnostics every 50) for STEPS optimiser steps, keeping a checkpoint every --every steps;
 run it again after an interruption and it resumes from the run's last checkpoint (ckpt_path=last),
 or trains further when STEPS grew. --architecture wsj trains the paper's WSJ encoder instead of the
-synth one (supplementary C.3: 9 layers, 6 heads x 32 dims, feed-forward 768; ~2.6x the parameters),
+synth one (supplementary C.3: 9 layers, 6 heads x 32 dims, feed-forward 768; 4.15 M parameters against 1.29 M),
 keeping the synth front end's stride 2 so that the length stays the paper's (~780 positions; the
 WSJ model's own front end has no stride, and this corpus's 15 s utterances would give ~1,480).
 
