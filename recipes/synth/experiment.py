@@ -360,7 +360,9 @@ def read_earlier_results(path: Path) -> dict:
     """--columns-from's results.json, checked before any training."""
     try:
         earlier = json.loads(path.read_text())
-        cells = earlier["matrix"]
+        cells, setting = earlier["matrix"], earlier["setting"]
+        if setting not in SETTINGS:
+            raise KeyError(f"an unknown setting {setting!r}")
         if not all({"train", "evaluate", "per", "wer", "forward_ms_per_utterance"} <= set(cell) for cell in cells):
             raise KeyError("a cell's train, evaluate, per, wer or forward_ms_per_utterance")
     except (OSError, ValueError, KeyError, TypeError) as error:
@@ -377,6 +379,9 @@ def run_experiment(args: argparse.Namespace) -> int:
     for spec in specs:
         parse_attention_spec(spec)              # a bad row stops the experiment now, not after training
     earlier = read_earlier_results(args.columns_from) if args.columns_from else None
+    if earlier is not None and earlier["setting"] != args.setting:
+        raise ExperimentError(f"--columns-from {args.columns_from} holds the {earlier['setting']!r} setting's matrix; "
+                              f"run with --setting {earlier['setting']} or give a results.json of {args.setting!r}")
     budget = training_budget(args.steps or setting.steps, args.minutes)
     print(f"[experiment] setting {args.setting}: {setting.description}; budget {' '.join(budget)}; into {out}",
           flush=True)

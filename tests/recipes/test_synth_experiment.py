@@ -193,3 +193,8 @@ def test_columns_from_an_earlier_run_complete_the_matrix_and_its_findings(tmp_pa
     error = capsys.readouterr().err
     assert f"--columns-from {tmp_path / 'bad.json'}: not a readable results.json" in error
     assert not (tmp_path / "out").exists()
+    # nor does a results.json of the other setting (its cluster counts and length are another matrix)
+    (tmp_path / "short.json").write_text(json.dumps(earlier))
+    assert main(["--out", str(tmp_path / "out"), "--columns-from", str(tmp_path / "short.json")]) == 2
+    assert "holds the 'short' setting's matrix; run with --setting short" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
