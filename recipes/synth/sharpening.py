@@ -214,12 +214,18 @@ def measure(args: argparse.Namespace) -> int:
                                       f"({matrix['split']} split)", out / "sharpening.png")
     if args.publish is not None:
         args.publish.mkdir(parents=True, exist_ok=True)
-        for name in ("sharpening.json", "sharpening.png"):
-            shutil.copyfile(out / name, args.publish / name.replace("sharpening", f"sharpening_{args.run.name}"))
-        print(f"[sharpening] copied sharpening_{args.run.name}.json and .png to {args.publish}", flush=True)
+        stem = published_stem(args.run)
+        for suffix in (".json", ".png"):
+            shutil.copyfile(out / f"sharpening{suffix}", args.publish / f"{stem}{suffix}")
+        print(f"[sharpening] copied {stem}.json and .png to {args.publish}", flush=True)
     print(format_table(result["points"], args.rows))
     print(f"[sharpening] wrote {out}/sharpening.json and sharpening.png", flush=True)
     return SUCCESS
+
+
+def published_stem(run: Path) -> str:
+    """--publish's file name: sharpening_<run folder name>, or the folder's name if it starts so."""
+    return run.name if run.name.startswith("sharpening") else f"sharpening_{run.name}"
 
 
 def format_table(points: list[dict], rows: list[str]) -> str:
@@ -259,7 +265,8 @@ def build_parser() -> argparse.ArgumentParser:
                              "two-thread evaluations slow down many times on a busy machine)")
     parser.add_argument("--out", type=Path, default=None, help="output folder (default: <run>/sharpening)")
     parser.add_argument("--publish", type=Path, default=None, metavar="DIR",
-                        help="also copy sharpening.json and .png into DIR as sharpening_<run name>.json / .png")
+                        help="also copy sharpening.json and .png into DIR as sharpening_<run name>.json / .png "
+                             "(<run name>.json / .png where the run's name starts with 'sharpening')")
     return parser
 
 

@@ -89,6 +89,11 @@ def test_the_curve_its_numbers_and_the_cache(tiny_run, monkeypatch, capsys):
     assert (tiny_run / "published" / f"sharpening_{tiny_run.name}.png").is_file()
 
 
+def test_published_names_say_sharpening_once():
+    assert sharpening.published_stem(Path("runs/sharpening_full")) == "sharpening_full"
+    assert sharpening.published_stem(Path("runs/wsj")) == "sharpening_wsj"
+
+
 def test_usage_errors_exit_2_naming_the_problem(tiny_run, tmp_path, capsys):
     (tmp_path / "checkpoints").mkdir()
     for argv, says in ((["--run", str(tmp_path)], "holds no checkpoints of fixed steps (step-NNNNNN.ckpt); train with "
