@@ -196,8 +196,9 @@ def measure(args: argparse.Namespace) -> int:
             "--split", args.split, "--out", str(out / "matrix")]
     if args.limit is not None:
         argv += ["--limit", str(args.limit)]
-    if args.threads is not None:
-        argv += ["--threads", str(args.threads)]      # the entropy pass below runs with them too
+    if args.threads is not None:     # for the evaluations (asr.cross_matrix runs in this process) and the entropies
+        import torch
+        torch.set_num_threads(args.threads)
     code = cross_matrix.main(argv)
     if code != SUCCESS:
         return code                     # asr.cross_matrix has said why
