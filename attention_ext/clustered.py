@@ -221,9 +221,9 @@ def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
 # "auto", the default, is what measurement chose (attention_ext/RESULTS.md): on CUDA (an H200, "The
 # GPU") "sdpa" in bfloat16 and float16 (1.02-1.28x faster than unfused at every length measured),
 # "unfused" in float32 (SDPA's float32 kernels were 2-3.4x slower from N=16384 in the paper shape);
-# on the CPU by the instruction set torch's kernels use (torch.backends.cpu.get_cpu_capability(),
-# "CPU speed"): "fused" with AVX-512 (0.85-0.91x sdpa's time at N=1024-4096), "sdpa" without it
-# (AVX2: fused 1.07-1.15x sdpa's time at N=1024-4096, where MKL's products run at half the width).
+# on the CPU "fused" with either instruction set torch's kernels use ("CPU speed"): with AVX-512
+# 0.85-0.91x sdpa's time at N=1024-4096, with AVX2 0.93-1.00x at N=256-8192 (it was 1.07-1.18x
+# until the extension was built with -fno-trapping-math, which let its exp loops vectorise there).
 CENTROID_ROUTES = ("fused", "unfused", "sdpa", "auto")
 _centroid_routes = {"cpu": "auto", "cuda": "auto"}
 
@@ -233,18 +233,13 @@ def centroid_route(device_type: str) -> str:
     return _centroid_routes.get(device_type, "unfused")
 
 
-# ATen's CPU instruction set, read once: it is fixed when torch loads (ATEN_CPU_CAPABILITY), and
-# torch.compile cannot trace the call that reads it.
-CPU_CAPABILITY = torch.backends.cpu.get_cpu_capability()
-
-
-def resolved_centroid_route(device_type: str, dtype: torch.dtype, cpu_capability: str = CPU_CAPABILITY) -> str:
-    """The route a call on `device_type` in `dtype` takes: "auto" resolved by instruction set and dtype."""
+def resolved_centroid_route(device_type: str, dtype: torch.dtype) -> str:
+    """The route a call on `device_type` in `dtype` takes: "auto" resolved by device and dtype."""
     route = centroid_route(device_type)
     if route != "auto":
         return route
     if device_type == "cpu":
-        return "fused" if cpu_capability.startswith("AVX512") else "sdpa"
+        return "fused"
     return "sdpa" if dtype in (torch.bfloat16, torch.float16) else "unfused"
 
 

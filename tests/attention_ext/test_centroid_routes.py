@@ -96,18 +96,15 @@ def test_unknown_and_impossible_routes_are_refused(route):
     assert centroid_route("cpu") == "sdpa"
 
 
-def test_auto_route_resolves_by_device_dtype_and_instruction_set(route):
+def test_auto_route_resolves_by_device_and_dtype(route):
     """The defaults chosen by measurement: on CUDA sdpa in half precision and unfused in float32;
-    on the CPU the fused kernel where torch's kernels use AVX-512, sdpa where they use AVX2."""
+    on the CPU the fused kernel (measured on AVX-512 and AVX2 alike)."""
     from attention_ext.clustered import resolved_centroid_route
     assert centroid_route("cuda") == "auto" and centroid_route("cpu") == "auto"
     assert resolved_centroid_route("cuda", torch.bfloat16) == "sdpa"
     assert resolved_centroid_route("cuda", torch.float16) == "sdpa"
     assert resolved_centroid_route("cuda", torch.float32) == "unfused"
-    for capability, expected in (("AVX512", "fused"), ("AVX512_BF16", "fused"), ("AVX2", "sdpa"), ("DEFAULT", "sdpa")):
-        assert resolved_centroid_route("cpu", torch.float32, capability) == expected, capability
-    from attention_ext.clustered import CPU_CAPABILITY
-    assert CPU_CAPABILITY == torch.backends.cpu.get_cpu_capability()   # this process's, read once
+    assert resolved_centroid_route("cpu", torch.float32) == "fused"
     set_centroid_route("cpu", "unfused")      # a route chosen by hand is taken as it is
     assert resolved_centroid_route("cpu", torch.float32) == "unfused"
     set_centroid_route("cuda", "unfused")
