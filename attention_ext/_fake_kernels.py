@@ -105,8 +105,9 @@ def _centroid_attention_top(centroids, k, v, lengths, topk):
 
 
 @_fake("centroid_attention_top_backward")
-def _centroid_attention_top_backward(grad_rest, grad_mass, centroids, k, v, lengths, rest, mass, top, logsumexp):
-    return _empty(centroids, *centroids.shape), _empty(k, *k.shape), _empty(v, *v.shape)
+def _centroid_attention_top_backward(grad_rest, grad_mass, centroids, k, v, lengths, rest, mass, top, logsumexp,
+                                     grad_k, grad_v):
+    return _empty(centroids, *centroids.shape)   # the key and value gradients are added into grad_k, grad_v
 
 
 # --- sparse_product.cpp -------------------------------------------------------------------------

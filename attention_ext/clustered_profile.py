@@ -84,19 +84,21 @@ def clustered_pass(timer: StageTimer, q, k, v, grad_out, clusters, bits, iterati
         grad_values = timer("broadcast bwd", ops.cluster_broadcast_backward, grad_out, offsets, members)
         grad_centroids = timer("softmax(Q_c K^T) V bwd", ops.centroid_attention_backward, grad_values, centroids,
                                k, v, lengths, centroid_values, logsumexp)[0]
-    else:   # the fused kernel of CentroidTopSplit: T, m and V^b
+    else:   # ImprovedClusteredCPU: the fused centroid pass (T, m and V^b), then the fused top-key part
         bottom, mass, top, logsumexp = timer("top-k, m, V^b", ops.centroid_attention_top, centroids, k, v, lengths,
                                              topk)
-        # the fused top-key part of ClusteredTopAttention (csrc/clustered_top_attention.cpp)
         out, weights = timer("top-key attention", ops.clustered_top_attention, q, k, v, top, offsets, members,
                              mass, bottom, scale)
-        # -- backward --
-        _, _, _, grad_mass, grad_bottom = timer("top-key attention bwd", ops.clustered_top_attention_backward,
-                                                grad_out, q, k, v, top, offsets, members, mass, weights, scale)
-        grad_centroids = timer("top-k, m, V^b bwd", ops.centroid_attention_top_backward, grad_bottom,
-                               grad_mass, centroids, k, v, lengths, bottom, mass, top, logsumexp)[0]
+        # -- backward: the centroid pass adds its key and value gradients into the top-key part's --
+        grad_q, grad_k, grad_v, grad_mass, grad_bottom = timer(
+            "top-key attention bwd", ops.clustered_top_attention_backward, grad_out, q, k, v, top, offsets, members,
+            mass, weights, scale)
+        grad_centroids = timer("top-k, m, V^b bwd", ops.centroid_attention_top_backward, grad_bottom, grad_mass,
+                               centroids, k, v, lengths, bottom, mass, top, logsumexp, grad_k, grad_v)
     grad_centroids = timer("centroid scale bwd", torch.mul, grad_centroids, scale)
-    timer("centroid mean bwd", ops.cluster_mean_backward, grad_centroids, assignment, offsets)
+    grad_rows = timer("centroid mean bwd", ops.cluster_mean_backward, grad_centroids, assignment, offsets)
+    if topk is not None:
+        timer("query gradient sum", grad_q.add_, grad_rows)
     return out
 
 

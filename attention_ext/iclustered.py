@@ -11,9 +11,10 @@ query i of cluster j attends as (eq. 10-11, 15-17)
     V_i = m_j * sum_{l in T_j} softmax_{T_j}(q_i . k_l / sqrt(E)) v_l      (V^t_i)
         + sum_{l not in T_j} A^c_jl v_l                                   (V^b_j)
 
-On the CPU, T, m and V^b come from one fused pass over the keys (`CentroidTopSplit`,
-csrc/centroid_attention.cpp) and V^t + V^b from one fused operator pair that works cluster
-by cluster (`ClusteredTopAttention`, csrc/clustered_top_attention.cpp). On CUDA, A^c is
+On the CPU (`ImprovedClusteredCPU`), T, m and V^b come from one fused pass over the keys
+(csrc/centroid_attention.cpp; alone, `CentroidTopSplit`) and V^t + V^b from one fused operator
+pair that works cluster by cluster (csrc/clustered_top_attention.cpp; alone,
+`ClusteredTopAttention`). On CUDA, A^c is
 formed, T is taken by `top_keys`, and V^t takes two sparse products per query
 (`ClusteredSparseDot`, `ClusteredSparseWeightedSum`, csrc/sparse_product_cuda.cu) around a
 softmax; V^b is one dense product per cluster. Gradients flow into q (through the centroids
@@ -32,7 +33,7 @@ import math
 import torch
 
 from ._ops import ops
-from .clustered import (CLUSTERING_OPTIONS, ClusterBroadcast, ClusterMean, QueryClusters, centroid_attention,
+from .clustered import (CLUSTERING_OPTIONS, ClusterBroadcast, QueryClusters, centroid_attention,
                         cluster_queries, empty_attention)
 from .contract import autocast_disabled, check_inputs, kernel_dtype
 from .registry import Option, register_attention
@@ -125,8 +126,9 @@ class CentroidTopSplit(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_rest, grad_mass, _):
         centroids, k, v, lengths, rest, mass, top, logsumexp = ctx.saved_tensors
-        grad_centroids, grad_k, grad_v = ops.centroid_attention_top_backward(
-            grad_rest, grad_mass.squeeze(-1), centroids, k, v, lengths, rest, mass, top, logsumexp)
+        grad_k, grad_v = torch.zeros_like(k), torch.zeros_like(v)   # the operator adds into them
+        grad_centroids = ops.centroid_attention_top_backward(
+            grad_rest, grad_mass.squeeze(-1), centroids, k, v, lengths, rest, mass, top, logsumexp, grad_k, grad_v)
         return grad_centroids, grad_k, grad_v, None, None
 
 
@@ -152,6 +154,37 @@ class ClusteredTopAttention(torch.autograd.Function):
         grad_q, grad_k, grad_v, grad_mass, grad_rest = ops.clustered_top_attention_backward(
             grad, q, k, v, topk, clusters.offsets, clusters.members, mass, weights, ctx.scale)
         return grad_q, grad_k, grad_v, grad_mass, grad_rest, None, None, None
+
+
+class ImprovedClusteredCPU(torch.autograd.Function):
+    """The whole CPU route after clustering as one autograd node: the centroids (eq. 3, scaled by
+    1/sqrt(E)), the fused centroid pass (T, m, V^b, as CentroidTopSplit) and the fused top-key
+    attention (as ClusteredTopAttention). One node because q, k and v get gradients from both
+    passes: the centroid backward adds its key and value gradients into the top-key backward's,
+    and the centroid mean's query gradient is added to the top-key backward's. As separate nodes,
+    autograd allocated and summed two (B, H, N, .) tensors for each of q, k and v: 2 ms of 34 at
+    N = 4096 (1 x 6 heads x 64, two AVX2 threads)."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, lengths, clusters: QueryClusters, scale: float, topk: int):
+        centroids = ops.cluster_mean(q, clusters.offsets, clusters.members) * scale
+        rest, mass, top, logsumexp = ops.centroid_attention_top(centroids, k, v, lengths, topk)       # eq. 4, 9, 17
+        out, weights = ops.clustered_top_attention(q, k, v, top, clusters.offsets, clusters.members, mass, rest,
+                                                   scale)                                           # eq. 15-17
+        ctx.save_for_backward(q, k, v, lengths, centroids, rest, mass, top, logsumexp, weights)
+        ctx.clusters, ctx.scale = clusters, scale
+        return out
+
+    @staticmethod
+    def backward(ctx, grad):
+        q, k, v, lengths, centroids, rest, mass, top, logsumexp, weights = ctx.saved_tensors
+        clusters, scale = ctx.clusters, ctx.scale
+        grad_q, grad_k, grad_v, grad_mass, grad_rest = ops.clustered_top_attention_backward(
+            grad, q, k, v, top, clusters.offsets, clusters.members, mass, weights, scale)
+        grad_centroids = ops.centroid_attention_top_backward(grad_rest, grad_mass, centroids, k, v, lengths, rest,
+                                                             mass, top, logsumexp, grad_k, grad_v)
+        grad_q += ops.cluster_mean_backward(grad_centroids * scale, clusters.assignment, clusters.offsets)
+        return grad_q, grad_k, grad_v, None, None, None, None
 
 
 def top_keys(attention: torch.Tensor, lengths: torch.Tensor, topk: int) -> torch.Tensor:
@@ -191,11 +224,7 @@ class ImprovedClusteredAttention(torch.nn.Module):
         clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
         scale = 1.0 / math.sqrt(q.shape[-1])
         if q.device.type == "cpu":   # the (C, N) weights A^c are never needed whole
-            centroids = ClusterMean.apply(q, clusters) * scale
-            bottom_values, mass, topk = CentroidTopSplit.apply(centroids, k, v, lengths, self.topk)  # eq. 4, 9, 17
-            out = ClusteredTopAttention.apply(q, k, v, mass.squeeze(-1), bottom_values, topk, clusters,
-                                              scale)                             # eq. 15-17
-            return out.to(input_dtype)
+            return ImprovedClusteredCPU.apply(q, k, v, lengths, clusters, scale, self.topk).to(input_dtype)
         attention = centroid_attention(q, k, lengths, clusters, padded)          # A^c, eq. 4
         topk = top_keys(attention, lengths, self.topk)                           # T
         mass, attention_rest = SplitTopMass.apply(attention, topk)               # m_j, eq. 9

@@ -186,6 +186,32 @@ def test_top_split_matches_dense_topk_mass_and_rest(clusters, length, lengths, t
         assert torch.all(my_rest == 0)
 
 
+def test_top_backward_adds_into_the_key_and_value_gradients_it_is_given():
+    """centroid_attention_top_backward adds its key and value gradients to what grad_k and grad_v
+    hold (the top-key part's, which is 0 on padded keys: those rows end 0), and refuses targets of
+    another shape, naming them."""
+    generator = torch.Generator().manual_seed(3)
+    lengths = torch.tensor([40, 23])
+    centroids, k, v = (torch.randn(2, 2, 6, 8, dtype=torch.float64, generator=generator) if i == 0 else
+                       torch.randn(2, 2, 40, 8, dtype=torch.float64, generator=generator) for i in range(3))
+    rest, mass, top, logsumexp = ops.centroid_attention_top(centroids, k, v, lengths, 5)
+    grad_rest, grad_mass = torch.randn_like(rest), torch.randn_like(mass)
+    arguments = (grad_rest, grad_mass, centroids, k, v, lengths, rest, mass, top, logsumexp)
+    fresh_k, fresh_v = torch.zeros_like(k), torch.zeros_like(v)
+    grad_centroids = ops.centroid_attention_top_backward(*arguments, fresh_k, fresh_v)
+    start_k, start_v = torch.randn_like(k), torch.randn_like(v)
+    start_k[1, :, 23:] = 0
+    start_v[1, :, 23:] = 0
+    summed_k, summed_v = start_k.clone(), start_v.clone()
+    again = ops.centroid_attention_top_backward(*arguments, summed_k, summed_v)
+    torch.testing.assert_close(again, grad_centroids, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(summed_k, start_k + fresh_k, atol=1e-12, rtol=1e-12)
+    torch.testing.assert_close(summed_v, start_v + fresh_v, atol=1e-12, rtol=1e-12)
+    assert torch.all(summed_k[1, :, 23:] == 0) and torch.all(summed_v[1, :, 23:] == 0)
+    with pytest.raises(RuntimeError, match="grad_k and grad_v must be contiguous, with k's shape"):
+        ops.centroid_attention_top_backward(*arguments, torch.zeros(2, 2, 39, 8, dtype=torch.float64), fresh_v)
+
+
 def test_top_split_ties_go_to_the_lower_position():
     # Every key appears three times (positions l, l + 20, l + 40): equal scores.
     generator = torch.Generator().manual_seed(11)

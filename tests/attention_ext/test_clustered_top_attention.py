@@ -1,7 +1,8 @@
 """The fused top-key operators of improved clustered attention on the CPU
-(csrc/clustered_top_attention.cpp, `ClusteredTopAttention`) against the formula of eq. 15-17
-written densely here, with gradcheck, thread counts, and the whole CPU attention against the
-unfused route (sparse dot, softmax, mass, sparse weighted sum, V^b) built from the other ops."""
+(csrc/clustered_top_attention.cpp) against the formula of eq. 15-17 written densely here, thread
+counts, gradchecks of `ClusteredTopAttention` and of the whole CPU route (`ImprovedClusteredCPU`),
+and the whole CPU attention against the unfused route (sparse dot, softmax, mass, sparse weighted
+sum, V^b) built from the other ops."""
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from attention_ext import build_attention
 from attention_ext._ops import ops
 from attention_ext.clustered import ClusterBroadcast, ClusterMean, cluster_queries, group_queries
 from attention_ext.iclustered import (CentroidTopSplit, ClusteredSparseDot, ClusteredSparseWeightedSum,
-                                      ClusteredTopAttention)
+                                      ClusteredTopAttention, ImprovedClusteredCPU)
 
 
 def dense_top_attention(q, k, v, topk, assignment, mass, rest, scale):
@@ -93,6 +94,19 @@ def test_function_gradcheck():
     # and the test above already compares every gradient with the dense formula's
     assert torch.autograd.gradcheck(
         lambda *x: ClusteredTopAttention.apply(*x, topk, clusters, 0.6), inputs, fast_mode=True)
+
+
+def test_cpu_route_gradcheck():
+    """The one autograd node of the CPU route, whose backward adds the centroid pass's key and value
+    gradients and the centroid mean's query gradient into the top-key part's (padded queries and
+    keys, an empty cluster, slots of -1 where a cluster has fewer valid keys than slots)."""
+    q, k, v, _, clusters, _, _, _ = sparse_case(seed=1)
+    inputs = [x.requires_grad_() for x in (q, k, v)]
+    lengths = torch.tensor([13, 8])
+    # fast mode (random projections of the Jacobian): the full check takes about 1000 calls here,
+    # and the test above compares every gradient of the top-key part with the dense formula's
+    assert torch.autograd.gradcheck(
+        lambda *x: ImprovedClusteredCPU.apply(*x, lengths, clusters, 0.6, 10), inputs, fast_mode=True)
 
 
 # (1, 1): fewer (batch, head)s than threads, the key gradients kept per cluster and added after;

@@ -11,7 +11,10 @@
 //   centroid_attention_top(centroids, k, v, lengths, topk)
 //       -> (rest V^b (B,H,C,D), mass m (B,H,C), top T (B,H,C,min(topk,N)) int64, logsumexp)
 //   centroid_attention_top_backward(grad_rest, grad_mass, centroids, k, v, lengths, rest, mass,
-//                                   top, logsumexp) -> (grad_centroids, grad_k, grad_v)
+//                                   top, logsumexp, grad_k!, grad_v!) -> grad_centroids
+//       adding its key and value gradients into grad_k and grad_v (B,H,N,E), (B,H,N,D): the
+//       top-key part's gradients of the same keys (clustered_top_attention_backward), which would
+//       otherwise cost a sum of two (B,H,N,.) tensors each and their allocations (iclustered.py).
 //
 // Why: materialising A^c = softmax(Q^c K^T) costs a (C, N) matrix per head and per pass
 // (the scores, the weights, their gradients: four of them at 78 MB each for 6 heads at
@@ -321,7 +324,8 @@ void centroid_attention_backward_kernel(const at::Tensor& queries, const at::Ten
                                         const at::Tensor& grad_values, const at::Tensor& values,
                                         const at::Tensor& logsumexp, const std::vector<int64_t>& valid, int64_t heads,
                                         const at::Tensor& top, const at::Tensor& grad_mass, const at::Tensor& mass,
-                                        at::Tensor& grad_queries, at::Tensor& grad_keys, at::Tensor& grad_vals) {
+                                        at::Tensor& grad_queries, at::Tensor& grad_keys, at::Tensor& grad_vals,
+                                        bool accumulate) {
   const int64_t groups = queries.size(0), clusters = queries.size(1);
   const int64_t value_dim = vals.size(2), rows = groups * clusters;
   const int64_t longest = *std::max_element(valid.begin(), valid.end());
@@ -376,12 +380,18 @@ void centroid_attention_backward_kernel(const at::Tensor& queries, const at::Ten
         a[j] = 0;
       }
     });
-    // The block's key and value gradients go straight into place.
+    // The block's key and value gradients go straight into place (or are added there).
     at::Tensor value_block = grad_vals.narrow(1, start, width), key_block_grad = grad_keys.narrow(1, start, width);
-    at::bmm_out(value_block, weights.transpose(1, 2), grad_values);       // dV = A^T grad
-    at::bmm_out(key_block_grad, grad_scores.transpose(1, 2), queries);    // dK = dS^T Q^c
+    if (accumulate) {
+      value_block.baddbmm_(weights.transpose(1, 2), grad_values);           // dV += A^T grad
+      key_block_grad.baddbmm_(grad_scores.transpose(1, 2), queries);        // dK += dS^T Q^c
+    } else {
+      at::bmm_out(value_block, weights.transpose(1, 2), grad_values);       // dV = A^T grad
+      at::bmm_out(key_block_grad, grad_scores.transpose(1, 2), queries);    // dK = dS^T Q^c
+    }
     grad_queries.baddbmm_(grad_scores, block_keys);                                      // dQ^c += dS K
-    // Their rows past a sequence's length are 0 (their weights are 0, but 0 * inf is not).
+    // Their rows past a sequence's length are 0 (their weights are 0, but 0 * inf is not; what was
+    // added to is 0 there too, as no padded key is among the top keys).
     for (int64_t b = 0; b < static_cast<int64_t>(valid.size()); ++b) {
       const int64_t first = std::max(valid[b], start), stop = start + width;
       if (first >= stop) continue;
@@ -442,7 +452,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> centroid_attention_fo
 std::tuple<at::Tensor, at::Tensor, at::Tensor> centroid_attention_backward_impl(
     const at::Tensor& grad, const at::Tensor& centroids, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& lengths, const at::Tensor& values, const at::Tensor& logsumexp, const at::Tensor& top,
-    const at::Tensor& grad_mass, const at::Tensor& mass, const char* op) {
+    const at::Tensor& grad_mass, const at::Tensor& mass, const at::Tensor& grad_k_into,
+    const at::Tensor& grad_v_into, const char* op) {
   const CentroidShape s = check_centroid_attention(centroids, k, v, lengths, op);
   const int64_t groups = s.batch * s.heads;
   const std::vector<int64_t> value_shape{s.batch, s.heads, s.clusters, s.value_dim};
@@ -466,13 +477,24 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> centroid_attention_backward_impl(
     TORCH_CHECK(top.numel() == 0 || (top.min().item<int64_t>() >= -1 && top.max().item<int64_t>() < s.length), op,
                 ": top holds positions outside [-1, ", s.length, ")");
   }
+  const bool accumulate = grad_k_into.defined();
+  if (accumulate) {
+    TORCH_CHECK(grad_k_into.sizes() == k.sizes() && grad_k_into.scalar_type() == k.scalar_type() &&
+                    grad_k_into.is_contiguous() && grad_v_into.sizes() == v.sizes() &&
+                    grad_v_into.scalar_type() == v.scalar_type() && grad_v_into.is_contiguous(),
+                op, ": grad_k and grad_v must be contiguous, with k's shape ", k.sizes(), " and v's ", v.sizes(),
+                " and their dtype ", k.scalar_type(), ", got ", grad_k_into.sizes(), " ", grad_k_into.scalar_type(),
+                " and ", grad_v_into.sizes(), " ", grad_v_into.scalar_type());
+  }
   at::Tensor grad_centroids = at::zeros({s.batch, s.heads, s.clusters, s.dim}, centroids.options());
   // Every row of these is written: the valid ones by the products, the padded ones zeroed.
-  at::Tensor grad_k = at::empty({s.batch, s.heads, s.length, s.dim}, k.options());
-  at::Tensor grad_v = at::empty({s.batch, s.heads, s.length, s.value_dim}, v.options());
-  if (groups * s.clusters == 0 || s.length == 0) {
-    grad_k.zero_();
-    grad_v.zero_();
+  at::Tensor grad_k = accumulate ? grad_k_into : at::empty({s.batch, s.heads, s.length, s.dim}, k.options());
+  at::Tensor grad_v = accumulate ? grad_v_into : at::empty({s.batch, s.heads, s.length, s.value_dim}, v.options());
+  if (groups * s.clusters == 0 || s.length == 0) {   // no gradient to add
+    if (!accumulate) {
+      grad_k.zero_();
+      grad_v.zero_();
+    }
     return {grad_centroids, grad_k, grad_v};
   }
   const std::vector<int64_t> valid = valid_keys(lengths, s.length);
@@ -491,7 +513,7 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> centroid_attention_backward_impl(
   AT_DISPATCH_FLOATING_TYPES(v.scalar_type(), "centroid_attention_backward", [&] {
     centroid_attention_backward_kernel<scalar_t>(queries, keys, vals, grad_values, values_c, logsumexp_c, valid,
                                                  s.heads, top_c, grad_mass_c, mass_c, grad_queries, grad_keys,
-                                                 grad_vals);
+                                                 grad_vals, accumulate);
   });
   // Positions past the longest valid length (padding of every sequence).
   if (longest < s.length) {
@@ -511,7 +533,8 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor> centroid_attention_backward(
     const at::Tensor& grad, const at::Tensor& centroids, const at::Tensor& k, const at::Tensor& v,
     const at::Tensor& lengths, const at::Tensor& values, const at::Tensor& logsumexp) {
   return centroid_attention_backward_impl(grad, centroids, k, v, lengths, values, logsumexp, at::Tensor(),
-                                          at::Tensor(), at::Tensor(), "centroid_attention_backward");
+                                          at::Tensor(), at::Tensor(), at::Tensor(), at::Tensor(),
+                                          "centroid_attention_backward");
 }
 
 std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> centroid_attention_top(
@@ -523,12 +546,14 @@ std::tuple<at::Tensor, at::Tensor, at::Tensor, at::Tensor> centroid_attention_to
   return {rest, mass, top, logsumexp};
 }
 
-std::tuple<at::Tensor, at::Tensor, at::Tensor> centroid_attention_top_backward(
-    const at::Tensor& grad_rest, const at::Tensor& grad_mass, const at::Tensor& centroids, const at::Tensor& k,
-    const at::Tensor& v, const at::Tensor& lengths, const at::Tensor& rest, const at::Tensor& mass,
-    const at::Tensor& top, const at::Tensor& logsumexp) {
-  return centroid_attention_backward_impl(grad_rest, centroids, k, v, lengths, rest, logsumexp, top, grad_mass, mass,
-                                          "centroid_attention_top_backward");
+at::Tensor centroid_attention_top_backward(const at::Tensor& grad_rest, const at::Tensor& grad_mass,
+                                           const at::Tensor& centroids, const at::Tensor& k, const at::Tensor& v,
+                                           const at::Tensor& lengths, const at::Tensor& rest, const at::Tensor& mass,
+                                           const at::Tensor& top, const at::Tensor& logsumexp, at::Tensor& grad_k,
+                                           at::Tensor& grad_v) {
+  return std::get<0>(centroid_attention_backward_impl(grad_rest, centroids, k, v, lengths, rest, logsumexp, top,
+                                                      grad_mass, mass, grad_k, grad_v,
+                                                      "centroid_attention_top_backward"));
 }
 
 }  // namespace
@@ -540,7 +565,8 @@ TORCH_LIBRARY_FRAGMENT(attention_ext, m) {
   m.def("centroid_attention_top(Tensor centroids, Tensor k, Tensor v, Tensor lengths, int topk)"
         " -> (Tensor, Tensor, Tensor, Tensor)");
   m.def("centroid_attention_top_backward(Tensor grad_rest, Tensor grad_mass, Tensor centroids, Tensor k, Tensor v,"
-        " Tensor lengths, Tensor rest, Tensor mass, Tensor top, Tensor logsumexp) -> (Tensor, Tensor, Tensor)");
+        " Tensor lengths, Tensor rest, Tensor mass, Tensor top, Tensor logsumexp, Tensor(a!) grad_k,"
+        " Tensor(b!) grad_v) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(attention_ext, CPU, m) {
