@@ -222,7 +222,7 @@ def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
 # GPU") "sdpa" in bfloat16 and float16 (1.02-1.28x faster than unfused at every length measured),
 # "unfused" in float32 (SDPA's float32 kernels were 2-3.4x slower from N=16384 in the paper shape);
 # on the CPU "fused" with either instruction set torch's kernels use ("CPU speed"): with AVX-512
-# 0.85-0.91x sdpa's time at N=1024-4096, with AVX2 0.93-1.00x at N=256-8192 (it was 1.07-1.18x
+# 0.85-0.91x sdpa's time at N=1024-4096, with AVX2 0.93-1.01x at N=256-8192 (it was 1.07-1.18x
 # until the extension was built with -fno-trapping-math, which let its exp loops vectorise there).
 CENTROID_ROUTES = ("fused", "unfused", "sdpa", "auto")
 _centroid_routes = {"cpu": "auto", "cuda": "auto"}

@@ -192,8 +192,9 @@ def test_top_backward_adds_into_the_key_and_value_gradients_it_is_given():
     another shape, naming them."""
     generator = torch.Generator().manual_seed(3)
     lengths = torch.tensor([40, 23])
-    centroids, k, v = (torch.randn(2, 2, 6, 8, dtype=torch.float64, generator=generator) if i == 0 else
-                       torch.randn(2, 2, 40, 8, dtype=torch.float64, generator=generator) for i in range(3))
+    centroids = torch.randn(2, 2, 6, 8, dtype=torch.float64, generator=generator)
+    k = torch.randn(2, 2, 40, 8, dtype=torch.float64, generator=generator)
+    v = torch.randn(2, 2, 40, 8, dtype=torch.float64, generator=generator)
     rest, mass, top, logsumexp = ops.centroid_attention_top(centroids, k, v, lengths, 5)
     grad_rest, grad_mass = torch.randn_like(rest), torch.randn_like(mass)
     arguments = (grad_rest, grad_mass, centroids, k, v, lengths, rest, mass, top, logsumexp)
