@@ -25,7 +25,7 @@ from typing import Optional
 
 import torch
 
-from asr.command_line import run_key_value_command
+from asr.config.command_line import run_key_value_command
 from asr.model.checkpoint import (CHECKPOINT_FORMAT, FORMAT_KEY, AtomicCheckpointIO, CheckpointError,
                                   read_checkpoint)
 

@@ -4,9 +4,9 @@
     python -m asr.build_lm a.txt b.txt.gz --lexicon lexicon.txt --order 4 --out lm/4gram.arpa
 
 Reads UTF-8 text (plain or .gz; `-` is stdin), one sentence per line, normalised as training transcripts are
-(asr.data.text_normalisation: lowercase a-z and apostrophes), and estimates an interpolated
+(asr.text.normalisation: lowercase a-z and apostrophes), and estimates an interpolated
 modified Kneser-Ney LM of `--order` (1-4; the decoder needs 2 or more) with the project's
-estimator (asr.decoding.ngram.estimate_arpa), written as ARPA (gzipped when --out ends in .gz),
+estimator (asr.evaluation.decoding.ngram.estimate_arpa), written as ARPA (gzipped when --out ends in .gz),
 under a temporary name and renamed, so it is whole or absent.
 
 Vocabulary: the words of the text plus every word of `--lexicon`, plus </s> and <unk>; a lexicon
@@ -27,10 +27,10 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from asr.data.text_normalisation import TextFileError, read_normalised_lines
-from asr.decoding.lexicon import LexiconFileError, read_lexicon
-from asr.decoding.ngram import MAX_ORDER, LanguageModelError, estimate_arpa, read_arpa_vocabulary
-from asr.exit_status import run_command
+from asr.text.normalisation import TextFileError, read_normalised_lines
+from asr.evaluation.decoding.lexicon import LexiconFileError, read_lexicon
+from asr.evaluation.decoding.ngram import MAX_ORDER, LanguageModelError, estimate_arpa, read_arpa_vocabulary
+from asr.core.exit_status import run_command
 
 COMMAND = "asr.build_lm"
 

@@ -21,7 +21,7 @@ Writes to --out (default: cross_matrix/):
                                  them (and recomputes a cell whose checkpoint changed)
     matrix.md, matrix.csv, matrix.json   PER (and WER) per cell, forward time per row; with
                                  --decoder lexicon the WER table is the lexicon + LM decoder's
-                                 (asr.decoding; lexicon and LM default to each model's own)
+                                 (asr.evaluation.decoding; lexicon and LM default to each model's own)
     matrix_heatmap.png           PER per cell
     speed_accuracy.png           per column: error against forward time of each row (Fig. 1)
 """
@@ -31,10 +31,10 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr.attention_matrix import run
-from asr.evaluation import SHARED_QK_KEYS, USAGE_ERRORS, EvaluationError
-from asr.exit_status import run_command
-from asr.warning_filters import install_warning_filters
+from asr.evaluation.attention_matrix import run
+from asr.evaluation.evaluation import SHARED_QK_KEYS, USAGE_ERRORS, EvaluationError
+from asr.core.exit_status import run_command
+from asr.core.warning_filters import install_warning_filters
 from attention_ext.comparisons import cross_matrix_rows
 
 # The default rows: the paper's, then the further linear-cost attentions of this project (declared

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from asr.data.datamodule import DataConfig, SpeechDataModule
 from asr.data.manifests import ManifestError
-from asr.exit_status import run_command
+from asr.core.exit_status import run_command
 from asr.data.feature_cache import precompute_features
 from asr.data.features import FilterBank
 
@@ -35,7 +35,7 @@ def _epoch_seconds(module: SpeechDataModule) -> tuple[float, int]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """The command, with the project's exit statuses (asr.exit_status): 2 for a bad option or a
+    """The command, with the project's exit statuses (asr.core.exit_status): 2 for a bad option or a
     folder without the manifests, 130 after Ctrl-C."""
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", required=True)

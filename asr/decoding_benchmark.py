@@ -6,7 +6,7 @@
 The model runs once over the split (its forward time is printed); each decoder then decodes the
 same saved log-probabilities, and the table gives per decoder the WER, its decoding seconds and
 the whole evaluation's time (forward + decoding) as a multiple of greedy's. Lexicon decoding
-uses `workers` processes (asr.decoding.lexicon_decoder.ParallelLexiconDecoder).
+uses `workers` processes (asr.evaluation.decoding.lexicon_decoder.ParallelLexiconDecoder).
 
 `simulate_per=P` replaces the model by emissions made from the split's reference phones with a
 fraction P of them replaced by a random phone (one peaked frame per phone, then a blank frame):
@@ -26,11 +26,11 @@ import numpy as np
 import torch
 
 from asr.data.manifests import corpus_root, default_root, manifest_path
-from asr.decoding.evaluation import corpus_decoding_files, model_decoding_files, resolve_settings, word_head
-from asr.decoding.lexicon_decoder import ParallelLexiconDecoder
-from asr.evaluation import USAGE_ERRORS, EvaluationError, evaluation_data, load_model
-from asr.command_line import key_value_config, run_key_value_command
-from asr.metrics import phone_error_rate, word_error_rate
+from asr.evaluation.decoding.evaluation import corpus_decoding_files, model_decoding_files, resolve_settings, word_head
+from asr.evaluation.decoding.lexicon_decoder import ParallelLexiconDecoder
+from asr.evaluation.evaluation import USAGE_ERRORS, EvaluationError, evaluation_data, load_model
+from asr.config.command_line import key_value_config, run_key_value_command
+from asr.text.metrics import phone_error_rate, word_error_rate
 
 
 @dataclass

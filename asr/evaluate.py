@@ -24,9 +24,9 @@ its audio is converted once into manifests and features under <data_dir>/asr_man
 decodes, unscored).
 
 decoder=lexicon decodes words through a pronunciation lexicon and a word n-gram LM
-(asr.decoding, flashlight-text) on the phone head (or the first word head without one): WER/CER
+(asr.evaluation.decoding, flashlight-text) on the phone head (or the first word head without one): WER/CER
 come from it, PER still from the phone head. Without lexicon= and lm= they are the model's
-(asr.decoding.evaluation.model_decoding_files: the run folder's decoding/, which asr.train fills
+(asr.evaluation.decoding.evaluation.model_decoding_files: the run folder's decoding/, which asr.train fills
 from the corpus, else the corpus folder of its config.yaml), whatever data is scored and from any
 working folder. lexicon= needs lm= too (a path, or lm=none for the lexicon alone);
 extra_lexicon=PATH adds entries on top of the lexicon and keeps the LM. Lexicon words the LM lacks
@@ -59,10 +59,10 @@ from __future__ import annotations
 import logging
 import sys
 
-from asr.command_line import key_value_config, run_key_value_command
-from asr.evaluation import (KEY_FORMS, USAGE_ERRORS, EvaluateConfig, EvaluationError, check_decoding_options,
+from asr.config.command_line import key_value_config, run_key_value_command
+from asr.evaluation.evaluation import (KEY_FORMS, USAGE_ERRORS, EvaluateConfig, EvaluationError, check_decoding_options,
                             evaluate)
-from asr.metrics import percent
+from asr.text.metrics import percent
 
 
 # ---- arguments ------------------------------------------------------------------------------------

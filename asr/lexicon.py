@@ -5,11 +5,11 @@
     python -m asr.lexicon a.txt b.txt.gz --base cmudict.dict --out lexicon.txt --weak-forms 0
 
 Reads word lists or running text (UTF-8, plain or .gz, `-` for stdin; any mix), normalised as training
-transcripts are (asr.data.text_normalisation: lowercase a-z and apostrophes, so "One-time" is the
+transcripts are (asr.text.normalisation: lowercase a-z and apostrophes, so "One-time" is the
 two words "one time", digits and punctuation go), and writes a lexicon (`word PH ON ES` lines) with
 every word of `--base` (if given: our lexicon.txt or CMUdict format; its pronunciations kept, written
 in our form: lowercase words, no stress digits) and every word of the text the base lacks, pronounced with the tools and the phone set of the built-in
-corpus's training (asr.decoding.pronunciation): each word said alone by espeak-ng en-us and
+corpus's training (asr.evaluation.decoding.pronunciation): each word said alone by espeak-ng en-us and
 en-us-nyc and by flite, mapped to ARPABET_39, every distinct pronunciation kept. As in the synth
 recipe's lexicon, the `--weak-forms` (100) most frequent one-vowel new words of the text get
 their weak form too ("a" EY -> AH, "for" F AO R -> F ER); only words the text holds at least twice
@@ -31,12 +31,12 @@ import sys
 from collections import Counter
 from pathlib import Path
 
-from asr.data.phones import ARPABET_39
-from asr.data.text_normalisation import TextFileError, read_normalised_lines
-from asr.decoding.lexicon import LexiconFileError, _examples, read_lexicon, write_lexicon
-from asr.decoding.pronunciation import (WEAK_FORM_WORDS, PronunciationError, add_weak_forms,
+from asr.text.phones import ARPABET_39
+from asr.text.normalisation import TextFileError, read_normalised_lines
+from asr.evaluation.decoding.lexicon import LexiconFileError, _examples, read_lexicon, write_lexicon
+from asr.evaluation.decoding.pronunciation import (WEAK_FORM_WORDS, PronunciationError, add_weak_forms,
                                         check_pronouncing_programs, synthesiser_pronunciations)
-from asr.exit_status import USAGE_ERROR, run_command
+from asr.core.exit_status import USAGE_ERROR, run_command
 
 COMMAND = "asr.lexicon"
 CHUNK_WORDS = 200            # words per call of the synthesisers (one progress step)

@@ -40,7 +40,7 @@ import sys
 import time
 from pathlib import Path
 
-from asr.exit_status import run_command
+from asr.core.exit_status import run_command
 
 CORPUS = "scale"    # manifests {folder}/scale_cuts_{train,dev}.jsonl.gz
 MODES = ("precomputed", "on_the_fly")

@@ -18,17 +18,17 @@ One run = one folder (<run_root>/<preset>/<timestamp>, or run_dir=...):
     batches/rankN.jsonl     with trainer.record_batches=true: the utterance ids of every batch
                             process N ran (BatchRecorder)
     decoding/               the corpus's lexicon.txt and lm/3gram.arpa.gz, when it has them: what
-                            decoder=lexicon uses for this model from any folder (asr.decoding.evaluation)
+                            decoder=lexicon uses for this model from any folder (asr.evaluation.decoding.evaluation)
 
 Several devices or machines (trainer.devices, trainer.num_nodes; Lightning's DDP): every process
 runs this module; the data module gives each its share of every split, the recognizer gathers
 validation and test transcripts from all of them, and process 0 writes results.json. Processes
 started together by an outside launcher (torchrun, srun) prepare the data one at a time and must
-share one run folder (see asr.run_folder.run_folder).
+share one run folder (see asr.model.run_folder.run_folder).
 
-This module is the command: Hydra composes the config (the schema, asr/config.py; the presets,
-asr/presets.py), the run folder is named (asr/run_folder.py), `asr.training.train` runs, and what
-happened becomes an exit status (asr/exit_status.py) and the console's last lines.
+This module is the command: Hydra composes the config (the schema, asr/config/schema.py; the presets,
+asr/config/presets.py), the run folder is named (asr/model/run_folder.py), `asr.training.fit.train` runs, and what
+happened becomes an exit status (asr/core/exit_status.py) and the console's last lines.
 """
 from __future__ import annotations
 
@@ -43,18 +43,18 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from asr.config import ConfigError, register_schema
-from asr.config_help import schema_help
-from asr.config_spelling import exit_on_misspelt_override
+from asr.config.schema import ConfigError, register_schema
+from asr.config.help import schema_help
+from asr.config.spelling import exit_on_misspelt_override
 from asr.data.manifests import ManifestError
-from asr.distributed import launched_rank, lost_process
-from asr.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
-from asr.metrics import percent
+from asr.training.distributed import launched_rank, lost_process
+from asr.core.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
+from asr.text.metrics import percent
 from asr.model.checkpoint import CheckpointError
 from asr.model.recognizer import CheckpointMismatchError
-from asr.run_folder import remove_unused_run_folder, run_folder
-from asr.training import file_log, train
-from asr.warning_filters import install_warning_filters
+from asr.model.run_folder import remove_unused_run_folder, run_folder
+from asr.training.fit import file_log, train
+from asr.core.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError
 
 # use_cache: Hydra may resolve hydra.run.dir more than once; the timestamp must not change.
@@ -87,7 +87,7 @@ def say(text: str, stream=None) -> None:
     file_log.info(text.strip())
 
 
-# ---- the command: exit statuses (asr.exit_status), the run folder of a run that never started --------
+# ---- the command: exit statuses (asr.core.exit_status), the run folder of a run that never started --------
 USAGE_ERRORS = (ConfigError, AttentionConfigError, CheckpointError, CheckpointMismatchError, ManifestError)
 _task_started = False   # set by the Hydra task; before it, a failure is Hydra's composition of the config
 

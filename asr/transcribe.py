@@ -47,13 +47,13 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from asr.command_line import key_value_config, run_key_value_command
-from asr.decoding.lexicon import LexiconFileError
-from asr.decoding.ngram import LanguageModelError
-from asr.evaluation import EvaluationError, check_decoding_options
-from asr.exit_status import FAILURE, SUCCESS
+from asr.config.command_line import key_value_config, run_key_value_command
+from asr.evaluation.decoding.lexicon import LexiconFileError
+from asr.evaluation.decoding.ngram import LanguageModelError
+from asr.evaluation.evaluation import EvaluationError, check_decoding_options
+from asr.core.exit_status import FAILURE, SUCCESS
 from asr.model.checkpoint import CheckpointError
-from asr.transcription import TranscribeConfig, TranscriptionError, transcribe
+from asr.evaluation.transcription import TranscribeConfig, TranscriptionError, transcribe
 from attention_ext import AttentionConfigError
 
 COMMAND = "asr.transcribe"

@@ -7,7 +7,7 @@ The lexicon and LM are the model's unless given (found as asr.evaluate finds the
 lm= (a path, or none), extra_lexicon= adds entries on top of the lexicon.
 
 The model runs once over the split; the saved log-probabilities are then decoded with every
-(lm_weight, word_score) pair of the grid (asr.decoding, in worker processes). Prints a WER
+(lm_weight, word_score) pair of the grid (asr.evaluation.decoding, in worker processes). Prints a WER
 table and the best pair, to pass to `python -m asr.evaluate ... decoder=lexicon lm_weight=...
 word_score=...`; writes the table to <run folder>/tune_lm_<split>.json (or `out`).
 """
@@ -22,11 +22,11 @@ from typing import List, Optional
 
 import torch
 
-from asr.decoding.evaluation import model_decoding_files, resolve_settings, start_word_decoder, word_head
-from asr.evaluation import USAGE_ERRORS, EvaluationError, evaluation_data, load_model
-from asr.command_line import key_value_config, run_key_value_command
-from asr.metrics import word_error_rate
-from asr.run_folder import run_folder_of, trained_data_config
+from asr.evaluation.decoding.evaluation import model_decoding_files, resolve_settings, start_word_decoder, word_head
+from asr.evaluation.evaluation import USAGE_ERRORS, EvaluationError, evaluation_data, load_model
+from asr.config.command_line import key_value_config, run_key_value_command
+from asr.text.metrics import word_error_rate
+from asr.model.run_folder import run_folder_of, trained_data_config
 
 
 @dataclass

@@ -21,8 +21,8 @@ import os
 import subprocess
 from pathlib import Path
 
-from asr.decoding.lexicon import read_lexicon, write_lexicon
-from asr.decoding.ngram import LanguageModelError, read_arpa_vocabulary
+from asr.evaluation.decoding.lexicon import read_lexicon, write_lexicon
+from asr.evaluation.decoding.ngram import LanguageModelError, read_arpa_vocabulary
 
 LEXICON_FILE, LM_FILE = "lexicon.txt", "lm/3gram.arpa.gz"
 

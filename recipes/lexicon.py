@@ -19,8 +19,8 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from asr.data.phones import ARPABET_39, strip_stress
-from asr.data.text_normalisation import normalise_token
+from asr.text.phones import ARPABET_39, strip_stress
+from asr.text.normalisation import normalise_token
 
 _ALTERNATIVE = re.compile(r"\(\d+\)$")
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from typing import Callable
 
 from asr.data.manifest_builder import POLICIES, NoUtterancesError, PreparationError, format_report
-from asr.exit_status import run_command
+from asr.core.exit_status import run_command
 from recipes.lexicon import LexiconError
 
 
@@ -34,7 +34,7 @@ def run_preparation(command: str, prepare: Callable[[], dict], layout_errors: tu
                     resume_hint: str = "run the same command again: it continues from the audio converted so far"
                     ) -> int:
     """Runs a recipe's preparation for its command line (`command`, e.g. recipes.wsj.prepare) and
-    returns its exit status (asr.exit_status): 0 after printing the report table (and whatever
+    returns its exit status (asr.core.exit_status): 0 after printing the report table (and whatever
     `after(report)` prints); USAGE_ERROR for a corpus folder or lexicon that is not what the recipe
     reads (layout_errors, LexiconError, a folder with no utterances) and
     FAILURE for a preparation that stopped on problems in the corpus (or on `failures`, e.g. a

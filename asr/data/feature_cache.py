@@ -52,7 +52,7 @@ import numpy as np
 import torch
 
 from asr.data.features import FilterBank
-from asr.fault_injection import pause_point
+from asr.core.fault_injection import pause_point
 
 SHARD_CUTS = 256
 MAX_OPEN_SHARDS = 64      # file descriptors a FeatureStore keeps open (the oldest is closed first)
@@ -259,7 +259,7 @@ def precompute_features(cuts, filterbank: FilterBank, directory: Path, jobs: int
     """Make sure `directory` holds the features of every cut; compute only the missing or stale ones.
 
     `lock`: for processes that share the cache (the processes of a multi-process run), a context
-    manager factory that one process holds at a time (asr.run_folder.one_process_at_a_time). A
+    manager factory that one process holds at a time (asr.model.run_folder.one_process_at_a_time). A
     process that finds every cut's features reads them without it; one that finds some missing
     takes it and looks again - another process may have computed them meanwhile - before it
     computes and writes the rest. The cache's writes are not safe against concurrent writers.

@@ -58,7 +58,7 @@ def default_root(corpus: str) -> str:
 
 def corpus_root(root: str | os.PathLike) -> Path:
     """data.root as a folder: `~` expanded; a relative one is relative to the working folder (a
-    run's stored one may be elsewhere: asr.decoding.evaluation's stored_corpus_folders)."""
+    run's stored one may be elsewhere: asr.evaluation.decoding.evaluation's stored_corpus_folders)."""
     return Path(os.fspath(root)).expanduser()
 
 

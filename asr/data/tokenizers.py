@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Sequence
 from lhotse import CutSet
 
 from asr.data.manifests import ManifestError, listing, transcript
-from asr.data.phones import ARPABET_39, TIMIT_61, strip_stress
+from asr.text.phones import ARPABET_39, TIMIT_61, strip_stress
 
 log = logging.getLogger(__name__)
 
@@ -122,7 +122,7 @@ class SymbolTokenizer(Tokenizer):
         if self.kind == "phones":
             advice = f"the phone inventory ({self.phone_set}) is {' '.join(self.symbols)}"
             if any(strip_stress(u) != u and strip_stress(u) in self._ids for u in unknown):
-                advice += " (stress digits must be removed: asr.data.phones.strip_stress)"
+                advice += " (stress digits must be removed: asr.text.phones.strip_stress)"
             else:
                 advice += ("; map the corpus's phones onto it in the recipe (manifests name their set in "
                            "custom['phone_set'])")

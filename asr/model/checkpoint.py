@@ -35,7 +35,7 @@ import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from asr.data.features import FilterBank
-from asr.fault_injection import pause_point
+from asr.core.fault_injection import pause_point
 from attention_ext import AttentionConfigError, available_attentions, validate_attention
 
 FORMAT_KEY = "asr_checkpoint_format"
@@ -202,7 +202,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 handle.flush()
                 os.fsync(handle.fileno())
             if path.exists():
-                pause_point("checkpoint_replace")   # the fault suite kills here (asr.fault_injection)
+                pause_point("checkpoint_replace")   # the fault suite kills here (asr.core.fault_injection)
             os.replace(temporary, path)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)

@@ -41,7 +41,7 @@ def valid_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
     return torch.arange(length, device=lengths.device) < lengths[:, None]
 
 
-# (time, frequency) stride of each convolution per subsampling factor; asr.config allows these factors.
+# (time, frequency) stride of each convolution per subsampling factor; asr.config.schema allows these factors.
 SUBSAMPLING_STRIDES = {1: (), 2: (2, 1), 4: (2, 2)}
 
 
@@ -158,7 +158,7 @@ class EncoderLayer(nn.Module):
 class TransformerEncoder(nn.Module):
     """Normalised filter-bank features -> encoder states for the CTC heads."""
 
-    # No defaults: they live in the config schema (asr.config.ModelConfig), which also checks the values.
+    # No defaults: they live in the config schema (asr.config.schema.ModelConfig), which also checks the values.
     def __init__(self, feature_dim: int, *, layers: int, heads: int, head_dim: int, ff_dim: int, dropout: float,
                  subsampling: int, subsampling_channels: int, shared_qk: bool, attention: ValidatedAttention):
         super().__init__()

@@ -28,7 +28,7 @@ from torch import nn
 
 from asr.data.dataset import Batch, batch_references
 from asr.data.tokenizers import Tokenizer, tokenizer_from_state_dict
-from asr.metrics import char_error_rate, phone_error_rate, word_error_rate
+from asr.text.metrics import char_error_rate, phone_error_rate, word_error_rate
 from asr.data.features import FilterBank
 from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY, feature_frontend
 from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode
@@ -90,7 +90,7 @@ class EvaluationTally:
         for kind in self.references:
             references, hypotheses = self.references[kind], self.hypotheses[kind]
             if tokenizers[kind].field == "phones":
-                # TIMIT's 61 phones are scored folded to 39 classes (asr.metrics.phone_error_rate)
+                # TIMIT's 61 phones are scored folded to 39 classes (asr.text.metrics.phone_error_rate)
                 phone_set = getattr(tokenizers[kind], "phone_set", None) or "arpabet39"
                 rates[f"per_{kind}"] = phone_error_rate(references, hypotheses, phone_set)
                 rates.setdefault("per", rates[f"per_{kind}"])
@@ -145,7 +145,7 @@ class SpeechRecognizer(L.LightningModule):
         # frontend: FilterBank.options of the features the model is trained on (None: FilterBank's
         # defaults with feature_dim bins), stored so that a checkpoint says how to compute them
         frontend = feature_frontend({"feature_dim": feature_dim, "frontend": frontend}).options
-        # The attention comes validated from the config (asr.config.attention_settings), or as the
+        # The attention comes validated from the config (asr.config.schema.attention_settings), or as the
         # plain {"name": ..., **options} that Lightning passes back from a checkpoint's
         # hyper-parameters: a file, checked here like a config.
         validated = attention if isinstance(attention, ValidatedAttention) else validate_attention(**attention)
@@ -158,7 +158,7 @@ class SpeechRecognizer(L.LightningModule):
         self.encoder = TransformerEncoder(feature_dim, **{key: model[key] for key in ENCODER_ARGUMENTS},
                                           attention=validated)
         self.heads = CTCHeads(self.encoder.d_model, {kind: t.vocab_size for kind, t in self.tokenizers.items()})
-        # model.loss_weights is checked against data.targets where the config is read (asr.config)
+        # model.loss_weights is checked against data.targets where the config is read (asr.config.schema)
         self.loss_weights = {kind: float((model.get("loss_weights") or {}).get(kind, 1.0))
                              for kind in self.tokenizers}
         self.register_buffer("feature_mean", torch.zeros(feature_dim))
@@ -167,7 +167,7 @@ class SpeechRecognizer(L.LightningModule):
         self._restored_plateau: dict | None = None
         self.last_error_rates: dict[str, dict[str, float]] = {}
         self.last_word_references: list[str] = []   # of the last test pass with word decoding (all processes)
-        # asr.train's test pass sets it (asr.decoding.evaluation.BatchWordDecoding): each test batch's
+        # asr.train's test pass sets it (asr.evaluation.decoding.evaluation.BatchWordDecoding): each test batch's
         # log-probabilities also go to the lexicon + LM decoder, so one pass gives both PER and words
         self.test_word_decoding = None
 

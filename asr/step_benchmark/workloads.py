@@ -19,7 +19,7 @@ from asr.step_benchmark.plain_model import PlainRecognizer
 from attention_ext import parse_attention_spec
 
 # conf/model: synth.yaml (the synth presets) and paper.yaml (the paper's WSJ model, also the
-# LibriSpeech presets'); the schema's defaults (asr.config.ModelConfig) filled in.
+# LibriSpeech presets'); the schema's defaults (asr.config.schema.ModelConfig) filled in.
 MODELS = {
     "synth": dict(layers=6, heads=4, head_dim=32, ff_dim=512, dropout=0.1, subsampling=2, subsampling_channels=32),
     "paper": dict(layers=9, heads=6, head_dim=32, ff_dim=768, dropout=0.1, subsampling=1, subsampling_channels=32),

@@ -50,7 +50,7 @@ from pathlib import Path
 
 import yaml
 
-from asr.exit_status import SUCCESS, USAGE_ERROR, run_command
+from asr.core.exit_status import SUCCESS, USAGE_ERROR, run_command
 
 PRESET = "synth_iclustered"
 DEFAULT_STEPS = 2000   # the demo's step budget (conf/trainer/synth.yaml)

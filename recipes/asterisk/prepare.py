@@ -13,7 +13,7 @@ Layout read (the Debian packages asterisk-core-sounds-en-g722 and asterisk-core-
   missing). G.722 codes two samples per byte, so a file of B bytes must decode to 2B samples at
   16 kHz; any other rate or length is an unreadable_audio problem (`--bad-data`).
 - Text: the prompt's words as the synthetic corpus writes them (lowercase a-z and apostrophes,
-  `asr.data.text_normalisation.normalise_transcript`), after these steps, in order:
+  `asr.text.normalisation.normalise_transcript`), after these steps, in order:
   1. notes are removed: `[ascending tones]`, `(10 seconds of silence)`, `(note: does not say "2")`,
      `<beep ascending>`;
   2. misspellings of the transcript file are corrected (SPELLING_FIXES: "represenatives",
@@ -32,8 +32,8 @@ Layout read (the Debian packages asterisk-core-sounds-en-g722 and asterisk-core-
      to score and often ambiguous, "a" the letter or the article).
   Every prompt left out is counted by reason in the report (`left_out` of build_manifests).
 - Phones (the PER reference), ARPABET_39: espeak-ng en-us's phonemes for the whole prompt as
-  read in step 3 (`asr.decoding.pronunciation.espeak_sentence_phones`, the text with its
-  punctuation), mapped by asr.data.synthesiser_phonemes. That is how three quarters of the synthetic
+  read in step 3 (`asr.evaluation.decoding.pronunciation.espeak_sentence_phones`, the text with its
+  punctuation), mapped by asr.text.synthesiser_phonemes. That is how three quarters of the synthetic
   training targets were made (espeak-ng en-us / en-us-nyc reading whole sentences, with their weak
   forms and flaps in context), so a model is scored against the conventions it was trained on,
   and the reference is one fixed transcription, not a choice among a lexicon's variants. A prompt
@@ -42,7 +42,7 @@ Layout read (the Debian packages asterisk-core-sounds-en-g722 and asterisk-core-
   test. Prompts recorded twice with the same words (`invalid` and `pbx-invalid`) land in the same
   split, so no sentence is in both; a new package version moves no old prompt to the other split.
 - Lexicon: `{out}/lexicon.txt`, every word of the set as espeak-ng (en-us, en-us-nyc) and flite say
-  it alone (`asr.decoding.pronunciation.synthesiser_pronunciations`), plus the weak form (vowel ->
+  it alone (`asr.evaluation.decoding.pronunciation.synthesiser_pronunciations`), plus the weak form (vowel ->
   AH, vowel + R -> ER) of the words the synthetic corpus's lexicon reduces: its 100 most frequent
   one-vowel words, ranked over the shipped sentence list (the corpus's training text is drawn from
   it; the last few of the 100 can differ). So the set's lexicon extends that corpus's lexicon for
@@ -85,10 +85,10 @@ from asr.data.manifest_builder import (
     previous_complete_report,
     report_path,
 )
-from asr.data.synthesiser_phonemes import UnmappablePhonemeError
-from asr.data.text_normalisation import normalise_transcript
-from asr.decoding.lexicon import write_lexicon
-from asr.decoding.pronunciation import (
+from asr.text.synthesiser_phonemes import UnmappablePhonemeError
+from asr.text.normalisation import normalise_transcript
+from asr.evaluation.decoding.lexicon import write_lexicon
+from asr.evaluation.decoding.pronunciation import (
     WEAK_FORM_WORDS,
     PronunciationError,
     add_weak_forms,

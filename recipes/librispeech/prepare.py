@@ -45,7 +45,7 @@ from asr.data.manifest_builder import (
     file_identity,
     previous_complete_report,
 )
-from asr.data.text_normalisation import normalise_transcript
+from asr.text.normalisation import normalise_transcript
 from recipes.archive_download import (BadArchiveError, DownloadError, DownloadRequestError, http_url,
                                       read_md5_file)
 from recipes.lexicon import Lexicon
@@ -182,8 +182,8 @@ def prepare_librispeech(corpus_dir, out_dir, *, train_subsets=TRAIN_SUBSETS, lex
                            phone_set="arpabet39" if pronunciations else None, jobs=jobs, progress=progress)
 
 
-from asr.decoding.lexicon import LexiconFileError  # noqa: E402  (decoding files' errors)
-from asr.decoding.ngram import LanguageModelError  # noqa: E402
+from asr.evaluation.decoding.lexicon import LexiconFileError  # noqa: E402  (decoding files' errors)
+from asr.evaluation.decoding.ngram import LanguageModelError  # noqa: E402
 
 DEFAULT_OUT, MINI_OUT = "data/librispeech", "data/librispeech_mini"   # the presets' data.root
 DOWNLOAD_OPTIONS = ("base_url", "download_dir", "md5_file", "keep_archives")

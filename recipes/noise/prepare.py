@@ -32,7 +32,7 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from asr.exit_status import run_command
+from asr.core.exit_status import run_command
 from recipes.archive_download import (BadArchiveError, DownloadError, DownloadRequestError, http_url,
                                       obtain_archive, read_md5_file, unpack_archive)
 

@@ -52,7 +52,7 @@ from asr.data.manifest_builder import (
     file_identity,
     previous_complete_report,
 )
-from asr.data.text_normalisation import normalise_transcript
+from asr.text.normalisation import normalise_transcript
 from recipes.lexicon import Lexicon
 from recipes.preparation_command import add_preparation_arguments, run_preparation
 

@@ -41,7 +41,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from asr.exit_status import SUCCESS, run_command
+from asr.core.exit_status import SUCCESS, run_command
 from attention_ext import AttentionConfigError, parse_attention_spec
 from attention_ext.comparisons import cross_matrix_rows, further_attentions
 

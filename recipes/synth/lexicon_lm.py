@@ -2,9 +2,9 @@
 
 - ``lexicon.txt``: every word of the corpus's transcripts (train, dev and test: a closed
   vocabulary, as in WSJ's standard 20k setup), with the pronunciations the synthesisers give the
-  word spoken alone (``asr.decoding.pronunciation``: espeak-ng en-us and en-us-nyc, flite), plus
+  word spoken alone (``asr.evaluation.decoding.pronunciation``: espeak-ng en-us and en-us-nyc, flite), plus
   the weak form of the WEAK_FORM_WORDS most frequent one-vowel words of the training text.
-- ``lm/3gram.arpa.gz``: a modified Kneser-Ney trigram (``asr.decoding.ngram``) estimated on the
+- ``lm/3gram.arpa.gz``: a modified Kneser-Ney trigram (``asr.evaluation.decoding.ngram``) estimated on the
   *training* transcripts only, with the whole lexicon as its vocabulary (so dev/test words that
   training never saw get the interpolated unigram share, as in a closed-vocabulary LM).
 
@@ -17,9 +17,9 @@ import json
 from pathlib import Path
 
 from asr.data.manifests import manifest_path
-from asr.decoding.lexicon import read_lexicon, write_lexicon
-from asr.decoding.ngram import estimate_arpa
-from asr.decoding.pronunciation import add_weak_forms, synthesiser_pronunciations
+from asr.evaluation.decoding.lexicon import read_lexicon, write_lexicon
+from asr.evaluation.decoding.ngram import estimate_arpa
+from asr.evaluation.decoding.pronunciation import add_weak_forms, synthesiser_pronunciations
 
 LEXICON_FILE = "lexicon.txt"
 LM_FILE = "lm/3gram.arpa.gz"

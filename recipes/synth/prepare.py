@@ -58,10 +58,10 @@ from pathlib import Path
 
 import numpy as np
 
-from asr.exit_status import run_command
+from asr.core.exit_status import run_command
 from recipes.synth.lexicon_lm import write_lexicon_and_lm
 from asr.data.manifests import manifest_path
-from asr.data.synthesiser_phonemes import UnmappablePhonemeError
+from asr.text.synthesiser_phonemes import UnmappablePhonemeError
 from recipes.synth.sentences import load_sentences, normalise_text
 from recipes.synth.voices import (
     ESPEAK_PITCH, ESPEAK_RATE_WPM, EXTRA_VOICES, FESTIVAL_DURATION_FACTOR, FESTIVAL_F0_FACTOR, FESTIVAL_SPEAKERS,
@@ -415,7 +415,7 @@ def _generate_split(out_dir: Path, planner: SplitPlanner, count: int, pool: _Wor
         if len(dropped) > max(50, count):
             raise RuntimeError(f"{len(dropped)} {planner.split} utterances dropped for "
                                f"{Counter(d['phoneme'] for d in dropped).most_common(5)}: the phoneme "
-                               f"mapping (asr/data/synthesiser_phonemes.py) does not fit this synthesiser version")
+                               f"mapping (asr/text/synthesiser_phonemes.py) does not fit this synthesiser version")
     bar.close()
     return kept, dropped
 

@@ -42,7 +42,7 @@ import shutil
 import sys
 from pathlib import Path
 
-from asr.exit_status import SUCCESS, run_command
+from asr.core.exit_status import SUCCESS, run_command
 from attention_ext import AttentionConfigError, parse_attention_spec
 
 ROWS = ("full", "clustered-100", "clustered-200", "i-clustered-100", "i-clustered-200", "oracle-top")
@@ -107,7 +107,7 @@ def train_if_needed(run: Path, steps: int, every: int, architecture: str, extra:
 def checkpoint_entropy(checkpoint: Path, split: str, limit: int | None) -> dict:
     """The checkpoint's mean relative attention entropy per layer on `split` (first `limit` batches)."""
     import torch
-    from asr.evaluation import evaluation_data, load_model
+    from asr.evaluation.evaluation import evaluation_data, load_model
     from asr.model.diagnostics import layer_attention_entropy
     from asr.model.recognizer import EVALUATION_SEED, seed_evaluation_batch
     model = load_model(checkpoint)
@@ -128,7 +128,7 @@ def checkpoint_entropy(checkpoint: Path, split: str, limit: int | None) -> dict:
 
 def cached_entropy(out: Path, step: int, checkpoint: Path, split: str, limit: int | None) -> dict:
     """checkpoint_entropy, kept in out/entropy/step<N>.json while the checkpoint and settings are the same."""
-    from asr.attention_matrix import checkpoint_identity
+    from asr.evaluation.attention_matrix import checkpoint_identity
     path = out / "entropy" / f"step{step}.json"
     key = {"checkpoint": checkpoint_identity(checkpoint), "split": split, "limit": limit}
     if path.is_file():

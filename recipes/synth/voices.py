@@ -38,7 +38,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from asr.data.synthesiser_phonemes import espeak_to_arpabet, festival_to_arpabet, flite_to_arpabet
+from asr.text.synthesiser_phonemes import espeak_to_arpabet, festival_to_arpabet, flite_to_arpabet
 
 SAMPLING_RATE = 16000
 # festival reads Scheme from stdin. Its Lisp heap: the default 10M cells (320 MB) cost a start more

@@ -10,7 +10,7 @@ Layout read (as on the LDC disc; upper or lower case, with or without a leading 
 - .TXT: `<start> <end> <sentence>`; the sentence is normalised to lowercase words.
 - .PHN: `<start> <end> <phone>` lines in TIMIT's 61 symbols; stored uppercase in
   `custom["phones"]` with `phone_set="timit61"`. Training uses the 61 phones; scoring folds hypothesis
-  and reference to Lee & Hon's 39 classes (asr.data.phones.fold_timit_61_to_39).
+  and reference to Lee & Hon's 39 classes (asr.text.phones.fold_timit_61_to_39).
 - The SA sentences (SA1, SA2: the same two sentences read by every speaker) are left out, as is
   standard; `--include-sa` keeps them in train.
 - dev: the 50-speaker development set of Halberstadt (1998), as in Kaldi's timit recipe; test:
@@ -27,7 +27,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr.data.phones import TIMIT_61
+from asr.text.phones import TIMIT_61
 from asr.data.audio_source import AudioSource
 from asr.data.manifest_builder import (
     Problem,
@@ -36,7 +36,7 @@ from asr.data.manifest_builder import (
     build_manifests,
     previous_complete_report,
 )
-from asr.data.text_normalisation import normalise_transcript
+from asr.text.normalisation import normalise_transcript
 from recipes.preparation_command import add_preparation_arguments, run_preparation
 
 CORE_TEST_SPEAKERS = frozenset(

@@ -60,7 +60,7 @@ from asr.data.manifest_builder import (
     file_identity,
     previous_complete_report,
 )
-from asr.data.text_normalisation import normalise_transcript
+from asr.text.normalisation import normalise_transcript
 from recipes.lexicon import Lexicon
 from recipes.preparation_command import add_preparation_arguments, run_preparation
 
@@ -293,8 +293,8 @@ def prepare_wsj(corpus_dirs, out_dir, lexicon, *, extra_lexicon=(), train_set: s
                            jobs=jobs, progress=progress)
 
 
-from asr.decoding.lexicon import LexiconFileError  # noqa: E402  (decoding files' errors)
-from asr.decoding.ngram import LanguageModelError  # noqa: E402
+from asr.evaluation.decoding.lexicon import LexiconFileError  # noqa: E402  (decoding files' errors)
+from asr.evaluation.decoding.ngram import LanguageModelError  # noqa: E402
 
 
 def main(argv=None) -> int:

@@ -2,7 +2,7 @@ from pathlib import Path
 
 import pytest
 
-from asr.training import ensure_corpus, train
+from asr.training.fit import ensure_corpus, train
 from tiny_runs import compose_config, tiny_config
 
 

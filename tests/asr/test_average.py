@@ -9,8 +9,8 @@ import torch
 
 from asr import cross_matrix
 from asr.average import AveragingError, average_checkpoints, main
-from asr.evaluation import EvaluateConfig, evaluate, load_model
-from asr.exit_status import SUCCESS, USAGE_ERROR
+from asr.evaluation.evaluation import EvaluateConfig, evaluate, load_model
+from asr.core.exit_status import SUCCESS, USAGE_ERROR
 from asr.transcribe import main as transcribe
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from asr.build_lm import main
-from asr.decoding.ngram import estimate_arpa, read_arpa_vocabulary
+from asr.evaluation.decoding.ngram import estimate_arpa, read_arpa_vocabulary
 
 
 def write(path: Path, text: str) -> Path:

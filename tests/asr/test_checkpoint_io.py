@@ -4,7 +4,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from asr import training
+from asr.training import fit as training
 from asr.model import checkpoint as checkpoint_module
 from asr.model.checkpoint import AtomicCheckpointIO
 

@@ -8,13 +8,13 @@ import sys
 import typing
 from dataclasses import dataclass, field
 
-from asr.config import TrainConfig
-from asr.config_help import field_descriptions, schema_keys
+from asr.config.schema import TrainConfig
+from asr.config.help import field_descriptions, schema_keys
 from tiny_runs import ROOT
 
 
 def leaf_keys(schema: type, prefix: str = "") -> list[str]:
-    """Every key of the schema, walked independently of asr.config_help."""
+    """Every key of the schema, walked independently of asr.config.help."""
     keys = []
     hints = typing.get_type_hints(schema)
     for item in dataclasses.fields(schema):

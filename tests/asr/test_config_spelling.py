@@ -1,4 +1,4 @@
-"""Misspelt presets, group options and keys are named in one line, exit status 2 (asr.config_spelling)."""
+"""Misspelt presets, group options and keys are named in one line, exit status 2 (asr.config.spelling)."""
 from __future__ import annotations
 
 import os
@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 
 from asr import evaluate, transcribe, tune_lm
-from asr.config_spelling import closest_name, misspelt_train_override
-from asr.exit_status import USAGE_ERROR
+from asr.config.spelling import closest_name, misspelt_train_override
+from asr.core.exit_status import USAGE_ERROR
 
 ROOT = Path(__file__).resolve().parents[2]
 

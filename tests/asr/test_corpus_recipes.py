@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import asr.data.corpus_recipes as corpus_recipes
-import asr.training
+import asr.training.fit
 import recipes
-from asr.config import ConfigError, SynthCorpusConfig
+from asr.config.schema import ConfigError, SynthCorpusConfig
 from asr.data.corpus_recipes import CorpusRecipe, corpus_recipe
 from asr.data.manifests import ManifestError
 from recipes.corpora import corpus_recipes as recipes_of_this_package
@@ -46,8 +46,8 @@ def recipe_with(preparer):
 
 def test_missing_manifests_call_the_recipes_preparer_with_root_and_options(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr(asr.training, "corpus_recipe", recipe_with(lambda root, **options: calls.append((root, options))))
-    asr.training.ensure_corpus(compose_config(f"data.root={tmp_path}", "synth_corpus.train_utterances=7",
+    monkeypatch.setattr(asr.training.fit, "corpus_recipe", recipe_with(lambda root, **options: calls.append((root, options))))
+    asr.training.fit.ensure_corpus(compose_config(f"data.root={tmp_path}", "synth_corpus.train_utterances=7",
                                            "synth_corpus.jobs=1"))
     assert calls == [(tmp_path, {"train_utterances": 7, "dev_utterances": 200, "test_utterances": 200,
                                  "seed": 0, "jobs": 1, "utterance_scale": 1, "extra_voices": None,
@@ -57,7 +57,7 @@ def test_missing_manifests_call_the_recipes_preparer_with_root_and_options(tmp_p
 def test_without_a_registered_recipe_missing_manifests_say_to_reinstall(tmp_path, monkeypatch):
     monkeypatch.setattr(corpus_recipes, "entry_points", lambda **selection: [])
     with pytest.raises(ConfigError) as error:
-        asr.training.ensure_corpus(compose_config(f"data.root={tmp_path / 'absent'}"))
+        asr.training.fit.ensure_corpus(compose_config(f"data.root={tmp_path / 'absent'}"))
     message = str(error.value)
     assert "does not exist, so it holds no synth manifests" in message
     assert "write them with a recipe for corpus 'synth' (recipes/README.md says how to add one)" in message
@@ -69,9 +69,9 @@ def test_a_preparer_refusing_an_option_or_folder_is_a_config_error(tmp_path, mon
     def refusing(root, **options):
         raise ValueError(f"{root} holds a synthetic corpus made with other settings (extra_voices: None there, "
                          f"{options['extra_voices']!r} now); use another folder (--out; data.root in asr.train)")
-    monkeypatch.setattr(asr.training, "corpus_recipe", recipe_with(refusing))
+    monkeypatch.setattr(asr.training.fit, "corpus_recipe", recipe_with(refusing))
     with pytest.raises(ConfigError) as error:
-        asr.training.ensure_corpus(compose_config(f"data.root={tmp_path}", "synth_corpus.extra_voices=festival"))
+        asr.training.fit.ensure_corpus(compose_config(f"data.root={tmp_path}", "synth_corpus.extra_voices=festival"))
     assert str(error.value) == (f"corpus synth in data.root={str(tmp_path)!r}: {tmp_path} holds a synthetic corpus "
                                 "made with other settings (extra_voices: None there, 'festival' now); use another "
                                 "folder (--out; data.root in asr.train)")
@@ -125,7 +125,7 @@ def test_a_toy_corpus_from_a_temporary_folder_is_prepared_and_trains(tmp_path, m
     cfg = compose_config(f"hydra.searchpath=[file://{tmp_path / 'new' / 'conf'}]", "conf=toy", *TINY,
                          "trainer.max_steps=1")
     assert cfg.data.corpus == "toy" and cfg.model.subsampling == 2   # the toy's data config and setup
-    results = asr.training.train(cfg, tmp_path / "run")
+    results = asr.training.fit.train(cfg, tmp_path / "run")
     assert sorted(p.name for p in data_root.glob("toy_cuts_*.jsonl.gz")) == \
         ["toy_cuts_dev.jsonl.gz", "toy_cuts_test.jsonl.gz", "toy_cuts_train.jsonl.gz"]
     assert results["steps"] == 1 and "per" in json.loads((tmp_path / "run" / "results.json").read_text())["test"]
@@ -137,7 +137,7 @@ def test_a_toy_corpus_without_a_preparer_names_its_prepare_command(tmp_path, mon
                          f"data.root={tmp_path / 'nowhere'}")
     with pytest.raises(ConfigError, match=r"prepare them with `python -m recipes.toyreal.prepare --out "
                                           rf"{tmp_path / 'nowhere'}` \(see recipes/toyreal/README.md\)"):
-        asr.training.train(cfg, tmp_path / "run")
+        asr.training.fit.train(cfg, tmp_path / "run")
     with pytest.raises(ManifestError, match=r"python -m recipes.toyreal.prepare --out"):   # the data module too
         from asr.data.datamodule import SpeechDataModule
         SpeechDataModule(cfg.data).setup("fit")

@@ -6,7 +6,7 @@ import math
 import pytest
 import torch
 
-from asr.metrics import char_error_rate, percent, phone_error_rate, word_error_rate
+from asr.text.metrics import char_error_rate, percent, phone_error_rate, word_error_rate
 from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode, prefix_beam_search
 
 

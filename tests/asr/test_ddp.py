@@ -23,10 +23,10 @@ import pytest
 import torch
 from lhotse import load_manifest
 
-from asr.config import ConfigError, validate_config
+from asr.config.schema import ConfigError, validate_config
 from asr.data.datamodule import SpeechDataModule
-from asr.distributed import check_launch_matches_trainer, launched_rank, lost_process
-from asr.run_folder import check_launch_shares_run_folder, one_process_at_a_time, run_folder
+from asr.training.distributed import check_launch_matches_trainer, launched_rank, lost_process
+from asr.model.run_folder import check_launch_shares_run_folder, one_process_at_a_time, run_folder
 from tiny_runs import TINY, compose_config, subprocess_environment, validate_in_one_process
 
 

@@ -131,7 +131,7 @@ def processes_of(marker: str) -> list[int]:
 
 
 def records(run: Path, rank: int, skip: int = 0) -> list[dict]:
-    """The batches process `rank` recorded (asr.callbacks.BatchRecorder), after the first `skip` lines."""
+    """The batches process `rank` recorded (asr.training.callbacks.BatchRecorder), after the first `skip` lines."""
     path = run / "batches" / f"rank{rank}.jsonl"
     lines = path.read_text().splitlines() if path.is_file() else []
     return [json.loads(line) for line in lines[skip:] if line.endswith("}")]

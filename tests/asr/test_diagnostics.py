@@ -7,7 +7,7 @@ import math
 import torch
 
 from asr.model.diagnostics import attention_entropy
-from asr.training import train
+from asr.training.fit import train
 from tiny_runs import tiny_config
 
 

@@ -3,7 +3,7 @@ cross matrix, start again, and check the result equals that of a run nobody kill
 
 The kill points are reached by waiting for something on disk: a batch recorded by
 trainer.record_batches, a meta file of the generator, or the marker file of the test hook
-asr.fault_injection (ASR_PAUSE_AT), which stops the process at a point a test could not hit by timing.
+asr.core.fault_injection (ASR_PAUSE_AT), which stops the process at a point a test could not hit by timing.
 Each process is started in its own session and killed with its children (os.killpg, SIGKILL).
 """
 from __future__ import annotations

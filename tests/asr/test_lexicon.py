@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from asr.decoding.lexicon import read_lexicon
+from asr.evaluation.decoding.lexicon import read_lexicon
 from asr.lexicon import main
 
 needs_synthesisers = pytest.mark.skipif(not all(shutil.which(p) for p in ("espeak-ng", "flite")),

@@ -1,4 +1,4 @@
-"""Lexicon + n-gram LM decoding (asr.decoding): the decoder on hand-made emissions, the modified
+"""Lexicon + n-gram LM decoding (asr.evaluation.decoding): the decoder on hand-made emissions, the modified
 Kneser-Ney estimator against hand-computed probabilities, the synth recipe's lexicon and LM,
 and one clear error for each bad input."""
 from __future__ import annotations
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 from asr.data.tokenizers import build_tokenizer
-from asr.decoding.lexicon import LexiconFileError, read_lexicon, words_to_phones
-from asr.decoding.lexicon_decoder import LexiconDecoder, LexiconDecoderSettings, ParallelLexiconDecoder
-from asr.decoding.ngram import (LanguageModelError, arpa_text, discounts, estimate_arpa,
+from asr.evaluation.decoding.lexicon import LexiconFileError, read_lexicon, words_to_phones
+from asr.evaluation.decoding.lexicon_decoder import LexiconDecoder, LexiconDecoderSettings, ParallelLexiconDecoder
+from asr.evaluation.decoding.ngram import (LanguageModelError, arpa_text, discounts, estimate_arpa,
                                 estimate_ngram_probabilities, read_arpa_vocabulary)
 from asr.model.ctc import greedy_decode
 
@@ -262,13 +262,13 @@ def test_an_lm_without_unk_is_named_in_a_warning(tmp_path, caplog):
     text = lm.read_text()
     unk = next(line for line in text.splitlines() if line.split("\t")[1:2] == ["<unk>"])
     no_unk = write(tmp_path / "no_unk.arpa", text.replace(unk + "\n", "").replace("ngram 1=5", "ngram 1=4"))
-    with caplog.at_level("WARNING", logger="asr.decoding"):
+    with caplog.at_level("WARNING", logger="asr.evaluation.decoding"):
         LexiconDecoder(PHONES, LexiconDecoderSettings(lexicon=str(lexicon), lm=str(no_unk)))
     assert "no <unk> unigram" in caplog.text and "2 lexicon words" in caplog.text and "-100" in caplog.text
 
 
 def test_an_extra_lexicon_adds_words_and_replaces_a_words_pronunciations(tmp_path):
-    from asr.decoding.lexicon_decoder import read_lexicons
+    from asr.evaluation.decoding.lexicon_decoder import read_lexicons
     lexicon = write(tmp_path / "lexicon.txt", "cat K AE T\ncut K AH T\nbat B AE T\n")
     extra = write(tmp_path / "extra.txt", "zebra Z IY B R AH\ncat K AA T\n")
     settings = LexiconDecoderSettings(lexicon=str(lexicon), extra_lexicon=str(extra))
@@ -281,8 +281,8 @@ def test_an_extra_lexicon_adds_words_and_replaces_a_words_pronunciations(tmp_pat
 
 
 def test_the_out_of_vocabulary_rate_counted_by_hand(tmp_path):
-    from asr.decoding.evaluation import out_of_vocabulary_report
-    from asr.metrics import out_of_vocabulary_rate
+    from asr.evaluation.decoding.evaluation import out_of_vocabulary_report
+    from asr.text.metrics import out_of_vocabulary_rate
     # 6 reference words: i red a cat / the cat. The LM knows i and read: red, a, cat, the, cat are
     # outside it, 5 of 6. The lexicon has i, read, red, cat: a and the are outside it, 2 of 6.
     references = ["i red a cat", "the cat"]
@@ -308,9 +308,9 @@ TEST_PASS = {"test_step_utterances": 0, "decode_split_calls": 0}
 def trained_run(tiny_synth, tmp_path_factory) -> tuple[Path, dict]:
     """A tiny model trained on the tiny corpus, which ships a lexicon and an LM: the run's test
     results gain the lexicon decoder's WER. Its test pass is counted in TEST_PASS."""
-    from asr import evaluation
+    from asr.evaluation import evaluation
     from asr.model.recognizer import SpeechRecognizer
-    from asr.training import train
+    from asr.training.fit import train
     from tiny_runs import tiny_config
     test_step, decode_split = SpeechRecognizer.test_step, evaluation.decode_split
 
@@ -331,7 +331,7 @@ def trained_run(tiny_synth, tmp_path_factory) -> tuple[Path, dict]:
 
 
 def test_training_decodes_the_test_split_once_for_its_rates_and_its_lexicon_words(trained_run, tmp_path):
-    from asr.evaluation import EvaluateConfig, evaluate
+    from asr.evaluation.evaluation import EvaluateConfig, evaluate
     run, results = trained_run
     # the 2 test utterances went through the model once, and no second pass decoded them for the words
     assert TEST_PASS == {"test_step_utterances": 2, "decode_split_calls": 0}
@@ -345,8 +345,8 @@ def test_training_decodes_the_test_split_once_for_its_rates_and_its_lexicon_word
 
 
 def test_evaluate_with_the_lexicon_decoder_records_its_settings_and_scores_its_words(trained_run, tiny_synth, tmp_path):
-    from asr.evaluation import EvaluateConfig, evaluate
-    from asr.metrics import word_error_rate
+    from asr.evaluation.evaluation import EvaluateConfig, evaluate
+    from asr.text.metrics import word_error_rate
     run, _ = trained_run
     checkpoint = str(run / "checkpoints" / "best.ckpt")
     report = evaluate(EvaluateConfig(checkpoint=checkpoint, decoder="lexicon", lm_weight=0.5, word_score=1.0,
@@ -378,8 +378,8 @@ def kaldi_folder(tiny_synth: Path, folder: Path, added_word: str = "") -> tuple[
 
 
 def test_a_kaldi_directory_gets_a_per_from_the_reference_lexicon(trained_run, tiny_synth, tmp_path):
-    from asr.evaluation import EvaluateConfig, evaluate
-    from asr.metrics import phone_error_rate
+    from asr.evaluation.evaluation import EvaluateConfig, evaluate
+    from asr.text.metrics import phone_error_rate
     run, _ = trained_run
     folder, cuts = kaldi_folder(tiny_synth, tmp_path / "kaldi", "zyzzyva")
     lexicon_path = tiny_synth / "lexicon.txt"
@@ -395,7 +395,7 @@ def test_a_kaldi_directory_gets_a_per_from_the_reference_lexicon(trained_run, ti
 
 def test_per_never_depends_on_the_decoding_lexicon_and_data_dir_keeps_the_models_files(trained_run, tiny_synth,
                                                                                        tmp_path):
-    from asr.evaluation import EvaluateConfig, evaluate
+    from asr.evaluation.evaluation import EvaluateConfig, evaluate
     run, _ = trained_run
     checkpoint = str(run / "checkpoints" / "best.ckpt")
     folder, cuts = kaldi_folder(tiny_synth, tmp_path / "kaldi")
@@ -445,7 +445,7 @@ def test_the_oov_rate_of_new_words_and_an_extra_lexicon_with_the_models_lm(train
 
 def test_a_lexicon_without_an_lm_is_a_usage_error_naming_both_fixes(trained_run, tiny_synth, tmp_path, capsys):
     from asr.evaluate import main as evaluate_main
-    from asr.evaluation import EvaluateConfig, evaluate
+    from asr.evaluation.evaluation import EvaluateConfig, evaluate
     from asr.transcribe import main as transcribe_main
     from asr.tune_lm import main as tune_main
     run, _ = trained_run
@@ -476,7 +476,7 @@ def test_the_run_folder_keeps_the_corpus_lexicon_and_lm(trained_run, tiny_synth)
 def test_the_models_files_are_found_from_any_folder_and_in_a_moved_run_folder(trained_run, tiny_synth, tmp_path,
                                                                             monkeypatch, capsys):
     import shutil
-    from asr.decoding.evaluation import model_decoding_files
+    from asr.evaluation.decoding.evaluation import model_decoding_files
     from asr.transcribe import main as transcribe
     run, _ = trained_run
     moved = tmp_path / "elsewhere" / "run"
@@ -499,7 +499,7 @@ def test_an_older_run_folder_finds_its_corpus_from_hydras_folder_or_its_own_pare
                                                                                   monkeypatch):
     import shutil
     import yaml
-    from asr.decoding.evaluation import model_decoding_files, resolve_settings
+    from asr.evaluation.decoding.evaluation import model_decoding_files, resolve_settings
 
     def older_run(where: Path, root: str, hydra_cwd: Path | None = None) -> Path:
         """A copy of the run as asr.train made them before run folders kept decoding/: data.root as
@@ -593,8 +593,8 @@ def test_a_corpus_lm_and_cmudict_are_installed_lowercased_and_restricted_to_the_
 
 
 def test_transcribe_with_the_lexicon_decoder_gives_evaluates_words(trained_run, tiny_synth, tmp_path, capsys):
-    from asr.evaluation import EvaluateConfig, evaluate
-    from asr.exit_status import SUCCESS
+    from asr.evaluation.evaluation import EvaluateConfig, evaluate
+    from asr.core.exit_status import SUCCESS
     from asr.transcribe import main as transcribe
     run, _ = trained_run
     checkpoint = str(run / "checkpoints" / "best.ckpt")

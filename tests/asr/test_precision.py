@@ -8,9 +8,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.config import ConfigError, validate_config
-from asr.callbacks import EpochTimer
-from asr.training import build_trainer, train
+from asr.config.schema import ConfigError, validate_config
+from asr.training.callbacks import EpochTimer
+from asr.training.fit import build_trainer, train
 from attention_ext import build_attention
 from tiny_runs import compose_config, tiny_config
 

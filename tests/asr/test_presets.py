@@ -2,7 +2,7 @@
 
 tests/asr/preset_configs.json holds the resolved config of each of the 41 presets as the 41
 hand-written files of conf/conf/ composed them (captured from that code, before it changed). The
-presets are now made from a corpus file and an attention (asr/presets.py); this test holds the
+presets are now made from a corpus file and an attention (asr/config/presets.py); this test holds the
 new mechanism to the old files' result, name by name, value by value.
 
 A change that means to change what presets compose to (a new schema key, a new default) changes
@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from asr.presets import corpus_setups, preset_names
+from asr.config.presets import corpus_setups, preset_names
 from tiny_runs import compose_config
 
 FIXTURE = Path(__file__).with_name("preset_configs.json")

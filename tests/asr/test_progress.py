@@ -10,7 +10,7 @@ from lhotse import CutSet
 from lhotse.testing.dummies import dummy_cut
 
 from asr.data.batching import duration_bucketing_sampler
-from asr.progress import EpochProgressBar, clock
+from asr.training.progress import EpochProgressBar, clock
 
 
 def cuts_of(durations):
@@ -98,13 +98,13 @@ def run_steps(estimate, trainer, seconds_per_step: list[float], now: list[float]
 def test_step_budget_estimate_leaves_out_the_first_steps_and_says_when_it_ends(caplog):
     from datetime import datetime
 
-    from asr.progress import StepBudgetEstimate
+    from asr.training.progress import StepBudgetEstimate
 
     now = [100.0]
     estimate = StepBudgetEstimate(skip_steps=5, report_after_steps=20, clock=lambda: now[0],
                                   now=lambda: datetime(2026, 11, 26, 7, 0, 0))
     trainer = SteppingTrainer(max_steps=100)
-    with caplog.at_level("INFO", logger="asr.progress"):
+    with caplog.at_level("INFO", logger="asr.training.progress"):
         run_steps(estimate, trainer, [30.0] * 5, now)          # start-up: slow, and left out
         assert estimate.seconds_left(trainer) is None
         run_steps(estimate, trainer, [2.0] * 15, now)          # steps 6-20 at 2 s each
@@ -121,7 +121,7 @@ def test_step_budget_estimate_leaves_out_the_first_steps_and_says_when_it_ends(c
 def test_step_budget_estimate_of_a_resumed_run_and_on_the_bar():
     from datetime import datetime
 
-    from asr.progress import StepBudgetEstimate
+    from asr.training.progress import StepBudgetEstimate
 
     now = [0.0]
     estimate = StepBudgetEstimate(skip_steps=2, report_after_steps=4, clock=lambda: now[0],

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from tiny_runs import TINY
 
-from asr.evaluation import EvaluateConfig, evaluate
+from asr.evaluation.evaluation import EvaluateConfig, evaluate
 
 sys.path.insert(0, str(Path(__file__).parent / "data"))
 from synthetic_corpus import make_utterances, write_corpus  # noqa: E402

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from asr.data.tokenizers import build_tokenizer
-from asr.metrics import phone_error_rate
+from asr.text.metrics import phone_error_rate
 from asr.model.recognizer import EvaluationTally, SpeechRecognizer, warmup_factor
 from attention_ext import validate_attention
 

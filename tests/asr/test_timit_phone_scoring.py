@@ -6,7 +6,7 @@ SIL; Q deleted; AO -> AA, IX -> IH, HV -> HH, AX-H -> AH, ZH -> SH, ...), not co
 import pytest
 
 from asr.data.tokenizers import build_tokenizer
-from asr.metrics import phone_error_rate
+from asr.text.metrics import phone_error_rate
 from asr.model.recognizer import EvaluationTally
 
 REFERENCES = ["H# SH IX HV EH DCL D H#",      # folded: SIL SH IH HH EH SIL D SIL   (8 phones)

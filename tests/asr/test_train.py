@@ -15,14 +15,14 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from asr.config import ConfigError, validate_config
-from asr.evaluation import EvaluateConfig, evaluate, load_model
-from asr.exit_status import INTERRUPTED, USAGE_ERROR
+from asr.config.schema import ConfigError, validate_config
+from asr.evaluation.evaluation import EvaluateConfig, evaluate, load_model
+from asr.core.exit_status import INTERRUPTED, USAGE_ERROR
 from asr.model.checkpoint import CheckpointError
 from asr.model.recognizer import CheckpointMismatchError
-from asr.presets import preset_names
-from asr.run_folder import remove_unused_run_folder
-from asr.training import train
+from asr.config.presets import preset_names
+from asr.model.run_folder import remove_unused_run_folder
+from asr.training.fit import train
 from attention_ext import AttentionConfigError
 from tiny_runs import CONF, ROOT, TINY, compose_config, tiny_config
 
@@ -326,7 +326,7 @@ def test_cli_trains_tests_prints_and_resumes_in_the_run_folder(tiny_synth, tmp_p
     assert second.returncode == 0, second.stderr[-3000:]
     assert list((tmp_path / "runs" / "synth_full").iterdir()) == [run]    # continued in the same folder
     assert json.loads((run / "results.json").read_text())["epochs"] == 2
-    # what a user cannot act on is not printed (asr/warning_filters.py), in a fresh run nor a resumed one
+    # what a user cannot act on is not printed (asr/core/warning_filters.py), in a fresh run nor a resumed one
     # nor what says again what asr.train says: Lightning's model table (FLOPs 0), its test table (each
     # rate under two or three names), its stop and checkpoint-loading lines
     for noise in ("LeafSpec", "litlogger", "Checkpoint directory", "val_check_interval", "Warning", "FLOPs",
@@ -359,7 +359,7 @@ def test_stop_reason_names_the_budget_that_ended_training():
 
     from lightning.pytorch.callbacks import EarlyStopping, Timer
 
-    from asr.training import stop_reason
+    from asr.training.fit import stop_reason
 
     def trainer(callbacks=(), max_steps=-1, max_epochs=1000, epoch=3, step=120):
         return SimpleNamespace(callbacks=list(callbacks), max_steps=max_steps, max_epochs=max_epochs,

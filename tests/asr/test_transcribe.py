@@ -11,12 +11,12 @@ import pytest
 import soundfile
 import torch
 
-from asr.evaluation import EvaluateConfig, evaluate
-from asr.exit_status import FAILURE, SUCCESS, USAGE_ERROR
+from asr.evaluation.evaluation import EvaluateConfig, evaluate
+from asr.core.exit_status import FAILURE, SUCCESS, USAGE_ERROR
 from asr.model import encoder as encoder_module
 from asr.model.recognizer import SpeechRecognizer
 from asr.transcribe import main
-from asr.transcription import (Piece, TranscribeConfig, cut_into_pieces, frame_energies, resample,
+from asr.evaluation.transcription import (Piece, TranscribeConfig, cut_into_pieces, frame_energies, resample,
                                transcribe_files)
 
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 from hydra import compose, initialize_config_dir
 
-from asr.config import register_schema
+from asr.config.schema import register_schema
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"

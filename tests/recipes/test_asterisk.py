@@ -19,7 +19,7 @@ import soundfile
 import recipes.asterisk.prepare as asterisk
 from asr.data.audio_source import AudioSourceError
 from asr.data.manifest_builder import PreparationError
-from asr.decoding.lexicon import read_lexicon
+from asr.evaluation.decoding.lexicon import read_lexicon
 from corpus_fixtures import flac_samples, read_gz_jsonl, tone
 from recipes.asterisk.prepare import (
     AsteriskSetupError,
@@ -362,7 +362,7 @@ def tiny_model(tmp_path_factory) -> Path:
     """A tiny synth_full model trained one epoch on the smallest built-in corpus (tests/asr/tiny_runs.py)."""
     if not all(shutil.which(p) for p in (*PROGRAMS, "sox")):
         pytest.skip("ffmpeg, espeak-ng, flite or sox not installed")
-    from asr.training import ensure_corpus, train
+    from asr.training.fit import ensure_corpus, train
     corpus = tmp_path_factory.mktemp("synth")
     ensure_corpus(compose_config(f"data.root={corpus}", "synth_corpus.train_utterances=6",
                                  "synth_corpus.dev_utterances=2", "synth_corpus.test_utterances=2",
@@ -387,7 +387,7 @@ def test_the_asterisk_recipe_has_a_preparer():
 @needs_programs
 def test_evaluate_with_data_corpus_asterisk_prepares_the_set_in_data_asterisk(tiny_model, packages, tmp_path,
                                                                               monkeypatch):
-    from asr.evaluation import EvaluateConfig, evaluate
+    from asr.evaluation.evaluation import EvaluateConfig, evaluate
     registered_asterisk(monkeypatch, *packages)
     monkeypatch.chdir(tmp_path)                      # data.root defaults to data/asterisk, relative
     report = evaluate(EvaluateConfig(checkpoint=str(tiny_model), split="test", data={"corpus": "asterisk"},
@@ -404,7 +404,7 @@ def test_evaluate_with_data_corpus_asterisk_prepares_the_set_in_data_asterisk(ti
 def test_evaluate_names_what_to_install_or_prepare_when_it_cannot(tiny_model, tmp_path, monkeypatch, capsys):
     from asr.data.manifests import ManifestError
     from asr.evaluate import main as evaluate_main
-    from asr.evaluation import EvaluateConfig, EvaluationError, evaluate
+    from asr.evaluation.evaluation import EvaluateConfig, EvaluationError, evaluate
     registered_asterisk(monkeypatch, tmp_path / "no-sounds", tmp_path / "no-transcripts.txt.gz")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(EvaluationError, match="data.corpus=asterisk: preparing its manifests in data/asterisk "

@@ -10,7 +10,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "asr"))
 from tiny_runs import compose_config  # noqa: E402
 
-from asr.config import register_schema, validate_config  # noqa: E402
+from asr.config.schema import register_schema, validate_config  # noqa: E402
 from recipes.asterisk import ablation  # noqa: E402
 
 register_schema()

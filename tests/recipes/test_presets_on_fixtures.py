@@ -1,4 +1,4 @@
-"""The corpus presets ({wsj,timit,librispeech,switchboard}_<attention>, asr/presets.py): they compose and validate,
+"""The corpus presets ({wsj,timit,librispeech,switchboard}_<attention>, asr/config/presets.py): they compose and validate,
 the WSJ ones carry the paper's numbers, the mini LibriSpeech one is small (it trains on the corpus
 of test_librispeech_download.py), and one preset per corpus trains on that recipe's fixture tree
 (built by the recipe tests, prepared by the recipe) - WSJ through the documented command line.
@@ -21,11 +21,11 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from asr.config import ConfigError, attention_settings, register_schema, validate_config
+from asr.config.schema import ConfigError, attention_settings, register_schema, validate_config
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError
-from asr.presets import corpus_setups, preset_names
-from asr.training import train
+from asr.config.presets import corpus_setups, preset_names
+from asr.training.fit import train
 from recipes.librispeech.prepare import MINI_OUT, prepare_librispeech
 from recipes.switchboard.prepare import prepare_switchboard
 from recipes.timit.prepare import prepare_timit

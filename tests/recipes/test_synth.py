@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from asr.data.phones import ARPABET_39
-from asr.data.synthesiser_phonemes import UnmappablePhonemeError, espeak_to_arpabet, flite_to_arpabet
+from asr.text.phones import ARPABET_39
+from asr.text.synthesiser_phonemes import UnmappablePhonemeError, espeak_to_arpabet, flite_to_arpabet
 from recipes.synth.prepare import (
     HELD_OUT_SPEAKER_IDS, SPLITS, UtterancePlan, generate_corpus, plan_utterances, prepare_synth,
     split_sentence_pools, synthesise_plan,

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import soundfile
 
-from asr.data.phones import ARPABET_39
-from asr.data.synthesiser_phonemes import FESTIVAL_TO_ARPABET, UnmappablePhonemeError, festival_to_arpabet
+from asr.text.phones import ARPABET_39
+from asr.text.synthesiser_phonemes import FESTIVAL_TO_ARPABET, UnmappablePhonemeError, festival_to_arpabet
 from recipes.synth.prepare import (
     HELD_OUT_SPEAKER_IDS, SPLITS, UtterancePlan, _check_config, generate_corpus, main, plan_utterances,
     prepare_synth, synthesise_plan,

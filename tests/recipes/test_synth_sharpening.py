@@ -12,10 +12,10 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "asr"))
 from tiny_runs import compose_config, tiny_config  # noqa: E402
 
-from asr import attention_matrix  # noqa: E402
-from asr.config import validate_config  # noqa: E402
-from asr.evaluation import evaluation_data, load_model  # noqa: E402
-from asr.training import ensure_corpus, train  # noqa: E402
+from asr.evaluation import attention_matrix  # noqa: E402
+from asr.config.schema import validate_config  # noqa: E402
+from asr.evaluation.evaluation import evaluation_data, load_model  # noqa: E402
+from asr.training.fit import ensure_corpus, train  # noqa: E402
 from recipes.synth import sharpening  # noqa: E402
 
 ROWS = ["full", "clustered-3", "i-clustered-3", "oracle-top-4"]

@@ -5,7 +5,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asr.data.phones import TIMIT_61, fold_timit_61_to_39
+from asr.text.phones import TIMIT_61, fold_timit_61_to_39
 from corpus_fixtures import flac_samples, read_gz_jsonl, tone, write_sphere_pcm
 from recipes.timit.prepare import CORE_TEST_SPEAKERS, DEV_SPEAKERS, main, prepare_timit
 

@@ -8,7 +8,7 @@ import numpy as np
 import soundfile
 from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment, SupervisionSet
 
-from asr.data.phones import ARPABET_39
+from asr.text.phones import ARPABET_39
 
 SAMPLING_RATE = 16000
 WORDS = ["the", "cat", "sat", "on", "a", "mat", "don't", "quick", "zebra", "jumps", "over", "lazy", "dog"]

@@ -11,7 +11,7 @@ from asr.data import feature_cache
 from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config
 from asr.data.features import FilterBank
 from asr.data.manifests import ManifestError
-from asr.data.phones import ARPABET_39
+from asr.text.phones import ARPABET_39
 
 
 def config(root, **overrides):

@@ -3,7 +3,7 @@ import string
 
 import pytest
 
-from asr.data.phones import ARPABET_39
+from asr.text.phones import ARPABET_39
 from asr.data.tokenizers import UnknownTokenError, build_tokenizer, tokenizer_from_state_dict
 
 TRAIN_TEXT = [

@@ -27,7 +27,7 @@ from hydra.core.config_store import ConfigStore
 
 from attention_ext import available_attentions
 
-CONF_DIR = Path(__file__).resolve().parents[1] / "conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 
 # The paper's attentions, by preset suffix -> conf/attention/ option (Table 1's training rows).
 PAPER_ATTENTIONS = {"full": "full", "shared_full": "shared_full", "lsh1": "lsh", "lsh4": "lsh4",

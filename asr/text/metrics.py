@@ -18,7 +18,7 @@ from typing import Sequence
 
 import jiwer
 
-from asr.data.phones import fold_timit_61_to_39
+from asr.text.phones import fold_timit_61_to_39
 
 
 def percent(rate: float | None) -> str:

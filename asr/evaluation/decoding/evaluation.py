@@ -31,15 +31,15 @@ from pathlib import Path
 from typing import Optional
 
 from asr.data.manifests import corpus_root
-from asr.run_folder import run_folder_of, stored_data_config
-from asr.decoding.lexicon import LexiconFileError
-from asr.decoding.lexicon_decoder import LexiconDecoderSettings, ParallelLexiconDecoder
+from asr.model.run_folder import run_folder_of, stored_data_config
+from asr.evaluation.decoding.lexicon import LexiconFileError
+from asr.evaluation.decoding.lexicon_decoder import LexiconDecoderSettings, ParallelLexiconDecoder
 
 LEXICON_FILE, LM_FILE = "lexicon.txt", "lm/3gram.arpa.gz"
 RUN_DECODING_FOLDER = "decoding"      # <run folder>/decoding/{lexicon.txt, lm/3gram.arpa.gz}
 NO_LM = ("none", "")
 
-log = logging.getLogger("asr.decoding")
+log = logging.getLogger("asr.evaluation.decoding")
 
 
 @dataclass
@@ -219,7 +219,7 @@ class BatchWordDecoding:
 
 
 def word_rates(references: list[str], hypotheses: list[str]) -> dict[str, float]:
-    from asr.metrics import char_error_rate, word_error_rate
+    from asr.text.metrics import char_error_rate, word_error_rate
     return {"wer_lexicon": word_error_rate(references, hypotheses),
             "cer_lexicon": char_error_rate(references, hypotheses)}
 
@@ -229,7 +229,7 @@ def out_of_vocabulary_report(references: list[str], decoder, shown: int = 20) ->
     of reference word tokens the LM does not know (None without an LM) and the share the lexicon
     cannot spell (never decodable), each with its most frequent words."""
     from collections import Counter
-    from asr.metrics import out_of_vocabulary_rate
+    from asr.text.metrics import out_of_vocabulary_rate
     tokens = Counter(word for reference in references for word in reference.split())
 
     def outside(vocabulary) -> list[str]:

@@ -46,7 +46,7 @@ from __future__ import annotations
 
 import re
 
-from asr.data.phones import ARPABET_39
+from asr.text.phones import ARPABET_39
 
 
 class UnmappablePhonemeError(ValueError):

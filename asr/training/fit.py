@@ -24,21 +24,21 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from asr.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, StepCheckpoint, ValidateAtStepBudget
-from asr.config import ConfigError, validate_config
+from asr.training.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, StepCheckpoint, ValidateAtStepBudget
+from asr.config.schema import ConfigError, validate_config
 from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_hint, unregistered_note
 from asr.data.corpus_summary import format_corpus_summary, summarise_split
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import corpus_root, cuts_path, manifest_name
-from asr.decoding.evaluation import keep_decoding_files_in_run, out_of_vocabulary_report
-from asr.distributed import CollectiveTimeoutLine, apply_collective_timeout, check_launch_matches_trainer
-from asr.evaluation import lexicon_word_decoding, real_speech_rates
+from asr.evaluation.decoding.evaluation import keep_decoding_files_in_run, out_of_vocabulary_report
+from asr.training.distributed import CollectiveTimeoutLine, apply_collective_timeout, check_launch_matches_trainer
+from asr.evaluation.evaluation import lexicon_word_decoding, real_speech_rates
 from asr.model.checkpoint import AtomicCheckpointIO
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.encoder import compile_encoder
 from asr.model.recognizer import SpeechRecognizer, check_state_dict_fits
-from asr.progress import EpochProgressBar, StepBudgetEstimate
-from asr.run_folder import check_launch_shares_run_folder, one_process_at_a_time, resolve_checkpoint
+from asr.training.progress import EpochProgressBar, StepBudgetEstimate
+from asr.model.run_folder import check_launch_shares_run_folder, one_process_at_a_time, resolve_checkpoint
 
 log = logging.getLogger("asr.train")
 # train.log only (asr.train's train_log_keeps_the_console): what the console gets by print,
@@ -104,7 +104,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
                                          enable_version_counter=False))
     if t.keep_checkpoints_every_n_steps:   # fixed steps, e.g. for recipes.synth.sharpening
         callbacks.append(StepCheckpoint(run_dir / "checkpoints", t.keep_checkpoints_every_n_steps))
-    if t.enable_progress_bar:   # k/N with an ETA, and the time budget left (asr.progress)
+    if t.enable_progress_bar:   # k/N with an ETA, and the time budget left (asr.training.progress)
         callbacks.append(EpochProgressBar())
     if t.max_steps > 0:   # the step budget's end: estimated (a log line early on, the bar), and validated
         callbacks += [StepBudgetEstimate(), ValidateAtStepBudget()]
@@ -169,7 +169,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     # The processes of a multi-process run prepare the data together: each reads and checks the
     # manifests itself, all at once; what is written (the built-in corpus, the feature cache, the
     # statistics, the run's copies of the lexicon and LM) is written by one process at a time, and
-    # whoever comes later finds it on disk (asr.run_folder.one_process_at_a_time).
+    # whoever comes later finds it on disk (asr.model.run_folder.one_process_at_a_time).
     preparation_lock = partial(one_process_at_a_time, run_dir / ".data_preparation.lock")
     datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed,
                                   cache_lock=preparation_lock)
@@ -177,7 +177,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
     with preparation_lock():
         ensure_corpus(cfg, run_dir)
-        # the corpus's lexicon and LM travel with the run folder (asr.decoding.evaluation.model_decoding_files)
+        # the corpus's lexicon and LM travel with the run folder (asr.evaluation.decoding.evaluation.model_decoding_files)
         keep_decoding_files_in_run(run_dir, corpus_root(cfg.data.root))
     datamodule.setup("fit")
     if cfg.test:   # the test split's features too, now, not concurrently by every process later

@@ -17,7 +17,7 @@ decoder is built, before any decoding, each with one message saying how many and
 Lexicon words the LM does not know are decoded, not refused: flashlight-text's KenLM wrapper maps
 every word of the decoder's dictionary to KenLM's vocabulary, and a word KenLM lacks becomes its
 <unk> (index 0), so such a word is scored with the LM's <unk> probability in every context (the
-history after it backs off as after <unk>). Our ARPA files (asr.decoding.ngram) give <unk> the
+history after it backs off as after <unk>). Our ARPA files (asr.evaluation.decoding.ngram) give <unk> the
 interpolated unigram share of a word never seen in the text, which is what a lexicon word absent
 from the LM's text gets anyway. An ARPA file without a <unk> unigram makes KenLM substitute
 log10 p = -100, so its missing words are never chosen in practice: a warning says so.
@@ -37,10 +37,10 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
-from asr.decoding.lexicon import LexiconFileError, _examples, check_lexicon_phones, read_lexicon
-from asr.decoding.ngram import UNKNOWN_WORD, LanguageModelError, read_arpa_vocabulary
+from asr.evaluation.decoding.lexicon import LexiconFileError, _examples, check_lexicon_phones, read_lexicon
+from asr.evaluation.decoding.ngram import UNKNOWN_WORD, LanguageModelError, read_arpa_vocabulary
 
-log = logging.getLogger("asr.decoding")
+log = logging.getLogger("asr.evaluation.decoding")
 KENLM_MISSING_UNK_LOG10 = -100.0     # what KenLM gives <unk> when the ARPA file has no <unk> unigram
 
 

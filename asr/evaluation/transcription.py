@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from asr.data.features import FilterBank
-from asr.evaluation import evaluation_attention, load_model
+from asr.evaluation.evaluation import evaluation_attention, load_model
 from asr.model.ctc import BLANK_ID, decode_transcripts
 from asr.model.recognizer import EVALUATION_SEED, SpeechRecognizer, seed_evaluation_batch
 
@@ -343,10 +343,10 @@ def format_line(record: dict, kinds: list[str]) -> str:
 
 def start_lexicon_decoder(model: SpeechRecognizer, config: TranscribeConfig):
     """decoder=lexicon: (head, ParallelLexiconDecoder) with the lexicon and LM given, or else the
-    model's (asr.decoding.evaluation.model_decoding_files); None for the other decoders."""
+    model's (asr.evaluation.decoding.evaluation.model_decoding_files); None for the other decoders."""
     if config.decoder != "lexicon":
         return None
-    from asr.decoding.evaluation import model_decoding_files, settings_from_command, start_word_decoder
+    from asr.evaluation.decoding.evaluation import model_decoding_files, settings_from_command, start_word_decoder
     settings = settings_from_command(config, model_decoding_files(config.checkpoint))
     return start_word_decoder(model.tokenizers, settings, workers=1)
 

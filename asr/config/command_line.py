@@ -12,9 +12,9 @@ from typing import Any, Callable, Iterable
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from asr.config_spelling import unknown_argument
-from asr.exit_status import SUCCESS, run_command
-from asr.warning_filters import install_warning_filters
+from asr.config.spelling import unknown_argument
+from asr.core.exit_status import SUCCESS, run_command
+from asr.core.warning_filters import install_warning_filters
 
 
 def key_value_config(schema: type, dotlist: Iterable[str], error: type[Exception], noun: str = "arguments",
@@ -35,7 +35,7 @@ def run_key_value_command(command: str, doc: str, body: Callable[[list[str]], in
                           usage_errors: tuple[type[BaseException], ...] = (),
                           failures: tuple[type[BaseException], ...] = (), resume_hint: str = "") -> int:
     """The main() of a key=value command: -h/--help prints the command's docstring `doc`;
-    otherwise warnings are filtered (asr.warning_filters) and `body(argv)` runs under run_command.
+    otherwise warnings are filtered (asr.core.warning_filters) and `body(argv)` runs under run_command.
     argv: the arguments (None: sys.argv[1:])."""
     argv = sys.argv[1:] if argv is None else argv
     if any(argument in ("-h", "--help") for argument in argv):

@@ -40,7 +40,7 @@ def fold_timit_61_to_39(phones: str) -> str:
     folded = []
     for phone in phones.split():
         if phone not in TIMIT_61_TO_39:
-            raise ValueError(f"{phone!r} is not a TIMIT phone (asr.data.phones.TIMIT_61)")
+            raise ValueError(f"{phone!r} is not a TIMIT phone (asr.text.phones.TIMIT_61)")
         if TIMIT_61_TO_39[phone] is not None:
             folded.append(TIMIT_61_TO_39[phone])
     return " ".join(folded)

@@ -6,7 +6,7 @@
          message says what to change, and nothing was computed
     130  interrupted with Ctrl-C (128 + SIGINT, what shells report for it)
 
-`run_command` gives a command these statuses (asr.command_line.run_key_value_command wraps it for
+`run_command` gives a command these statuses (asr.config.command_line.run_key_value_command wraps it for
 the key=value commands); asr.train (Hydra) maps them itself.
 """
 from __future__ import annotations

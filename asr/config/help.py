@@ -1,6 +1,6 @@
 """`python -m asr.train --help`: every key of the typed schema with its type, default and description.
 
-The descriptions are the schema's own comments (asr/config.py, DataConfig in asr/data/datamodule.py):
+The descriptions are the schema's own comments (asr/config/schema.py, DataConfig in asr/data/datamodule.py):
 the comment on a field's line, or else the comment lines right above it. One source
 of truth: the same text a reader of the schema sees. tests/asr/test_config_help.py requires one for
 every field.
@@ -82,7 +82,7 @@ def type_name(kind) -> str:
 
 def schema_help() -> str:
     """The key table of --help (Hydra's help template calls this through the asr_schema_help resolver)."""
-    from asr.config import TrainConfig
+    from asr.config.schema import TrainConfig
 
     lines = []
     for key, kind, default, description in schema_keys(TrainConfig):

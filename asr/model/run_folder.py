@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from asr.config import ConfigError
+from asr.config.schema import ConfigError
 from asr.model.checkpoint import newest_usable_checkpoint, read_checkpoint
 
 log = logging.getLogger("asr.train")
@@ -107,7 +107,7 @@ def one_process_at_a_time(lock_file: Path):
     data preparation writes - the synth corpus, the feature cache and statistics, the run's copies of
     the lexicon and LM - one after another: the first does the work, the others find it on disk (the
     caches' writes are not safe against concurrent writers). Reading needs no lock, so they load and
-    check the manifests all at once (asr.training.train). Lightning's own launcher starts the other
+    check the manifests all at once (asr.training.fit.train). Lightning's own launcher starts the other
     processes only after this one has prepared the data.
 
     An flock on a file in the run folder: it holds between the processes of one machine on any file

@@ -22,7 +22,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from asr.data.datamodule import DataConfig, as_data_config, validate_data_config
 from asr.data.waveform_augmentation import check_augment_sources
-from asr.presets import register_presets
+from asr.config.presets import register_presets
 from attention_ext import AttentionConfigError, ValidatedAttention, validate_attention
 
 
@@ -84,7 +84,7 @@ class TrainerConfig:
     early_stopping_patience: Optional[int] = None  # validations without a better primary error
     torch_threads: Optional[int] = None  # torch.set_num_threads; None: torch's default
     # Debugging: every process writes the utterance ids of each batch it ran to
-    # <run folder>/batches/rank<global rank>.jsonl (see asr.callbacks.BatchRecorder).
+    # <run folder>/batches/rank<global rank>.jsonl (see asr.training.callbacks.BatchRecorder).
     record_batches: bool = False
     # Diagnosis: every N steps, per-layer gradient norms, query norms and attention entropy into
     # <run folder>/diagnostics.csv (asr.model.diagnostics); None: off.
@@ -129,7 +129,7 @@ class TrainConfig:
 
 
 def register_schema() -> None:
-    """The schema, and the presets made from corpus setups and attentions (asr/presets.py)."""
+    """The schema, and the presets made from corpus setups and attentions (asr/config/presets.py)."""
     ConfigStore.instance().store(name="train_schema", node=TrainConfig)
     register_presets()
 

@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 from typing import Iterable, Sequence
 
-CONF_DIR = Path(__file__).resolve().parent.parent / "conf"   # asr.train's config_path="../conf"
+CONF_DIR = Path(__file__).resolve().parents[2] / "conf"   # asr.train's config_path="../conf"
 # How alike (difflib's ratio) a name must be to be offered: "max_minuts" -> "max_minutes" is 0.97,
 # while "model.nonsense" is 0.63 from its nearest key, model.loss_weights (no suggestion).
 SIMILARITY = 0.8
@@ -27,8 +27,8 @@ def closest_name(word: str, names: Iterable[str]) -> str | None:
 
 def group_options(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:
     """{config group: its options} from conf/<group>/<option>.yaml; conf: every preset name
-    (asr.presets: the corpus setup files and the presets made from them)."""
-    from asr.presets import preset_names
+    (asr.config.presets: the corpus setup files and the presets made from them)."""
+    from asr.config.presets import preset_names
     options = {folder.name: sorted(path.stem for path in folder.glob("*.yaml"))
                for folder in sorted(conf_dir.iterdir()) if folder.is_dir() and not folder.name.startswith(".")}
     options["conf"] = preset_names()
@@ -37,8 +37,8 @@ def group_options(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:
 
 def train_config_keys() -> list[str]:
     """Every leaf key of asr.train's schema (sections flattened: trainer.max_minutes, ...)."""
-    from asr.config import TrainConfig
-    from asr.config_help import schema_keys
+    from asr.config.schema import TrainConfig
+    from asr.config.help import schema_keys
 
     return [key for key, *_ in schema_keys(TrainConfig)]
 
@@ -86,8 +86,8 @@ def misspelt_train_override(arguments: Sequence[str], conf_dir: Path = CONF_DIR)
 
 def exit_on_misspelt_override(command: str, arguments: Sequence[str]) -> None:
     """Before Hydra composes asr.train's config: a near miss of a preset, group option or key ends
-    the command with one line naming what was meant, exit status 2 (asr.exit_status.USAGE_ERROR)."""
-    from asr.exit_status import USAGE_ERROR
+    the command with one line naming what was meant, exit status 2 (asr.core.exit_status.USAGE_ERROR)."""
+    from asr.core.exit_status import USAGE_ERROR
 
     mistake = misspelt_train_override(arguments)
     if mistake:

@@ -1,5 +1,5 @@
-"""The Lightning callbacks asr.training adds to a run besides Lightning's own (checkpoints, early
-stopping), asr.progress's bar and asr.model.diagnostics: the batches each process ran, the time of
+"""The Lightning callbacks asr.training.fit adds to a run besides Lightning's own (checkpoints, early
+stopping), asr.training.progress's bar and asr.model.diagnostics: the batches each process ran, the time of
 each epoch, every epoch's checkpoint, the checkpoints of fixed steps, a validation where the
 step budget ends."""
 from __future__ import annotations

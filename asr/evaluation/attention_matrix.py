@@ -2,7 +2,7 @@
 `python -m asr.cross_matrix` (whose docstring describes the files it writes).
 
 Columns are trained models, rows evaluate-with attention specs; `run` evaluates every missing cell
-(`compute_column`: one model loaded once, each row's attention swapped in, asr.evaluation's
+(`compute_column`: one model loaded once, each row's attention swapped in, asr.evaluation.evaluation's
 `decode_split`), keeps each cell as a file so a started-again run reuses it, and writes the tables
 (`format_markdown`, `write_csv`) and the pictures (`plot`, `plot_speed_accuracy`).
 """
@@ -19,12 +19,12 @@ from pathlib import Path
 
 import torch
 
-from asr.evaluation import (EvaluationError, check_device, check_shared_qk_keys, decode_split, evaluation_attention,
+from asr.evaluation.evaluation import (EvaluationError, check_device, check_shared_qk_keys, decode_split, evaluation_attention,
                             evaluation_data, evaluation_key_form, load_model, set_evaluation_attention, write_outputs)
-from asr.fault_injection import pause_point
-from asr.metrics import percent
+from asr.core.fault_injection import pause_point
+from asr.text.metrics import percent
 from asr.model.checkpoint import read_checkpoint
-from asr.run_folder import run_folder_of
+from asr.model.run_folder import run_folder_of
 from attention_ext import AttentionConfigError, SharedQKRequiredError, parse_attention_spec
 
 
@@ -138,10 +138,10 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
             split = "eval" if args.data_dir else args.split
             data = evaluation_data(model, column.checkpoint, split, args.data_dir, dict(args.data),
                                    progress=False)
-        pause_point("cross_matrix_cell")   # the fault suite kills here (asr.fault_injection)
+        pause_point("cross_matrix_cell")   # the fault suite kills here (asr.core.fault_injection)
         word_decoder = None
         if args.decoder == "lexicon":
-            from asr.decoding.evaluation import model_decoding_files, resolve_settings, start_word_decoder
+            from asr.evaluation.decoding.evaluation import model_decoding_files, resolve_settings, start_word_decoder
             word_decoder = start_word_decoder(model.tokenizers, resolve_settings(
                 args.lexicon, args.lm, model_decoding_files(column.checkpoint), args.extra_lexicon, dashes=True,
                 lm_weight=args.lm_weight, word_score=args.word_score))
@@ -321,7 +321,7 @@ def plot_speed_accuracy(rows: list[dict], columns: list[Column], metric: str, pa
 def run(args: argparse.Namespace, progress=print) -> dict:
     """Computes the missing cells and writes the tables; returns the matrix as JSON-ready dict."""
     check_device(args.device)
-    from asr.decoding.evaluation import check_lexicon_options
+    from asr.evaluation.decoding.evaluation import check_lexicon_options
     check_lexicon_options(args.decoder, args.lexicon, args.lm, args.extra_lexicon, dashes=True)
     check_shared_qk_keys(args.shared_qk_keys, "--shared-qk-keys")
     columns = parse_columns(args.checkpoints)

@@ -16,7 +16,7 @@ import re
 from pathlib import Path
 from typing import Iterable
 
-from asr.data.phones import strip_stress
+from asr.text.phones import strip_stress
 
 _ALTERNATIVE = re.compile(r"\(\d+\)$")
 

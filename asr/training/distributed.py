@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from asr.config import ConfigError
+from asr.config.schema import ConfigError
 
 log = logging.getLogger("asr.train")
 

@@ -1,6 +1,6 @@
 """Pronunciations of words in the training phone set, from the synthesisers that made the training data.
 
-The built-in corpus's phone targets are what espeak-ng and flite said (asr.data.synthesiser_phonemes
+The built-in corpus's phone targets are what espeak-ng and flite said (asr.text.synthesiser_phonemes
 maps them to ARPABET_39), so a word's pronunciations for decoding or for the phone references of new
 recordings come from the same programs: each word spoken alone by espeak-ng en-us, espeak-ng
 en-us-nyc and flite (CMUdict's cmulex), mapped to ARPABET_39, distinct ones only. Inside a sentence
@@ -17,7 +17,7 @@ import shutil
 import subprocess
 from collections import Counter
 
-from asr.data.synthesiser_phonemes import UnmappablePhonemeError, espeak_to_arpabet, flite_to_arpabet
+from asr.text.synthesiser_phonemes import UnmappablePhonemeError, espeak_to_arpabet, flite_to_arpabet
 
 ESPEAK_VOICES = ("en-us", "en-us-nyc")
 WEAK_FORM_WORDS = 100

@@ -19,17 +19,17 @@ from typing import Any, Optional
 
 import torch
 
-from asr.config_spelling import closest_name
+from asr.config.spelling import closest_name
 from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config, validate_data_config
 from asr.data.dataset import batch_references
 from asr.data.manifests import ManifestError, corpus_root, cuts_path, default_root, other_corpora
-from asr.decoding.lexicon import LexiconFileError
-from asr.decoding.ngram import LanguageModelError
+from asr.evaluation.decoding.lexicon import LexiconFileError
+from asr.evaluation.decoding.ngram import LanguageModelError
 from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
 from asr.model.ctc import DECODERS as CTC_DECODERS, decode_transcripts
 from asr.model.recognizer import (EVALUATION_SEED, EvaluationTally, SpeechRecognizer,
                                   seed_evaluation_batch)
-from asr.run_folder import run_folder_of, trained_data_config
+from asr.model.run_folder import run_folder_of, trained_data_config
 from attention_ext import (AttentionConfigError, ValidatedAttention, parse_attention_spec, runs_in_reformer_form,
                            validate_attention)
 
@@ -39,7 +39,7 @@ KALDI_CORPUS, KALDI_SPLIT = "kaldi", "eval"
 DATA_OPTIONS_WITHOUT_EFFECT = ("progress", "num_workers", "feature_jobs", "precompute_features")
 
 
-DECODERS = (*CTC_DECODERS, "lexicon")   # lexicon: words through a lexicon and an n-gram LM (asr.decoding)
+DECODERS = (*CTC_DECODERS, "lexicon")   # lexicon: words through a lexicon and an n-gram LM (asr.evaluation.decoding)
 
 
 class EvaluationError(ValueError):
@@ -88,7 +88,7 @@ def check_decoding_options(config: Any) -> None:
         raise EvaluationError(f"decoder={config.decoder!r}; choose one of {', '.join(DECODERS)}")
     if config.beam_size < 1:
         raise EvaluationError(f"beam_size={config.beam_size} must be >= 1")
-    from asr.decoding.evaluation import check_lexicon_options
+    from asr.evaluation.decoding.evaluation import check_lexicon_options
     try:
         check_lexicon_options(config.decoder, config.lexicon, config.lm, config.extra_lexicon)
     except LexiconFileError as error:
@@ -196,7 +196,7 @@ def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, 
     from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
     from asr.data.manifest_builder import (NoUtterancesError, PreparationError, Problem, RecordingSpec,
                                           UtteranceSpec, build_manifests, file_identity)
-    from asr.data.text_normalisation import normalise_transcript
+    from asr.text.normalisation import normalise_transcript
     try:
         kaldi = read_kaldi_data_dir(data_dir, require_utt2spk=False)
     except KaldiDataDirError as error:
@@ -350,7 +350,7 @@ def _add_pronounced_references(references: dict, texts: list[str], tokenizers: d
                                 missing_words: dict[str, int]) -> None:
     """Gives a phone head that has no references (data with word transcripts only) the transcripts'
     pronunciations from reference_lexicon; counts the words it lacks in missing_words."""
-    from asr.decoding.lexicon import words_to_phones
+    from asr.evaluation.decoding.lexicon import words_to_phones
     for kind, tokenizer in tokenizers.items():
         if tokenizer.field == "phones" and kind not in references:
             references[kind] = []
@@ -366,7 +366,7 @@ def _collect_lexicon_words(pending: list, rates: dict, parallel_decoder, progres
     them into the records and their rates into `rates` (WER and CER are then the lexicon's), and
     returns the out-of-vocabulary report."""
     from tqdm.auto import tqdm
-    from asr.decoding.evaluation import out_of_vocabulary_report, word_rates
+    from asr.evaluation.decoding.evaluation import out_of_vocabulary_report, word_rates
     words = tqdm(pending, desc="lexicon decoding", unit="utt", disable=not progress, leave=False)
     for record, _, result in words:
         record["lexicon"] = {"hypothesis": result.get()}
@@ -502,7 +502,7 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
         label += "_reformer-keys"
     lexicon_settings = None
     if config.decoder == "lexicon":         # the model's files unless given, checked before any data work
-        from asr.decoding.evaluation import model_decoding_files, settings_from_command
+        from asr.evaluation.decoding.evaluation import model_decoding_files, settings_from_command
         lexicon_settings = settings_from_command(config, model_decoding_files(config.checkpoint))
     reference_lexicon = (read_reference_lexicon(config.reference_lexicon, model)
                          if config.reference_lexicon else None)
@@ -513,7 +513,7 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
     out = out or default_out_dir(config, data.split, label)
     word_decoder = None
     if lexicon_settings is not None:
-        from asr.decoding.evaluation import start_word_decoder
+        from asr.evaluation.decoding.evaluation import start_word_decoder
         word_decoder = start_word_decoder(model.tokenizers, lexicon_settings, config.decode_workers)
     try:
         result = decode_split(model, data, config.decoder, config.beam_size, config.seed, config.limit,
@@ -548,7 +548,7 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
 
 def read_reference_lexicon(path: str, model: SpeechRecognizer) -> dict:
     """reference_lexicon=PATH: word -> pronunciations, checked against the model's phone head."""
-    from asr.decoding.lexicon import check_lexicon_phones, read_lexicon
+    from asr.evaluation.decoding.lexicon import check_lexicon_phones, read_lexicon
     phone_heads = [tokenizer for tokenizer in model.tokenizers.values() if tokenizer.kind == "phones"]
     if not phone_heads:
         raise EvaluationError(f"reference_lexicon={path} gives phone references, but this model has no phone "
@@ -559,20 +559,20 @@ def read_reference_lexicon(path: str, model: SpeechRecognizer) -> dict:
 
 
 def lexicon_word_decoding(checkpoint: str | Path, tokenizers: dict, workers: int | None = None):
-    """asr.train's words for its test pass: a BatchWordDecoding (asr.decoding.evaluation) with the
+    """asr.train's words for its test pass: a BatchWordDecoding (asr.evaluation.decoding.evaluation) with the
     model's lexicon and LM (model_decoding_files; asr.evaluate decoder=lexicon's default settings),
     or None when the model has not both, or when they cannot be read (said in a warning: the training
     itself went well)."""
-    from asr.decoding.evaluation import BatchWordDecoding, model_decoding_files, settings_from_command
-    from asr.decoding.lexicon import LexiconFileError
-    from asr.decoding.ngram import LanguageModelError
+    from asr.evaluation.decoding.evaluation import BatchWordDecoding, model_decoding_files, settings_from_command
+    from asr.evaluation.decoding.lexicon import LexiconFileError
+    from asr.evaluation.decoding.ngram import LanguageModelError
     files = model_decoding_files(checkpoint)
     if files.lexicon is None or files.lm is None:
         return None
     try:
         return BatchWordDecoding(tokenizers, settings_from_command(EvaluateConfig(decoder="lexicon"), files), workers)
     except (LexiconFileError, LanguageModelError) as error:
-        logging.getLogger("asr.decoding").warning("no lexicon decoding of the test split: %s", error)
+        logging.getLogger("asr.evaluation.decoding").warning("no lexicon decoding of the test split: %s", error)
         return None
 
 
@@ -583,7 +583,7 @@ def real_speech_rates(checkpoint: str | Path, corpus: str, training_root: str | 
     greedy PER and, when the model has a lexicon and LM, lexicon + LM WER with the corpus's own
     lexicon.txt added to the model's (its words outside the LM get <unk>'s probability; the OOV rate
     against the LM says how many)."""
-    from asr.decoding.evaluation import model_decoding_files
+    from asr.evaluation.decoding.evaluation import model_decoding_files
     root = Path(training_root).parent / corpus
     files = model_decoding_files(checkpoint)
     words = files.lexicon is not None and files.lm is not None
@@ -595,7 +595,7 @@ def real_speech_rates(checkpoint: str | Path, corpus: str, training_root: str | 
         report = evaluate(config)
     except EvaluationError as error:
         # the training went well; a real-speech set that cannot be had (its Debian packages missing) is said, not fatal
-        logging.getLogger("asr.evaluation").warning("no real-speech test (%s): %s", corpus, error)
+        logging.getLogger("asr.evaluation.evaluation").warning("no real-speech test (%s): %s", corpus, error)
         return {}
     rates = report["error_rates"]
     result = {"corpus": corpus, "per": rates.get("per"), "evaluation": report["out"]}
