@@ -26,7 +26,7 @@ decodes, unscored).
 decoder=lexicon decodes words through a pronunciation lexicon and a word n-gram LM
 (asr.evaluation.decoding, flashlight-text) on the phone head (or the first word head without one): WER/CER
 come from it, PER still from the phone head. Without lexicon= and lm= they are the model's
-(asr.evaluation.decoding.evaluation.model_decoding_files: the run folder's decoding/, which asr.train fills
+(asr.model.decoding_files.model_decoding_files: the run folder's decoding/, which asr.train fills
 from the corpus, else the corpus folder of its config.yaml), whatever data is scored and from any
 working folder. lexicon= needs lm= too (a path, or lm=none for the lexicon alone);
 extra_lexicon=PATH adds entries on top of the lexicon and keeps the LM. Lexicon words the LM lacks

@@ -43,7 +43,8 @@ from hydra.core.hydra_config import HydraConfig
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from asr.config.schema import ConfigError, register_schema
+from asr.config.schema import register_schema
+from asr.core.errors import ConfigError
 from asr.config.help import schema_help
 from asr.config.spelling import exit_on_misspelt_override
 from asr.data.manifests import ManifestError

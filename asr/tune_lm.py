@@ -22,7 +22,8 @@ from typing import List, Optional
 
 import torch
 
-from asr.evaluation.decoding.evaluation import model_decoding_files, resolve_settings, start_word_decoder, word_head
+from asr.evaluation.decoding.evaluation import resolve_settings, start_word_decoder, word_head
+from asr.model.decoding_files import model_decoding_files
 from asr.evaluation.evaluation import USAGE_ERRORS, EvaluationError, evaluation_data, load_model
 from asr.config.command_line import key_value_config, run_key_value_command
 from asr.text.metrics import word_error_rate

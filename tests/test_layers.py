@@ -1,5 +1,8 @@
 """Layers only point down: attention_ext (bottom) <- asr <- recipes (top), and inside asr the
 commands (modules run as `python -m asr.X`) sit above the library: no module of asr imports one.
+Inside asr the library's packages are layers too (ASR_LAYERS, README's layout): core and text at
+the bottom, then data, model, config and evaluation, training, and the commands on top; a package
+imports its own modules and the layers below it, never a peer or a layer above.
 
 A module may import its own package and the packages below it, never one above it (README,
 "Layout"). The check reads every module's import statements, also those inside functions, and
@@ -115,3 +118,72 @@ def test_the_check_finds_a_planted_import_of_a_command(tmp_path):
         "asr/data/bad.py:2: asr.data.bad imports the command asr.run",
         "asr/worse.py:1: asr.worse imports the command asr.other",
     ]
+
+
+# ---- inside asr: the library's packages as layers ----------------------------------------------------
+ASR_LAYERS = (("asr.core", "asr.text"), ("asr.data",), ("asr.model",), ("asr.config", "asr.evaluation"),
+              ("asr.training",))   # bottom first; every other module of asr is a command, on top
+
+
+def asr_room(dotted: str) -> str:
+    """The layer member a dotted asr name belongs to: its package of ASR_LAYERS, or itself (a command)."""
+    for layer in ASR_LAYERS:
+        for package in layer:
+            if dotted == package or dotted.startswith(package + "."):
+                return package
+    parts = dotted.split(".")
+    return ".".join(parts[:2])   # asr.train, asr.step_benchmark
+
+
+def asr_rank(room: str) -> int:
+    return next((rank for rank, layer in enumerate(ASR_LAYERS) if room in layer), len(ASR_LAYERS))
+
+
+def asr_room_imports(root: Path) -> dict[str, set[str]]:
+    """Room -> the other rooms of asr it imports."""
+    rooms: dict[str, set[str]] = {}
+    for path in sorted((root / "asr").rglob("*.py")):
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        if module == "asr.__init__":
+            continue
+        room = asr_room(module)
+        found = rooms.setdefault(room, set())
+        for _, name in imported_names(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if name.startswith("asr.") and asr_room(name) != room:
+                found.add(asr_room(name))
+    return rooms
+
+
+def imports_against_the_asr_layers(root: Path) -> list[str]:
+    return sorted(f"{room} imports {other}" for room, others in asr_room_imports(root).items() for other in others
+                  if asr_rank(other) >= asr_rank(room))
+
+
+def import_levels(rooms: dict[str, set[str]]) -> int:
+    """The longest chain of imports between rooms, counted in rooms (a room importing nothing: 1)."""
+    levels: dict[str, int] = {}
+
+    def level(room: str) -> int:
+        if room not in levels:
+            levels[room] = 1 + max((level(other) for other in rooms.get(room, ())), default=0)
+        return levels[room]
+    return max(level(room) for room in rooms)
+
+
+def test_asr_packages_import_only_the_layers_below_them_and_six_levels_at_most():
+    assert imports_against_the_asr_layers(REPO) == []
+    assert import_levels(asr_room_imports(REPO)) <= 6
+
+
+def test_the_asr_layer_check_finds_a_peer_import_and_an_upward_one(tmp_path):
+    for package in ("core", "data", "config", "evaluation"):
+        (tmp_path / "asr" / package).mkdir(parents=True)
+    (tmp_path / "asr" / "__init__.py").write_text("")
+    (tmp_path / "asr" / "core" / "errors.py").write_text("import os\n")
+    (tmp_path / "asr" / "data" / "ok.py").write_text("from asr.core.errors import ConfigError\n")
+    (tmp_path / "asr" / "data" / "bad.py").write_text("from asr.config.schema import validate_config\n")
+    (tmp_path / "asr" / "config" / "peer.py").write_text("import asr.evaluation.evaluation\n")
+    (tmp_path / "asr" / "train.py").write_text("from asr.config.schema import validate_config\n")
+    assert imports_against_the_asr_layers(tmp_path) == ["asr.config imports asr.evaluation",
+                                                        "asr.data imports asr.config"]
+    assert import_levels({"a": {"b"}, "b": {"c"}, "c": set()}) == 3

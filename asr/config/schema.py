@@ -20,14 +20,11 @@ from typing import Any, Dict, Optional
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
+from asr.core.errors import ConfigError
 from asr.data.datamodule import DataConfig, as_data_config, validate_data_config
 from asr.data.waveform_augmentation import check_augment_sources
 from asr.config.presets import register_presets
 from attention_ext import AttentionConfigError, ValidatedAttention, validate_attention
-
-
-class ConfigError(ValueError):
-    """A config value that is out of range or does not fit with another one."""
 
 
 @dataclass

@@ -3,26 +3,18 @@
 Hydra answers a misspelt preset by listing all of them, and a misspelt key by suggesting to add
 it with `+` (which the closed schema then refuses); OmegaConf's dotlist commands (asr.evaluate,
 asr.transcribe, asr.tune_lm) list every argument. These checks find the one name that was meant
-(difflib) and say it. They only ever speak when a close match exists: an argument that is not a
+(difflib, asr.core.errors.closest_name) and say it. They only ever speak when a close match exists: an argument that is not a
 near miss of a known name is left to Hydra / OmegaConf, whose messages stay as they were.
 """
 from __future__ import annotations
 
-import difflib
 import sys
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Sequence
+
+from asr.core.errors import closest_name
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"   # asr.train's config_path="../conf"
-# How alike (difflib's ratio) a name must be to be offered: "max_minuts" -> "max_minutes" is 0.97,
-# while "model.nonsense" is 0.63 from its nearest key, model.loss_weights (no suggestion).
-SIMILARITY = 0.8
-
-
-def closest_name(word: str, names: Iterable[str]) -> str | None:
-    """The name most like `word` (at least SIMILARITY alike), or None."""
-    matches = difflib.get_close_matches(word, list(names), n=1, cutoff=SIMILARITY)
-    return matches[0] if matches else None
 
 
 def group_options(conf_dir: Path = CONF_DIR) -> dict[str, list[str]]:

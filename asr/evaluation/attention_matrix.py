@@ -141,7 +141,8 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
         pause_point("cross_matrix_cell")   # the fault suite kills here (asr.core.fault_injection)
         word_decoder = None
         if args.decoder == "lexicon":
-            from asr.evaluation.decoding.evaluation import model_decoding_files, resolve_settings, start_word_decoder
+            from asr.evaluation.decoding.evaluation import resolve_settings, start_word_decoder
+            from asr.model.decoding_files import model_decoding_files
             word_decoder = start_word_decoder(model.tokenizers, resolve_settings(
                 args.lexicon, args.lm, model_decoding_files(column.checkpoint), args.extra_lexicon, dashes=True,
                 lm_weight=args.lm_weight, word_score=args.word_score))

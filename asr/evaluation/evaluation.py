@@ -19,13 +19,14 @@ from typing import Any, Optional
 
 import torch
 
-from asr.config.spelling import closest_name
+from asr.core.errors import closest_name
 from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config, validate_data_config
 from asr.data.dataset import batch_references
 from asr.data.manifests import ManifestError, corpus_root, cuts_path, default_root, other_corpora
 from asr.evaluation.decoding.lexicon import LexiconFileError
 from asr.evaluation.decoding.ngram import LanguageModelError
 from asr.model.checkpoint import HYPER_PARAMETERS, CheckpointError, read_checkpoint
+from asr.model.encoder import check_attention_fits
 from asr.model.ctc import DECODERS as CTC_DECODERS, decode_transcripts
 from asr.model.recognizer import (EVALUATION_SEED, EvaluationTally, SpeechRecognizer,
                                   seed_evaluation_batch)
@@ -109,17 +110,20 @@ def check_device(device: str) -> None:
 def evaluation_attention(model: SpeechRecognizer, spec: str | None,
                          options: dict[str, Any] | None = None) -> ValidatedAttention:
     """The attention to evaluate with: `spec` plus `options`, or the training attention when
-    both are empty; options alone modify the training attention (e.g. more clusters)."""
+    both are empty; options alone modify the training attention (e.g. more clusters). Checked
+    here, once, against the model (check_attention_fits): the encoder takes it as it is."""
     base = parse_attention_spec(spec) if spec is not None else validate_attention(**model.hparams.attention)
-    if not options:
-        return base
-    merged = dict(base.options)
-    for key, value in options.items():
-        try:
-            merged[key] = int(value)
-        except (TypeError, ValueError):
-            raise AttentionConfigError(f"attention.{key}={value!r} is not a whole number") from None
-    return validate_attention(base.name, **merged)
+    attention = base
+    if options:
+        merged = dict(base.options)
+        for key, value in options.items():
+            try:
+                merged[key] = int(value)
+            except (TypeError, ValueError):
+                raise AttentionConfigError(f"attention.{key}={value!r} is not a whole number") from None
+        attention = validate_attention(base.name, **merged)
+    check_attention_fits(attention, model.encoder.shared_qk, model.encoder.head_dim)
+    return attention
 
 
 # shared_qk_keys=...: the keys a shared-QK model gets from attentions defined for separate keys
@@ -502,7 +506,8 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
         label += "_reformer-keys"
     lexicon_settings = None
     if config.decoder == "lexicon":         # the model's files unless given, checked before any data work
-        from asr.evaluation.decoding.evaluation import model_decoding_files, settings_from_command
+        from asr.evaluation.decoding.evaluation import settings_from_command
+        from asr.model.decoding_files import model_decoding_files
         lexicon_settings = settings_from_command(config, model_decoding_files(config.checkpoint))
     reference_lexicon = (read_reference_lexicon(config.reference_lexicon, model)
                          if config.reference_lexicon else None)
@@ -563,7 +568,8 @@ def lexicon_word_decoding(checkpoint: str | Path, tokenizers: dict, workers: int
     model's lexicon and LM (model_decoding_files; asr.evaluate decoder=lexicon's default settings),
     or None when the model has not both, or when they cannot be read (said in a warning: the training
     itself went well)."""
-    from asr.evaluation.decoding.evaluation import BatchWordDecoding, model_decoding_files, settings_from_command
+    from asr.evaluation.decoding.evaluation import BatchWordDecoding, settings_from_command
+    from asr.model.decoding_files import model_decoding_files
     from asr.evaluation.decoding.lexicon import LexiconFileError
     from asr.evaluation.decoding.ngram import LanguageModelError
     files = model_decoding_files(checkpoint)
@@ -572,7 +578,7 @@ def lexicon_word_decoding(checkpoint: str | Path, tokenizers: dict, workers: int
     try:
         return BatchWordDecoding(tokenizers, settings_from_command(EvaluateConfig(decoder="lexicon"), files), workers)
     except (LexiconFileError, LanguageModelError) as error:
-        logging.getLogger("asr.evaluation.decoding").warning("no lexicon decoding of the test split: %s", error)
+        logging.getLogger("asr.decoding").warning("no lexicon decoding of the test split: %s", error)
         return None
 
 
@@ -583,7 +589,7 @@ def real_speech_rates(checkpoint: str | Path, corpus: str, training_root: str | 
     greedy PER and, when the model has a lexicon and LM, lexicon + LM WER with the corpus's own
     lexicon.txt added to the model's (its words outside the LM get <unk>'s probability; the OOV rate
     against the LM says how many)."""
-    from asr.evaluation.decoding.evaluation import model_decoding_files
+    from asr.model.decoding_files import model_decoding_files
     root = Path(training_root).parent / corpus
     files = model_decoding_files(checkpoint)
     words = files.lexicon is not None and files.lm is not None
@@ -595,7 +601,7 @@ def real_speech_rates(checkpoint: str | Path, corpus: str, training_root: str | 
         report = evaluate(config)
     except EvaluationError as error:
         # the training went well; a real-speech set that cannot be had (its Debian packages missing) is said, not fatal
-        logging.getLogger("asr.evaluation.evaluation").warning("no real-speech test (%s): %s", corpus, error)
+        logging.getLogger("asr.evaluation").warning("no real-speech test (%s): %s", corpus, error)
         return {}
     rates = report["error_rates"]
     result = {"corpus": corpus, "per": rates.get("per"), "evaluation": report["out"]}

@@ -343,10 +343,11 @@ def format_line(record: dict, kinds: list[str]) -> str:
 
 def start_lexicon_decoder(model: SpeechRecognizer, config: TranscribeConfig):
     """decoder=lexicon: (head, ParallelLexiconDecoder) with the lexicon and LM given, or else the
-    model's (asr.evaluation.decoding.evaluation.model_decoding_files); None for the other decoders."""
+    model's (asr.model.decoding_files.model_decoding_files); None for the other decoders."""
     if config.decoder != "lexicon":
         return None
-    from asr.evaluation.decoding.evaluation import model_decoding_files, settings_from_command, start_word_decoder
+    from asr.evaluation.decoding.evaluation import settings_from_command, start_word_decoder
+    from asr.model.decoding_files import model_decoding_files
     settings = settings_from_command(config, model_decoding_files(config.checkpoint))
     return start_word_decoder(model.tokenizers, settings, workers=1)
 

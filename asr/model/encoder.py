@@ -168,7 +168,6 @@ class TransformerEncoder(nn.Module):
         self.shared_qk = shared_qk
         self.frontend = ConvSubsampling(feature_dim, self.d_model, subsampling, subsampling_channels)
         self.input_dropout = nn.Dropout(dropout)
-        check_attention_fits(attention, shared_qk, head_dim)
         self.layers = nn.ModuleList(
             EncoderLayer(self.d_model, heads, ff_dim, dropout, shared_qk, attention.build())
             for _ in range(layers))
@@ -187,12 +186,13 @@ class TransformerEncoder(nn.Module):
 
         reformer_keys: run it in the Reformer key form of a shared-QK model (unit keys, no
         attention to self; attention_ext.build_in_reformer_form), the form a model trained with
-        shared_full or lsh learned. Raises attention_ext.SharedQKRequiredError for an attention
-        (or reformer_keys) that needs shared query/key projections the model does not have,
-        AttentionConfigError for an option above the model's head dim or an attention without a
-        Reformer form, and then changes nothing.
+        shared_full or lsh learned. `attention` was checked against this model where it was read
+        (check_attention_fits, called once by whoever validates it: asr.config.schema.validate_config
+        for training, asr.evaluation.evaluation.evaluation_attention for an evaluation). Raises
+        attention_ext.SharedQKRequiredError for reformer_keys on a model without shared query/key
+        projections, AttentionConfigError for an attention without a Reformer form, and then
+        changes nothing.
         """
-        check_attention_fits(attention, self.shared_qk, self.head_dim)
         if reformer_keys and not self.shared_qk:
             raise SharedQKRequiredError("the Reformer key form (unit keys, no attention to self) needs shared "
                                         "query/key projections, but this model has model.shared_qk=false")

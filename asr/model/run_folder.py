@@ -17,7 +17,7 @@ from pathlib import Path
 
 import yaml
 
-from asr.config.schema import ConfigError
+from asr.core.errors import ConfigError
 from asr.model.checkpoint import newest_usable_checkpoint, read_checkpoint
 
 log = logging.getLogger("asr.train")

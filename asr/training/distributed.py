@@ -33,7 +33,7 @@ from typing import Any
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from asr.config.schema import ConfigError
+from asr.core.errors import ConfigError
 
 log = logging.getLogger("asr.train")
 

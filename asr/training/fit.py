@@ -25,12 +25,14 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from asr.training.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, StepCheckpoint, ValidateAtStepBudget
-from asr.config.schema import ConfigError, validate_config
+from asr.config.schema import validate_config
+from asr.core.errors import ConfigError
 from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_hint, unregistered_note
 from asr.data.corpus_summary import format_corpus_summary, summarise_split
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import corpus_root, cuts_path, manifest_name
-from asr.evaluation.decoding.evaluation import keep_decoding_files_in_run, out_of_vocabulary_report
+from asr.evaluation.decoding.evaluation import out_of_vocabulary_report
+from asr.model.decoding_files import keep_decoding_files_in_run
 from asr.training.distributed import CollectiveTimeoutLine, apply_collective_timeout, check_launch_matches_trainer
 from asr.evaluation.evaluation import lexicon_word_decoding, real_speech_rates
 from asr.model.checkpoint import AtomicCheckpointIO
@@ -177,7 +179,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
     with preparation_lock():
         ensure_corpus(cfg, run_dir)
-        # the corpus's lexicon and LM travel with the run folder (asr.evaluation.decoding.evaluation.model_decoding_files)
+        # the corpus's lexicon and LM travel with the run folder (asr.model.decoding_files.model_decoding_files)
         keep_decoding_files_in_run(run_dir, corpus_root(cfg.data.root))
     datamodule.setup("fit")
     if cfg.test:   # the test split's features too, now, not concurrently by every process later

@@ -9,7 +9,8 @@ from pathlib import Path
 import pytest
 
 from asr import evaluate, transcribe, tune_lm
-from asr.config.spelling import closest_name, misspelt_train_override
+from asr.config.spelling import misspelt_train_override
+from asr.core.errors import closest_name
 from asr.core.exit_status import USAGE_ERROR
 
 ROOT = Path(__file__).resolve().parents[2]

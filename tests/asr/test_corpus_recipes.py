@@ -13,7 +13,8 @@ import pytest
 import asr.data.corpus_recipes as corpus_recipes
 import asr.training.fit
 import recipes
-from asr.config.schema import ConfigError, SynthCorpusConfig
+from asr.config.schema import SynthCorpusConfig
+from asr.core.errors import ConfigError
 from asr.data.corpus_recipes import CorpusRecipe, corpus_recipe
 from asr.data.manifests import ManifestError
 from recipes.corpora import corpus_recipes as recipes_of_this_package

@@ -23,7 +23,8 @@ import pytest
 import torch
 from lhotse import load_manifest
 
-from asr.config.schema import ConfigError, validate_config
+from asr.config.schema import validate_config
+from asr.core.errors import ConfigError
 from asr.data.datamodule import SpeechDataModule
 from asr.training.distributed import check_launch_matches_trainer, launched_rank, lost_process
 from asr.model.run_folder import check_launch_shares_run_folder, one_process_at_a_time, run_folder

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from attention_ext import AttentionConfigError, SharedQKRequiredError, validate_attention
-from asr.model.encoder import EncoderLayer, TransformerEncoder, compile_encoder, sinusoidal_positions
+from asr.model.encoder import EncoderLayer, TransformerEncoder, check_attention_fits, compile_encoder, sinusoidal_positions
 from asr.model.recognizer import CheckpointMismatchError, check_state_dict_fits
 
 
@@ -121,29 +121,32 @@ def test_set_attention_swaps_every_layer_and_keeps_the_weights():
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
-def test_set_attention_rejects_unknown_names_and_unshared_models():
-    encoder = tiny_encoder()
-    original = encoder.layers[0].attention
+def test_an_attention_that_does_not_fit_the_model_is_refused_by_the_one_check():
+    """check_attention_fits is the one check of an attention against a model (asr.config at
+    composition, asr.evaluation where a spec is read); the encoder takes what it is given."""
+    encoder = tiny_encoder()                                 # head_dim 4, no shared QK
     with pytest.raises(AttentionConfigError, match="unknown attention 'fancy'"):
         validate_attention("fancy")
     with pytest.raises(SharedQKRequiredError, match="model.shared_qk=true"):
-        encoder.set_attention(validate_attention("lsh"))
-    assert encoder.layers[0].attention is original        # nothing changed on failure
+        check_attention_fits(validate_attention("lsh"), encoder.shared_qk, encoder.head_dim)
     with pytest.raises(AttentionConfigError, match="needs shared query/key"):
-        tiny_encoder(attention=validate_attention("shared_full"))
-
-
-def test_an_option_above_the_head_dim_is_refused_where_the_model_is_known():
-    encoder = tiny_encoder()                                 # head_dim 4
-    original = encoder.layers[0].attention
+        check_attention_fits(validate_attention("shared_full"), False, 4)
     with pytest.raises(AttentionConfigError, match=r"classes=8 exceeds the head dim 4.*model.head_dim >= 8"):
-        encoder.set_attention(validate_attention("agglomerative"))
-    assert encoder.layers[0].attention is original        # nothing changed on failure
+        check_attention_fits(validate_attention("agglomerative"), encoder.shared_qk, encoder.head_dim)
     with pytest.raises(AttentionConfigError, match=r"classes=5 exceeds the head dim 4"):
-        tiny_encoder(attention=validate_attention("agglomerative", classes=5))
+        check_attention_fits(validate_attention("agglomerative", classes=5), False, 4)
+    check_attention_fits(validate_attention("agglomerative", classes=4), False, 4)
     encoder.set_attention(validate_attention("agglomerative", classes=4))
     out, _ = encoder(torch.randn(2, 6, 12), torch.tensor([6, 3]))
     assert torch.isfinite(out).all()
+
+
+def test_the_reformer_key_form_is_refused_on_a_model_without_shared_qk():
+    encoder = tiny_encoder()
+    original = encoder.layers[0].attention
+    with pytest.raises(SharedQKRequiredError, match="model.shared_qk=false"):
+        encoder.set_attention(validate_attention("full"), reformer_keys=True)
+    assert encoder.layers[0].attention is original        # nothing changed on failure
 
 
 def test_state_dict_runs_under_another_attention_instance():

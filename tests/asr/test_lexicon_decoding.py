@@ -476,7 +476,7 @@ def test_the_run_folder_keeps_the_corpus_lexicon_and_lm(trained_run, tiny_synth)
 def test_the_models_files_are_found_from_any_folder_and_in_a_moved_run_folder(trained_run, tiny_synth, tmp_path,
                                                                             monkeypatch, capsys):
     import shutil
-    from asr.evaluation.decoding.evaluation import model_decoding_files
+    from asr.model.decoding_files import model_decoding_files
     from asr.transcribe import main as transcribe
     run, _ = trained_run
     moved = tmp_path / "elsewhere" / "run"
@@ -499,7 +499,8 @@ def test_an_older_run_folder_finds_its_corpus_from_hydras_folder_or_its_own_pare
                                                                                   monkeypatch):
     import shutil
     import yaml
-    from asr.evaluation.decoding.evaluation import model_decoding_files, resolve_settings
+    from asr.evaluation.decoding.evaluation import resolve_settings
+    from asr.model.decoding_files import model_decoding_files
 
     def older_run(where: Path, root: str, hydra_cwd: Path | None = None) -> Path:
         """A copy of the run as asr.train made them before run folders kept decoding/: data.root as

@@ -8,7 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from asr.config.schema import ConfigError, validate_config
+from asr.config.schema import validate_config
+from asr.core.errors import ConfigError
 from asr.training.callbacks import EpochTimer
 from asr.training.fit import build_trainer, train
 from attention_ext import build_attention

@@ -15,7 +15,8 @@ import pytest
 import torch
 from hydra.errors import ConfigCompositionException, MissingConfigException
 
-from asr.config.schema import ConfigError, validate_config
+from asr.config.schema import validate_config
+from asr.core.errors import ConfigError
 from asr.evaluation.evaluation import EvaluateConfig, evaluate, load_model
 from asr.core.exit_status import INTERRUPTED, USAGE_ERROR
 from asr.model.checkpoint import CheckpointError

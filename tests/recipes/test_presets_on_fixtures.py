@@ -21,7 +21,8 @@ import pytest
 import torch
 from hydra import compose, initialize_config_dir
 
-from asr.config.schema import ConfigError, attention_settings, register_schema, validate_config
+from asr.config.schema import attention_settings, register_schema, validate_config
+from asr.core.errors import ConfigError
 from asr.data.datamodule import SpeechDataModule
 from asr.data.manifests import ManifestError
 from asr.config.presets import corpus_setups, preset_names

@@ -40,7 +40,7 @@ import numpy as np
 from asr.evaluation.decoding.lexicon import LexiconFileError, _examples, check_lexicon_phones, read_lexicon
 from asr.evaluation.decoding.ngram import UNKNOWN_WORD, LanguageModelError, read_arpa_vocabulary
 
-log = logging.getLogger("asr.evaluation.decoding")
+log = logging.getLogger("asr.decoding")
 KENLM_MISSING_UNK_LOG10 = -100.0     # what KenLM gives <unk> when the ARPA file has no <unk> unigram
 
 
