@@ -32,7 +32,9 @@ import sys
 from pathlib import Path
 
 from asr.evaluation.attention_matrix import run
-from asr.evaluation.evaluation import SHARED_QK_KEYS, USAGE_ERRORS, EvaluationError
+from asr.evaluation.evaluation import USAGE_ERRORS
+from asr.core.errors import EvaluationError
+from asr.evaluation.attention_choice import SHARED_QK_KEYS
 from asr.core.exit_status import run_command
 from asr.core.warning_filters import install_warning_filters
 from attention_ext.comparisons import cross_matrix_rows

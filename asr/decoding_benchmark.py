@@ -29,7 +29,9 @@ from asr.data.manifests import corpus_root, default_root, manifest_path
 from asr.evaluation.decoding.evaluation import resolve_settings, word_head
 from asr.model.decoding_files import corpus_decoding_files, model_decoding_files
 from asr.evaluation.decoding.lexicon_decoder import ParallelLexiconDecoder
-from asr.evaluation.evaluation import USAGE_ERRORS, EvaluationError, evaluation_data, load_model
+from asr.evaluation.evaluation import USAGE_ERRORS, load_model
+from asr.core.errors import EvaluationError
+from asr.evaluation.evaluation_data import evaluation_data
 from asr.config.command_line import key_value_config, run_key_value_command
 from asr.text.metrics import phone_error_rate, word_error_rate
 

@@ -60,8 +60,9 @@ import logging
 import sys
 
 from asr.config.command_line import key_value_config, run_key_value_command
-from asr.evaluation.evaluation import (KEY_FORMS, USAGE_ERRORS, EvaluateConfig, EvaluationError, check_decoding_options,
-                            evaluate)
+from asr.evaluation.evaluation import USAGE_ERRORS, EvaluateConfig, check_decoding_options, evaluate
+from asr.core.errors import EvaluationError
+from asr.evaluation.attention_choice import KEY_FORMS
 from asr.text.metrics import percent
 
 

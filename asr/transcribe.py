@@ -50,7 +50,8 @@ from pathlib import Path
 from asr.config.command_line import key_value_config, run_key_value_command
 from asr.evaluation.decoding.lexicon import LexiconFileError
 from asr.evaluation.decoding.ngram import LanguageModelError
-from asr.evaluation.evaluation import EvaluationError, check_decoding_options
+from asr.evaluation.evaluation import check_decoding_options
+from asr.core.errors import EvaluationError
 from asr.core.exit_status import FAILURE, SUCCESS
 from asr.model.checkpoint import CheckpointError
 from asr.evaluation.transcription import TranscribeConfig, TranscriptionError, transcribe

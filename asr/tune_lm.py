@@ -24,7 +24,9 @@ import torch
 
 from asr.evaluation.decoding.evaluation import resolve_settings, start_word_decoder, word_head
 from asr.model.decoding_files import model_decoding_files
-from asr.evaluation.evaluation import USAGE_ERRORS, EvaluationError, evaluation_data, load_model
+from asr.evaluation.evaluation import USAGE_ERRORS, load_model
+from asr.core.errors import EvaluationError
+from asr.evaluation.evaluation_data import evaluation_data
 from asr.config.command_line import key_value_config, run_key_value_command
 from asr.text.metrics import word_error_rate
 from asr.model.run_folder import run_folder_of, trained_data_config

@@ -17,6 +17,10 @@ class ConfigError(ValueError):
     """A config value that is out of range or does not fit with another one."""
 
 
+class EvaluationError(ValueError):
+    """An argument, checkpoint or data source that cannot be evaluated; the message says what to do."""
+
+
 def closest_name(word: str, names: Iterable[str]) -> str | None:
     """The name most like `word` (at least SIMILARITY alike), or None."""
     matches = difflib.get_close_matches(word, list(names), n=1, cutoff=SIMILARITY)

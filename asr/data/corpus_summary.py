@@ -12,12 +12,11 @@ Read from the manifests, so it says the same for every recipe:
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 
 from lhotse import CutSet
 
-from asr.data.manifests import corpus_root, cuts_path
+from asr.data.corpus import Corpus
 
 
 @dataclass
@@ -32,10 +31,10 @@ class SplitSummary:
         return self.seconds / 3600
 
 
-def summarise_split(root: str | os.PathLike, corpus: str, split: str) -> SplitSummary:
+def summarise_split(corpus: Corpus, split: str) -> SplitSummary:
     """The split's utterances, audio duration, speakers and transcript words, from its cuts manifest."""
     seconds, speakers, words, utterances = 0.0, set(), [], 0
-    for cut in CutSet.from_file(cuts_path(corpus_root(root), corpus, split)):
+    for cut in CutSet.from_file(corpus.cuts_path(split)):
         utterances += 1
         seconds += cut.duration
         for supervision in cut.supervisions:

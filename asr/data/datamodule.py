@@ -51,7 +51,8 @@ from asr.data.dataset import SpeechBatchDataset
 from asr.data.feature_cache import (FeatureStats, StoredFeatures, attach_features, feature_directory,
                                     global_feature_stats, statistics_sample)
 from asr.data.features import FilterBank
-from asr.data.manifests import corpus_root, load_cuts
+from asr.data.corpus import Corpus
+from asr.data.manifests import load_cuts
 from asr.data.tokenizers import (SENTENCEPIECE_TYPES, TOKENIZER_KINDS, Tokenizer, build_tokenizers,
                                  check_transcripts, tokenizer_from_state_dict)
 from asr.data.waveform_augmentation import (AugmentConfig, WaveformAugmenter, augment_config_from, speed_factors,
@@ -122,7 +123,7 @@ def as_data_config(cfg: Any) -> DataConfig:
 
 def feature_cache_folder(cfg: DataConfig) -> Path:
     """Where the features are cached: data.cache_dir, or by default {data.root}/features."""
-    return Path(cfg.cache_dir) if cfg.cache_dir else corpus_root(cfg.root) / "features"
+    return Path(cfg.cache_dir) if cfg.cache_dir else Corpus.of(cfg).root / "features"
 
 
 def can_write(path: Path) -> bool:

@@ -19,8 +19,12 @@ from pathlib import Path
 
 import torch
 
-from asr.evaluation.evaluation import (EvaluationError, check_device, check_shared_qk_keys, decode_split, evaluation_attention,
-                            evaluation_data, evaluation_key_form, load_model, set_evaluation_attention, write_outputs)
+from asr.evaluation.evaluation import check_device, load_model, write_outputs
+from asr.core.errors import EvaluationError
+from asr.evaluation.split_decoding import decode_split
+from asr.evaluation.evaluation_data import evaluation_data
+from asr.evaluation.attention_choice import (check_shared_qk_keys, evaluation_attention, evaluation_key_form,
+                                             set_evaluation_attention)
 from asr.core.fault_injection import pause_point
 from asr.text.metrics import percent
 from asr.model.checkpoint import read_checkpoint

@@ -23,7 +23,8 @@ import numpy as np
 import torch
 
 from asr.data.features import FilterBank
-from asr.evaluation.evaluation import evaluation_attention, load_model
+from asr.evaluation.evaluation import load_model
+from asr.evaluation.attention_choice import evaluation_attention
 from asr.model.ctc import BLANK_ID, decode_transcripts
 from asr.model.recognizer import EVALUATION_SEED, SpeechRecognizer, seed_evaluation_batch
 

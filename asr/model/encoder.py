@@ -188,7 +188,7 @@ class TransformerEncoder(nn.Module):
         attention to self; attention_ext.build_in_reformer_form), the form a model trained with
         shared_full or lsh learned. `attention` was checked against this model where it was read
         (check_attention_fits, called once by whoever validates it: asr.config.schema.validate_config
-        for training, asr.evaluation.evaluation.evaluation_attention for an evaluation). Raises
+        for training, asr.evaluation.attention_choice.evaluation_attention for an evaluation). Raises
         attention_ext.SharedQKRequiredError for reformer_keys on a model without shared query/key
         projections, AttentionConfigError for an attention without a Reformer form, and then
         changes nothing.

@@ -24,23 +24,24 @@ from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
-from asr.training.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, StepCheckpoint, ValidateAtStepBudget
 from asr.config.schema import validate_config
 from asr.core.errors import ConfigError
 from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_hint, unregistered_note
 from asr.data.corpus_summary import format_corpus_summary, summarise_split
+from asr.data.corpus import Corpus
 from asr.data.datamodule import SpeechDataModule
-from asr.data.manifests import corpus_root, cuts_path, manifest_name
+from asr.data.manifests import manifest_name
 from asr.evaluation.decoding.evaluation import out_of_vocabulary_report
-from asr.model.decoding_files import keep_decoding_files_in_run
-from asr.training.distributed import CollectiveTimeoutLine, apply_collective_timeout, check_launch_matches_trainer
 from asr.evaluation.evaluation import lexicon_word_decoding, real_speech_rates
 from asr.model.checkpoint import AtomicCheckpointIO
+from asr.model.decoding_files import keep_decoding_files_in_run
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.encoder import compile_encoder
 from asr.model.recognizer import SpeechRecognizer, check_state_dict_fits
-from asr.training.progress import EpochProgressBar, StepBudgetEstimate
 from asr.model.run_folder import check_launch_shares_run_folder, one_process_at_a_time, resolve_checkpoint
+from asr.training.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, StepCheckpoint, ValidateAtStepBudget
+from asr.training.distributed import CollectiveTimeoutLine, apply_collective_timeout, check_launch_matches_trainer
+from asr.training.progress import EpochProgressBar, StepBudgetEstimate
 
 log = logging.getLogger("asr.train")
 # train.log only (asr.train's train_log_keeps_the_console): what the console gets by print,
@@ -49,35 +50,35 @@ file_log = logging.getLogger("asr.train.file")
 file_log.propagate = False
 
 
-def ensure_corpus(cfg: DictConfig, run_dir: Path | None = None) -> None:
+def ensure_corpus(cfg: DictConfig, corpus: Corpus | None = None, run_dir: Path | None = None) -> None:
     """Generates a corpus whose manifests are missing when its recipe has a preparer
     (asr.data.corpus_recipes: the built-in synthetic corpus), logs a summary of it and writes the
     recipe's full report to <run_dir>/corpus_report.json; for any other corpus (the user's copy
-    of WSJ, TIMIT, ...) missing manifests are a ConfigError naming the recipe command."""
-    data = cfg.data
-    root = corpus_root(data.root)
-    missing = [split for split in (data.train_split, data.dev_split, data.test_split)
-               if not cuts_path(root, data.corpus, split).is_file()]
+    of WSJ, TIMIT, ...) missing manifests are a ConfigError naming the recipe command. `corpus`:
+    the one resolved from cfg.data (resolved here when not given)."""
+    corpus = corpus or Corpus.of(cfg.data)
+    data, root = cfg.data, corpus.root
+    missing = corpus.missing_splits(data.train_split, data.dev_split, data.test_split)
     if not missing:
         return
-    recipe = corpus_recipe(data.corpus)
+    recipe = corpus_recipe(corpus.name)
     if recipe is None or recipe.preparer is None:   # a real corpus is the user's: say how to prepare it, never guess
-        where = (f"data.root={str(root)!r} does not exist, so it holds no {data.corpus} manifests"
+        where = (f"data.root={str(root)!r} does not exist, so it holds no {corpus.name} manifests"
                  if not root.is_dir() else
-                 f"data.root={str(root)!r} has no {manifest_name(data.corpus, 'cuts', '<split>')} for split(s) {missing}")
-        raise ConfigError(f"{where}; {preparation_hint(data.corpus, root)}, then run again with "
+                 f"data.root={str(root)!r} has no {manifest_name(corpus.name, 'cuts', '<split>')} for split(s) {missing}")
+        raise ConfigError(f"{where}; {preparation_hint(corpus.name, root)}, then run again with "
                           f"data.root=<that folder> ({unregistered_note()})")
-    log.info("corpus %s: manifests missing in %s, generating them (once)", data.corpus, root)
+    log.info("corpus %s: manifests missing in %s, generating them (once)", corpus.name, root)
     # a config section may size the corpus (synth_corpus for the built-in one)
     options = OmegaConf.to_container(cfg[recipe.options_section], resolve=True) if recipe.options_section else {}
     try:
         report = recipe.preparer(root, progress=True, **options)
     except ValueError as error:   # an option value it refuses, or data.root made with other settings
-        raise ConfigError(f"corpus {data.corpus} in data.root={str(root)!r}: {error}") from None
+        raise ConfigError(f"corpus {corpus.name} in data.root={str(root)!r}: {error}") from None
     # a split the preparer did not write is left to the data module, whose error names it
     written = [split for split in dict.fromkeys((data.train_split, data.dev_split, data.test_split))
-               if cuts_path(root, data.corpus, split).is_file()]
-    lines = format_corpus_summary(data.corpus, {split: summarise_split(root, data.corpus, split) for split in written},
+               if split not in corpus.missing_splits(split)]
+    lines = format_corpus_summary(corpus.name, {split: summarise_split(corpus, split) for split in written},
                                   data.train_split, data.test_split)
     if run_dir is not None:
         path = run_dir / "corpus_report.json"
@@ -160,14 +161,50 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     check_launch_shares_run_folder(cfg.run_dir)
     check_launch_matches_trainer(cfg.trainer)
     resume_from, checkpoint = resolve_checkpoint(cfg.ckpt_path, run_dir)
-    if corpus_preparer(cfg.data.corpus) is None:
-        ensure_corpus(cfg)   # a real corpus is only checked, never prepared: its missing manifests stop us here
+    corpus = Corpus.of(cfg.data)
+    # A real corpus is the user's: only checked, here, before the run folder is made (its missing
+    # manifests stop us); one with a preparer is generated later, once, under the preparation lock.
+    prepared_here = corpus_preparer(corpus.name) is not None
+    if not prepared_here:
+        ensure_corpus(cfg, corpus)
     if cfg.trainer.torch_threads:
         torch.set_num_threads(cfg.trainer.torch_threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank_zero_only.rank == 0:   # the processes of a multi-process run share the folder; one writes it
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     L.seed_everything(cfg.seed, workers=True)
+    datamodule = prepare_data(cfg, corpus, run_dir, checkpoint, generate_corpus=prepared_here)
+    model = build_model(cfg, attention, datamodule)
+    if checkpoint is not None:
+        check_state_dict_fits(model, checkpoint["state_dict"], f"checkpoint {resume_from}")
+        log.info("resuming from %s (epoch %s, step %s)", resume_from, checkpoint.get("epoch"),
+                 checkpoint.get("global_step"))
+        del checkpoint
+    log.info("%s", model_line(model, attention))
+
+    timer = EpochTimer()
+    trainer, best, latest = build_trainer(cfg, run_dir, timer)
+    with ctrl_c_as_keyboard_interrupt(trainer):
+        trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
+    log.info("training stopped: %s", stop_reason(trainer))
+
+    best_path = best.best_model_path or latest.best_model_path   # the latest one when nothing was validated
+    results = training_results(cfg, run_dir, attention, model, trainer, timer, best, best_path)
+    if cfg.test and best_path:
+        results["test"] = score_best_checkpoint(trainer, model, datamodule, best_path)
+        if trainer.is_global_zero and corpus.real_speech_test is not None:   # the honest number: real voices
+            results["real_speech"] = real_speech_rates(best_path, corpus.real_speech_test, bool(cfg.data.progress))
+    results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
+    if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them
+        (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
+    return results
+
+
+def prepare_data(cfg: DictConfig, corpus: Corpus, run_dir: Path, checkpoint: dict | None,
+                 generate_corpus: bool) -> SpeechDataModule:
+    """The data module, set up for fitting (and testing): the corpus generated if its recipe can
+    and it must be, its lexicon and LM copied into the run folder, the tokenizers a resumed run's
+    checkpoint has."""
     # The processes of a multi-process run prepare the data together: each reads and checks the
     # manifests itself, all at once; what is written (the built-in corpus, the feature cache, the
     # statistics, the run's copies of the lexicon and LM) is written by one process at a time, and
@@ -178,31 +215,22 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     if checkpoint is not None:
         datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
     with preparation_lock():
-        ensure_corpus(cfg, run_dir)
+        if generate_corpus:
+            ensure_corpus(cfg, corpus, run_dir)
         # the corpus's lexicon and LM travel with the run folder (asr.model.decoding_files.model_decoding_files)
-        keep_decoding_files_in_run(run_dir, corpus_root(cfg.data.root))
+        keep_decoding_files_in_run(run_dir, corpus.root)
     datamodule.setup("fit")
     if cfg.test:   # the test split's features too, now, not concurrently by every process later
         datamodule.setup("test")
-    model = build_model(cfg, attention, datamodule)
-    if checkpoint is not None:
-        check_state_dict_fits(model, checkpoint["state_dict"], f"checkpoint {resume_from}")
-        log.info("resuming from %s (epoch %s, step %s)", resume_from, checkpoint.get("epoch"),
-                 checkpoint.get("global_step"))
-        del checkpoint
-    parameters = sum(p.numel() for p in model.parameters())
-    log.info("%s", model_line(model, attention))
+    return datamodule
 
-    timer = EpochTimer()
-    trainer, best, latest = build_trainer(cfg, run_dir, timer)
-    with ctrl_c_as_keyboard_interrupt(trainer):
-        trainer.fit(model, datamodule=datamodule, ckpt_path=str(resume_from) if resume_from else None)
-    log.info("training stopped: %s", stop_reason(trainer))
 
-    best_path = best.best_model_path or latest.best_model_path   # the latest one when nothing was validated
-    results = {
+def training_results(cfg: DictConfig, run_dir: Path, attention, model: SpeechRecognizer, trainer: L.Trainer,
+                     timer: EpochTimer, best: ModelCheckpoint, best_path: str) -> dict:
+    """results.json's training part: what ran, for how long, and the best validation."""
+    return {
         "preset": _preset_name(), "run_dir": str(run_dir), "attention": attention.name,
-        "attention_options": attention.options, "parameters": parameters,
+        "attention_options": attention.options, "parameters": sum(p.numel() for p in model.parameters()),
         "epochs": trainer.current_epoch, "steps": trainer.global_step,
         "seconds_per_epoch": _mean([e["seconds"] for e in timer.epochs]),
         "train_seconds_per_epoch": _mean([e["train_seconds"] for e in timer.epochs]),
@@ -210,15 +238,6 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         "best_val_primary_error": None if best.best_model_score is None else float(best.best_model_score),
         "val": getattr(model, "last_error_rates", {}).get("val", {}),
     }
-    if cfg.test and best_path:
-        results["test"] = score_best_checkpoint(trainer, model, datamodule, best_path)
-        if trainer.is_global_zero and cfg.data.real_speech_test:   # the honest number: real voices
-            results["real_speech"] = real_speech_rates(best_path, cfg.data.real_speech_test, corpus_root(cfg.data.root),
-                                                       bool(cfg.data.progress))
-    results["wall_seconds"] = time.perf_counter() - started   # of this start (a resumed run counts anew)
-    if trainer.is_global_zero:   # every process has the same gathered error rates; one writes them
-        (run_dir / "results.json").write_text(json.dumps(results, indent=2) + "\n")
-    return results
 
 
 def build_model(cfg: DictConfig, attention, datamodule: SpeechDataModule) -> SpeechRecognizer:

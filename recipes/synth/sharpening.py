@@ -107,7 +107,8 @@ def train_if_needed(run: Path, steps: int, every: int, architecture: str, extra:
 def checkpoint_entropy(checkpoint: Path, split: str, limit: int | None) -> dict:
     """The checkpoint's mean relative attention entropy per layer on `split` (first `limit` batches)."""
     import torch
-    from asr.evaluation.evaluation import evaluation_data, load_model
+    from asr.evaluation.evaluation import load_model
+    from asr.evaluation.evaluation_data import evaluation_data
     from asr.model.diagnostics import layer_attention_entropy
     from asr.model.recognizer import EVALUATION_SEED, seed_evaluation_batch
     model = load_model(checkpoint)

@@ -17,8 +17,10 @@ import yaml
 from asr import cross_matrix
 from asr.evaluation import attention_matrix
 from asr.evaluate import main, parse_arguments
-from asr.evaluation.evaluation import (EvaluateConfig, EvaluationError, decode_split, default_out_dir, evaluate,
-                            evaluation_data, load_model)
+from asr.evaluation.evaluation import EvaluateConfig, default_out_dir, evaluate, load_model
+from asr.core.errors import EvaluationError
+from asr.evaluation.split_decoding import decode_split
+from asr.evaluation.evaluation_data import evaluation_data
 from asr.data.features import FilterBank
 from asr.core.exit_status import USAGE_ERROR
 from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointError, read_checkpoint
@@ -340,7 +342,7 @@ def test_the_command_line_wins_over_the_stored_run_config(trained, tiny_synth, t
 # ---- shared-QK models in the key form they were trained with (issue 31) ------------------------------
 def dev_batch_log_probs(model, checkpoint: Path, attention: str, shared_qk_keys: str) -> dict:
     """The model's log-probs on the dev split's first batch, in float64, under `attention`."""
-    from asr.evaluation.evaluation import set_evaluation_attention
+    from asr.evaluation.attention_choice import set_evaluation_attention
     from attention_ext import parse_attention_spec
     key_form = set_evaluation_attention(model, parse_attention_spec(attention), shared_qk_keys)
     data = evaluation_data(model, checkpoint, "dev", progress=False)

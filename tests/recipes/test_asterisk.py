@@ -404,7 +404,8 @@ def test_evaluate_with_data_corpus_asterisk_prepares_the_set_in_data_asterisk(ti
 def test_evaluate_names_what_to_install_or_prepare_when_it_cannot(tiny_model, tmp_path, monkeypatch, capsys):
     from asr.data.manifests import ManifestError
     from asr.evaluate import main as evaluate_main
-    from asr.evaluation.evaluation import EvaluateConfig, EvaluationError, evaluate
+    from asr.evaluation.evaluation import EvaluateConfig, evaluate
+    from asr.core.errors import EvaluationError
     registered_asterisk(monkeypatch, tmp_path / "no-sounds", tmp_path / "no-transcripts.txt.gz")
     monkeypatch.chdir(tmp_path)
     with pytest.raises(EvaluationError, match="data.corpus=asterisk: preparing its manifests in data/asterisk "

@@ -14,7 +14,8 @@ from tiny_runs import compose_config, tiny_config  # noqa: E402
 
 from asr.evaluation import attention_matrix  # noqa: E402
 from asr.config.schema import validate_config  # noqa: E402
-from asr.evaluation.evaluation import evaluation_data, load_model  # noqa: E402
+from asr.evaluation.evaluation import load_model
+from asr.evaluation.evaluation_data import evaluation_data
 from asr.training.fit import ensure_corpus, train  # noqa: E402
 from recipes.synth import sharpening  # noqa: E402
 

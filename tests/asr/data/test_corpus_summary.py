@@ -4,6 +4,7 @@ from __future__ import annotations
 import pytest
 from synthetic_corpus import write_corpus
 
+from asr.data.corpus import Corpus
 from asr.data.corpus_summary import format_corpus_summary, summarise_split
 
 
@@ -23,16 +24,16 @@ def counted_corpus(tmp_path):
 
 
 def test_each_split_is_counted_from_its_manifest(counted_corpus):
-    train = summarise_split(counted_corpus, "tiny", "train")
+    train = summarise_split(Corpus.at("tiny", counted_corpus), "train")
     assert (train.utterances, train.speakers, len(train.words), len(set(train.words))) == (3, 2, 7, 5)
     assert train.seconds == pytest.approx(4.0) and train.hours == pytest.approx(4.0 / 3600)
-    test = summarise_split(counted_corpus, "tiny", "test")
+    test = summarise_split(Corpus.at("tiny", counted_corpus), "test")
     assert (test.utterances, test.speakers, test.words) == (2, 2, ["the", "zebra", "sat", "a", "lazy", "dog"])
     assert test.seconds == pytest.approx(3.6)
 
 
 def test_the_summary_is_a_few_lines_with_the_share_of_test_words_training_never_saw(counted_corpus):
-    splits = {name: summarise_split(counted_corpus, "tiny", name) for name in ("train", "dev", "test")}
+    splits = {name: summarise_split(Corpus.at("tiny", counted_corpus), name) for name in ("train", "dev", "test")}
     assert format_corpus_summary("tiny", splits, "train", "test") == [
         "corpus tiny: 6 utterances, 0.00 h",
         "  split   utterances   hours  speakers    words  distinct words",

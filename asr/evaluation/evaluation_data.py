@@ -1,0 +1,150 @@
+"""What an evaluation scores: a split of the model's corpus, of another corpus, or a Kaldi-style
+data folder turned into manifests; prepared on first use where its recipe can."""
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from pathlib import Path
+
+from asr.core.errors import EvaluationError, closest_name
+from asr.data.corpus import Corpus
+from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config, validate_data_config
+from asr.data.manifests import cuts_path, default_root, other_corpora
+from asr.model.recognizer import SpeechRecognizer
+from asr.model.run_folder import trained_data_config
+
+log = logging.getLogger("asr.evaluate")
+KALDI_CORPUS, KALDI_SPLIT = "kaldi", "eval"
+
+
+def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, skip_bad_audio: bool = False) -> Path:
+    """Converts a Kaldi-style data directory into the manifests asr.data reads (split 'eval' of
+    corpus 'kaldi') under out_dir; the audio is converted once and reused by later runs.
+    Unreadable, empty, multi-channel audio stops it with the recipe's list of problems, or with
+    data.skip_bad_audio=true is left out and counted (the recipes' --bad-data drop)."""
+    from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
+    from asr.data.manifest_builder import (NoUtterancesError, PreparationError, Problem, RecordingSpec,
+                                          UtteranceSpec, build_manifests, file_identity)
+    from asr.text.normalisation import normalise_transcript
+    try:
+        kaldi = read_kaldi_data_dir(data_dir, require_utt2spk=False)
+    except KaldiDataDirError as error:
+        raise EvaluationError(f"data_dir: {error}") from None
+    recordings = [RecordingSpec(rid, source) for rid, source in kaldi.recordings.items()]
+    utterances = [UtteranceSpec(u.id, KALDI_SPLIT, u.recording_id, u.speaker,
+                                normalise_transcript(list(u.words)), u.start, u.end)
+                  for u in kaldi.utterances]
+    problems = [Problem(kind, item, message) for kind, item, message in kaldi.problems]
+    settings = {"data_dir": str(Path(data_dir).resolve()),
+                "files": {name: file_identity(Path(data_dir) / name)
+                          for name in ("wav.scp", "text", "utt2spk", "segments")
+                          if (Path(data_dir) / name).is_file()}}
+    try:
+        report = build_manifests(KALDI_CORPUS, out_dir, recordings, utterances, problems, settings=settings,
+                                 progress=progress, bad_data_policy="drop" if skip_bad_audio else "error")
+    except PreparationError as error:
+        # the recipe's advice names its own option; here the same choice is data.skip_bad_audio
+        message = str(error).replace("pass --bad-data drop", "give data.skip_bad_audio=true")
+        raise EvaluationError(f"data_dir={str(data_dir)!r}: {message}") from None
+    except NoUtterancesError:
+        raise EvaluationError(f"data_dir={str(data_dir)!r}: its wav.scp and text hold no utterances") from None
+    if report.get("dropped_utterances"):
+        log.warning("data_dir=%s: left out %d utterances (data.skip_bad_audio=true; the list is in %s)", data_dir,
+                    report["dropped_utterances"], out_dir / f"{KALDI_CORPUS}_report.json")
+    return out_dir
+
+
+def prepare_missing_split(config: DataConfig, split: str, progress: bool = True) -> None:
+    """Prepares the corpus into data.root when the split's manifest is missing and a preparer is
+    in its recipe (asr.data.corpus_recipes: synth, asterisk), as asr.train does; for any other
+    corpus, or a folder holding the split under another corpus name (data.corpus forgotten), the
+    missing manifest is load_cuts' error saying what to do. A preparer that fails (a package to
+    install, a damaged file) is one EvaluationError line."""
+    from asr.data.corpus_recipes import corpus_preparer
+    corpus = Corpus.of(config)
+    root = corpus.root
+    if corpus.cuts_path(split).is_file() or other_corpora(root, corpus.name, split):
+        return
+    preparer = corpus_preparer(config.corpus)
+    if preparer is None:
+        return
+    log.info("corpus %s: no %s manifest in %s, preparing the corpus there (once)", config.corpus, split, root)
+    try:
+        preparer(root, progress=progress)
+    except (ValueError, RuntimeError, OSError) as error:   # a preparer's own errors: usage, problems, files
+        raise EvaluationError(f"data.corpus={config.corpus}: preparing its manifests in {config.root} failed: "
+                              f"{error}") from error
+
+
+@dataclass
+class EvaluationData:
+    """What to score: a data module with the model's tokenizers, the split, the heads with references."""
+    datamodule: SpeechDataModule
+    split: str
+    scored: list[str]            # target kinds whose references the data has
+    source: str                  # for the report: the manifest or the Kaldi directory
+
+
+def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str | None = None,
+                    data_dir: str | Path | None = None, data_overrides: dict | None = None,
+                    progress: bool = True) -> EvaluationData:
+    """The data to score `model` on: a split of its training corpus (or the corpus data.* names),
+    or a Kaldi-style directory converted to manifests (and features) in data.root, by default
+    <data_dir>/asr_manifests, where later evaluations find them again.
+
+    What the command line gives wins over the run folder's stored config: data.<key> overrides,
+    and `progress` (unless data.progress is given) over the stored data.progress. An override
+    that would be ignored is an error: an unknown key, or one the model fixes (its feature bins,
+    its heads, no SpecAugment)."""
+    overrides = dict(data_overrides or {})
+    unknown = sorted(set(overrides) - set(DataConfig.__dataclass_fields__))
+    if unknown:
+        meant = closest_name(unknown[0], DataConfig.__dataclass_fields__)
+        raise EvaluationError(f"data.{unknown[0]} is not a data option; did you mean data.{meant}?" if meant else
+                              f"data.{unknown[0]} is not a data option; they are: "
+                              f"{', '.join(DataConfig.__dataclass_fields__)}")
+    settings = {**trained_data_config(checkpoint), **overrides}
+    kinds = list(model.tokenizers)
+    frontend = model.frontend                   # features as the model was trained on (from its checkpoint)
+    settings["num_mel_bins"] = frontend.num_mel_bins
+    settings["specaugment"] = False
+    settings["progress"] = overrides.get("progress", progress)
+    if data_dir is not None:
+        root = kaldi_manifests(data_dir, Path(settings["root"]) if "root" in overrides
+                               else Path(data_dir) / "asr_manifests", progress,
+                               skip_bad_audio=bool(overrides.get("skip_bad_audio", False)))
+        # A Kaldi directory has word transcripts only: the phone heads decode but are not scored.
+        scored = [kind for kind in kinds if model.tokenizers[kind].field == "text"]
+        settings.update(corpus=KALDI_CORPUS, root=str(root), test_split=KALDI_SPLIT, dev_split=KALDI_SPLIT,
+                        train_split=KALDI_SPLIT, targets=scored or kinds)
+        split, source = KALDI_SPLIT, f"Kaldi data directory {data_dir}"
+        if not scored:
+            raise EvaluationError(f"data_dir={str(data_dir)!r} has word transcripts only, but this model's "
+                                  f"heads are {kinds}; it needs a chars or sentencepiece head to be scored")
+    else:
+        trained = trained_data_config(checkpoint)
+        if "corpus" in overrides and "root" not in overrides and overrides["corpus"] != trained.get("corpus"):
+            settings["root"] = default_root(overrides["corpus"])   # another corpus: where its recipe writes
+        if "root" not in settings:
+            raise EvaluationError(f"{checkpoint} is not inside an asr.train run folder (no ../config.yaml), "
+                                  "so its corpus is unknown: give data.corpus=... (data.root=...) or data_dir=...")
+        settings["targets"] = kinds
+        scored = kinds
+    for key in ("num_mel_bins", "specaugment", "targets"):
+        if key in overrides and overrides[key] != settings[key]:
+            raise EvaluationError(f"data.{key}={overrides[key]!r} cannot be changed for an evaluation: "
+                                  f"the model sets it to {settings[key]!r}")
+    try:
+        config = as_data_config({key: value for key, value in settings.items()
+                                 if key in DataConfig.__dataclass_fields__})
+        validate_data_config(config)
+    except (ValueError, TypeError) as error:
+        raise EvaluationError(f"data: {error}") from None
+    split = split or config.test_split
+    config.test_split = split
+    if data_dir is None:
+        prepare_missing_split(config, split, settings["progress"])
+    datamodule = SpeechDataModule(config, frame_subsampling=model.encoder.subsampling, filterbank=frontend)
+    datamodule.set_tokenizers({kind: model.tokenizers[kind].state_dict() for kind in config.targets})
+    source = source if data_dir is not None else str(cuts_path(config.root, config.corpus, split))
+    return EvaluationData(datamodule, split, scored, source)
