@@ -122,14 +122,14 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
     trained = dict(model.hparams.attention)
     data = None
     for spec in todo:
-        attention = evaluation_attention(model, spec)
         # A separate-key attention in the Reformer form is computed densely: its time is no row's speed.
-        converted = key_forms[spec] == "reformer" and not attention.needs_shared_qk
+        converted = key_forms[spec] == "reformer" and not parse_attention_spec(spec).needs_shared_qk
         cell = {"column": column.label, "spec": spec, "checkpoint": identity, "settings": settings,
                 "trained_with": trained, "key_form": key_forms[spec], "forward_time_comparable": not converted}
         try:
-            # refuses lsh / shared_full without shared QK, and options above the head dim,
-            # changing nothing
+            # refuses lsh / shared_full without shared QK, and options above the head dim (the
+            # attention's one check against the model, in evaluation_attention), changing nothing
+            attention = evaluation_attention(model, spec)
             set_evaluation_attention(model, attention, args.shared_qk_keys)
         except AttentionConfigError as error:
             cell.update(valid=False, reason=str(error))
