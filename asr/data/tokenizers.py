@@ -10,7 +10,7 @@ training and `encode_transcripts` turns one cut's into ids when its batch is bui
 
 Decisions:
 - phones: a fixed inventory in a fixed order, named by the manifests' `custom["phone_set"]`:
-  "arpabet39" (ARPABET_39, the default when a manifest names none) or "timit61" (TIMIT_61); a phone
+  "arpabet39" (the default when a manifest names none) or "timit61", or any set of asr.text.phones.PHONE_SETS; a phone
   outside it is an error (a recipe must map its phones onto the set first), never silently dropped.
 - chars: the normalised alphabet (space, apostrophe, a-z) plus any other character of the training
   text, so a dev/test utterance never fails on a letter that happens to be missing from train.
@@ -33,7 +33,7 @@ from typing import Callable, Iterable, Sequence
 from lhotse import CutSet
 
 from asr.data.manifests import ManifestError, listing, transcript
-from asr.text.phones import ARPABET_39, TIMIT_61, strip_stress
+from asr.text.phones import DEFAULT_PHONE_SET, PHONE_SETS, strip_stress
 
 log = logging.getLogger(__name__)
 
@@ -42,8 +42,6 @@ BLANK_SYMBOL = "<blank>"
 NORMALISED_ALPHABET = " '" + string.ascii_lowercase
 TOKENIZER_KINDS = ("phones", "chars", "sentencepiece")
 SENTENCEPIECE_TYPES = ("unigram", "bpe")
-PHONE_SETS = {"arpabet39": ARPABET_39, "timit61": TIMIT_61}
-DEFAULT_PHONE_SET = "arpabet39"
 _STATE_FORMAT = 1
 
 
@@ -228,7 +226,7 @@ def build_tokenizer(kind: str, train_texts: Iterable[str] | None = None, vocab_s
     if kind == "phones":
         if phone_set not in PHONE_SETS:
             raise ValueError(f"unknown phone set {phone_set!r}; known: {', '.join(PHONE_SETS)}")
-        return SymbolTokenizer("phones", PHONE_SETS[phone_set], phone_set)
+        return SymbolTokenizer("phones", PHONE_SETS[phone_set].symbols, phone_set)
     if kind == "chars":
         extra = sorted({c for t in (train_texts or ()) for c in t} - set(NORMALISED_ALPHABET) - {"\t", "\n"})
         return SymbolTokenizer("chars", tuple(NORMALISED_ALPHABET) + tuple(extra))

@@ -18,7 +18,7 @@ from typing import Sequence
 
 import jiwer
 
-from asr.text.phones import fold_timit_61_to_39
+from asr.text.phones import PHONE_SETS
 
 
 def percent(rate: float | None) -> str:
@@ -56,10 +56,6 @@ def _token_error_rate(references: Sequence[str], hypotheses: Sequence[str], what
     return _rate(output, what)
 
 
-# How each phone set is scored: TIMIT's 61 symbols are folded to 39 classes on both sides first.
-PHONE_SCORING_FOLDS = {"arpabet39": None, "timit61": fold_timit_61_to_39}
-
-
 def phone_error_rate(references: Sequence[str], hypotheses: Sequence[str], phone_set: str = "arpabet39") -> float:
     """PER over space-separated phone strings of `phone_set` (the phones tokenizer's `.phone_set`).
 
@@ -67,9 +63,9 @@ def phone_error_rate(references: Sequence[str], hypotheses: Sequence[str], phone
     alignment (closures/pauses -> SIL, Q deleted, AO -> AA, ...), so e.g. a hypothesis IX for a
     reference IH is no error. A symbol outside TIMIT's 61 is a ValueError naming it.
     """
-    if phone_set not in PHONE_SCORING_FOLDS:
-        raise ValueError(f"phone_set={phone_set!r} has no PER scoring; known: {', '.join(PHONE_SCORING_FOLDS)}")
-    fold = PHONE_SCORING_FOLDS[phone_set]
+    if phone_set not in PHONE_SETS:
+        raise ValueError(f"phone_set={phone_set!r} has no PER scoring; known: {', '.join(PHONE_SETS)}")
+    fold = PHONE_SETS[phone_set].scoring_fold   # TIMIT's 61 symbols: folded to 39 classes on both sides
     if fold is not None:
         references, hypotheses = _check(references, hypotheses)
         references, hypotheses = [fold(r) for r in references], [fold(h) for h in hypotheses]

@@ -1,4 +1,12 @@
-"""The phone inventory used for phone targets and PER: CMUdict's 39 ARPAbet phones, no stress."""
+"""The phone sets of phone targets and PER, registered in one place (PHONE_SETS): CMUdict's 39
+ARPAbet phones without stress (the default), and TIMIT's 61 symbols scored on Lee & Hon's 39
+classes. A corpus names its set in its manifests (`custom["phone_set"]`); a corpus with a new
+phone set adds one PhoneSet entry here and nothing else in asr/.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
 
 ARPABET_39 = (
     "AA", "AE", "AH", "AO", "AW", "AY", "B", "CH", "D", "DH", "EH", "ER", "EY", "F", "G",
@@ -44,3 +52,13 @@ def fold_timit_61_to_39(phones: str) -> str:
         if TIMIT_61_TO_39[phone] is not None:
             folded.append(TIMIT_61_TO_39[phone])
     return " ".join(folded)
+
+
+@dataclass(frozen=True)
+class PhoneSet:
+    symbols: tuple[str, ...]                             # the inventory, in the tokenizer's order
+    scoring_fold: Optional[Callable[[str], str]] = None  # applied to both sides before PER
+
+
+PHONE_SETS = {"arpabet39": PhoneSet(ARPABET_39), "timit61": PhoneSet(TIMIT_61, fold_timit_61_to_39)}
+DEFAULT_PHONE_SET = "arpabet39"
