@@ -8,7 +8,7 @@ here beside the registry, and read by every comparison.
     masked copy task (Fig. 5, suppl. C.2)      copy_task_attentions(C)   attention_ext.copy_task: the default
                                                                          --attentions
     train-with x evaluate-with (Table 1)       cross_matrix_rows(S, L)   asr.cross_matrix's default --specs,
-                                                                         recipes/synth/experiment.py's rows
+                                                                         recipes/synth/experiment_settings.py's rows
 
 Every comparison first shows the paper's attentions as the paper's figure or table does: those
 rows are the paper's, so they are written out here. Then come the further attentions: every

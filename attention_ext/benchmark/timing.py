@@ -90,6 +90,85 @@ class Progress:
         self.bar.close()
 
 
+class BenchmarkRounds:
+    """The (N, attention) cells of one benchmark and the rounds over them. Each round visits every
+    cell, every length and every attention; a pass that runs out of memory retires its attention at
+    that length and every larger one."""
+
+    def __init__(self, config: BenchmarkConfig, cases: list[BenchmarkCase], progress: Progress):
+        self.config, self.cases, self.progress = config, cases, progress
+        self.cells = {(length, case.label): Measurement(length, case)
+                      for length in config.lengths for case in cases}
+        self.active: dict[int, list[BenchmarkCase]] = {}
+        for length in config.lengths:
+            self.active[length] = []
+            for case in cases:
+                if case.max_length is not None and length > case.max_length:
+                    self.cells[length, case.label].status = f"skipped (--max-length {case.max_length})"
+                else:
+                    self.active[length].append(case)
+        self.inputs = {length: make_inputs(config, length) for length in config.lengths if self.active[length]}
+
+    def each_cell(self):
+        for length in self.config.lengths:
+            for case in self.cases:
+                yield length, case
+
+    def attempt(self, length: int, case: BenchmarkCase, description: str,
+                work: Callable[[Inputs], object]):
+        """Runs one pass of `case` at `length`; out of memory retires it there and above."""
+        self.progress.step(f"N={length} {case.label} {description}")
+        if case not in self.active[length]:
+            return None
+        clear_gradients(self.inputs[length])
+        try:
+            return work(self.inputs[length])
+        except Exception as error:
+            if not _is_out_of_memory(error):
+                if hasattr(error, "add_note"):  # Python >= 3.11
+                    error.add_note(f"while benchmarking {case.label} = "
+                                   f"{case.name}({case.options_text}) at N={length}")
+                raise
+            self._retire(length, case)
+            return None
+
+    def _retire(self, length: int, case: BenchmarkCase) -> None:
+        for larger in self.config.lengths:
+            if larger >= length and case in self.active[larger]:
+                self.active[larger].remove(case)
+                self.cells[larger, case.label].status = (
+                    "out of memory" if larger == length
+                    else f"skipped (out of memory at N={length})")
+        self.progress.line(f"N={length:>6} {case.label}: out of memory")
+        if self.config.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+    def warm_up(self) -> None:
+        for index in range(self.config.warmup):
+            for length, case in self.each_cell():
+                self.attempt(length, case, f"warm-up {index + 1}/{self.config.warmup}",
+                             lambda x: forward_backward(case, x))
+
+    def time_repeats(self) -> None:
+        for index in range(self.config.repeats):
+            for length, case in self.each_cell():
+                elapsed = self.attempt(length, case, f"repeat {index + 1}/{self.config.repeats}",
+                                       lambda x: time_forward_backward_ms(case, x, self.config.device))
+                if elapsed is not None:
+                    self.cells[length, case.label].times_ms.append(elapsed)
+
+    def measure_memory(self) -> None:
+        for length, case in self.each_cell():
+            cell = self.cells[length, case.label]
+            peak = self.attempt(length, case, "memory", lambda x: peak_memory_bytes(
+                lambda: forward_backward(case, x), self.config.device))
+            if peak is not None:
+                cell.peak_bytes = peak
+            if cell.status == "ok" and cell.median_ms is not None:
+                self.progress.line(f"N={length:>6} {case.label}: {cell.median_ms:.2f} ms (median of "
+                                   f"{len(cell.times_ms)}), peak {cell.peak_memory_mib():.2f} MiB")
+
+
 def run_benchmark(config: BenchmarkConfig, cases: list[BenchmarkCase] | None = None
                   ) -> list[Measurement]:
     """Measures every (N, attention) cell. Each warm-up and each repeat is one round over
@@ -102,71 +181,13 @@ def run_benchmark(config: BenchmarkConfig, cases: list[BenchmarkCase] | None = N
     cases = build_cases(config) if cases is None else cases
     passes_per_case = config.warmup + config.repeats + 1
     progress = Progress(total=len(config.lengths) * len(cases) * passes_per_case)
-    cells = {(length, case.label): Measurement(length, case)
-             for length in config.lengths for case in cases}
-    active: dict[int, list[BenchmarkCase]] = {}
-    for length in config.lengths:
-        active[length] = []
-        for case in cases:
-            if case.max_length is not None and length > case.max_length:
-                cells[length, case.label].status = f"skipped (--max-length {case.max_length})"
-            else:
-                active[length].append(case)
-    inputs = {length: make_inputs(config, length) for length in config.lengths if active[length]}
-
-    def attempt(length: int, case: BenchmarkCase, description: str,
-                work: Callable[[Inputs], object]):
-        """Runs one pass of `case` at `length`; out of memory retires it there and above."""
-        progress.step(f"N={length} {case.label} {description}")
-        if case not in active[length]:
-            return None
-        clear_gradients(inputs[length])
-        try:
-            return work(inputs[length])
-        except Exception as error:
-            if not _is_out_of_memory(error):
-                if hasattr(error, "add_note"):  # Python >= 3.11
-                    error.add_note(f"while benchmarking {case.label} = "
-                                   f"{case.name}({case.options_text}) at N={length}")
-                raise
-            for larger in config.lengths:
-                if larger >= length and case in active[larger]:
-                    active[larger].remove(case)
-                    cells[larger, case.label].status = (
-                        "out of memory" if larger == length
-                        else f"skipped (out of memory at N={length})")
-            progress.line(f"N={length:>6} {case.label}: out of memory")
-            if config.device.type == "cuda":
-                torch.cuda.empty_cache()
-            return None
-
-    def each_cell():
-        for length in config.lengths:
-            for case in cases:
-                yield length, case
-
+    rounds = BenchmarkRounds(config, cases, progress)
     try:
-        for index in range(config.warmup):
-            for length, case in each_cell():
-                attempt(length, case, f"warm-up {index + 1}/{config.warmup}",
-                        lambda x: forward_backward(case, x))
-        for index in range(config.repeats):
-            for length, case in each_cell():
-                elapsed = attempt(length, case, f"repeat {index + 1}/{config.repeats}",
-                                  lambda x: time_forward_backward_ms(case, x, config.device))
-                if elapsed is not None:
-                    cells[length, case.label].times_ms.append(elapsed)
-        for length, case in each_cell():
-            cell = cells[length, case.label]
-            peak = attempt(length, case, "memory", lambda x: peak_memory_bytes(
-                lambda: forward_backward(case, x), config.device))
-            if peak is not None:
-                cell.peak_bytes = peak
-            if cell.status == "ok" and cell.median_ms is not None:
-                progress.line(f"N={length:>6} {case.label}: {cell.median_ms:.2f} ms (median of "
-                              f"{len(cell.times_ms)}), peak {cell.peak_memory_mib():.2f} MiB")
+        rounds.warm_up()
+        rounds.time_repeats()
+        rounds.measure_memory()
     finally:
         progress.close()
-    measurements = list(cells.values())
+    measurements = list(rounds.cells.values())
     add_ratios_to_full(measurements)
     return measurements

@@ -12,35 +12,15 @@ Layout read (the Debian packages asterisk-core-sounds-en-g722 and asterisk-core-
   `{out}/audio/` (written atomically by asr.data.manifest_builder; a rerun decodes only what is
   missing). G.722 codes two samples per byte, so a file of B bytes must decode to 2B samples at
   16 kHz; any other rate or length is an unreadable_audio problem (`--bad-data`).
-- Text: the prompt's words as the synthetic corpus writes them (lowercase a-z and apostrophes,
-  `asr.text.normalisation.normalise_transcript`), after these steps, in order:
-  1. notes are removed: `[ascending tones]`, `(10 seconds of silence)`, `(note: does not say "2")`,
-     `<beep ascending>`;
-  2. misspellings of the transcript file are corrected (SPELLING_FIXES: "represenatives",
-     "exclaimation", "umute", "indentified", "witheld", "fourtieth", and "thru" -> "through");
-  3. each remaining token is read: a single digit 1-9 becomes its word ("press 1" -> "press one");
-     "0" (zero or oh?), longer numbers ("1234", "500": digit by digit or as a number?), "28.8",
-     "H.323" and any other token with a digit are uncertain, and so are symbols read aloud (`*`,
-     `#`: star or asterisk, pound or hash?) and web addresses: such prompts are left out, except
-     the few tokens in READINGS ("3D" -> "three D"). Dotted initials ("A.M.") and the all-capital
-     abbreviations in LETTER_ABBREVIATIONS (PBX, IVR, IP, MGCP, USB) are read as letters ("u s b";
-     single capitals "Q", "M I S D N" are letters already). Other all-capital words (IAX, SIP,
-     DAHDI) are left out: the recordings say IAX and SIP as one syllable each ("eeks", "sip":
-     0.55 and 0.50 s of speech, as long as "Zap", against 0.92 s for the three letters "N B S"),
-     and no spelling tells espeak-ng that;
-  4. prompts of fewer than two words are left out (single digits, letters, month names: too short
-     to score and often ambiguous, "a" the letter or the article).
-  Every prompt left out is counted by reason in the report (`left_out` of build_manifests).
+- Text and split: the prompt's words as the speaker reads them (steps 1-4; which prompts are left
+  out and why) and its dev/test split, by the rules in ``recipes.asterisk.prompts``.
 - Phones (the PER reference), ARPABET_39: espeak-ng en-us's phonemes for the whole prompt as
-  read in step 3 (`asr.evaluation.decoding.pronunciation.espeak_sentence_phones`, the text with its
-  punctuation), mapped by asr.text.synthesiser_phonemes. That is how three quarters of the synthetic
+  read in step 3 of the text rules (`asr.evaluation.decoding.pronunciation.espeak_sentence_phones`, the text
+  with its punctuation), mapped by asr.text.synthesiser_phonemes. That is how three quarters of the synthetic
   training targets were made (espeak-ng en-us / en-us-nyc reading whole sentences, with their weak
   forms and flaps in context), so a model is scored against the conventions it was trained on,
   and the reference is one fixed transcription, not a choice among a lexicon's variants. A prompt
   for which espeak-ng uses a sound outside ARPAbet is left out (unmappable_phoneme).
-- Split: by the prompt's normalised text, fixed: the first byte of its SHA-256 even -> dev, odd ->
-  test. Prompts recorded twice with the same words (`invalid` and `pbx-invalid`) land in the same
-  split, so no sentence is in both; a new package version moves no old prompt to the other split.
 - Lexicon: `{out}/lexicon.txt`, every word of the set as espeak-ng (en-us, en-us-nyc) and flite say
   it alone (`asr.evaluation.decoding.pronunciation.synthesiser_pronunciations`), plus the weak form (vowel ->
   AH, vowel + R -> ER) of the words the synthetic corpus's lexicon reduces: its 100 most frequent
@@ -57,12 +37,9 @@ Utterance and recording ids are the prompt names with `/` -> `-` (`digits-a-m`);
 from __future__ import annotations
 
 import argparse
-import gzip
-import hashlib
 import io
 import json
 import os
-import re
 import shutil
 import subprocess
 import sys
@@ -86,7 +63,6 @@ from asr.data.manifest_builder import (
     report_path,
 )
 from asr.text.synthesiser_phonemes import UnmappablePhonemeError
-from asr.text.normalisation import normalise_transcript
 from asr.evaluation.decoding.lexicon import write_lexicon
 from asr.evaluation.decoding.pronunciation import (
     WEAK_FORM_WORDS,
@@ -96,6 +72,7 @@ from asr.evaluation.decoding.pronunciation import (
     synthesiser_pronunciations,
     weak_form,
 )
+from recipes.asterisk.prompts import TEXT_RULES_VERSION, UNMAPPABLE_PHONEME, Prompt, read_prompts, split_of
 from recipes.preparation_command import add_preparation_arguments, run_preparation
 from recipes.synth.sentences import load_sentences, normalise_text
 
@@ -110,141 +87,15 @@ SPEAKER = "allison"
 ESPEAK_VOICE = "en-us"
 SAMPLE_RATE = 16000
 G722_SAMPLES_PER_BYTE = 2           # 64 kbit/s at 16 kHz: 4 bits per sample
-MIN_WORDS = 2
 LEXICON_FILE = "lexicon.txt"
 # The synthetic corpus's 100 (WEAK_FORM_WORDS) most frequent one-vowel words are among the
 # FREQUENT_WORDS most frequent words of its sentences (229 of which are one-vowel words).
 FREQUENT_WORDS = 300
-# Bump when a rule below changes: a finished folder made under other rules is then prepared again.
-TEXT_RULES_VERSION = 1
-
-_NOTE = re.compile(r"\[[^\]]*\]|\([^)]*\)|<[^>]*>")
-SPELLING_FIXES = {
-    "represenatives": "representatives", "exclaimation": "exclamation", "umute": "unmute",
-    "indentified": "identified", "witheld": "withheld", "fourtieth": "fortieth", "thru": "through",
-}
-_MISSPELLED = re.compile(r"\b(" + "|".join(SPELLING_FIXES) + r")\b", re.IGNORECASE)
-DIGIT_WORDS = dict(zip("123456789", "one two three four five six seven eight nine".split()))
-READINGS = {"3D": "three D"}
-LETTER_ABBREVIATIONS = frozenset({"PBX", "IVR", "IP", "MGCP", "USB"})
-_SENTENCE_PUNCTUATION = ".,!?;:\"'"
-_DOTTED_INITIALS = re.compile(r"(?:[A-Z]\.)+[A-Z]?")       # "A.M" once the final dot is stripped
-_CAPITALS = re.compile(r"[A-Z]{2,}")
-_WORD = re.compile(r"[A-Za-z]+(?:['-][A-Za-z]+)*")
-# why a prompt is left out -> the report's problem kind
-NO_WORDS, ONE_WORD = "no_words", "one_word"
-UNCERTAIN_NUMBER, UNCERTAIN_SYMBOL = "uncertain_number", "uncertain_symbol"
-UNCERTAIN_ABBREVIATION = "uncertain_abbreviation"
-UNMAPPABLE_PHONEME, NO_AUDIO, NO_TRANSCRIPT = "unmappable_phoneme", "no_audio", "no_transcript"
 
 
 class AsteriskSetupError(RuntimeError):
     """The packages or programs the recipe reads with are not installed; the message says what to install
     (a failure of the machine, exit status 1, as the synthetic corpus's missing synthesisers)."""
-
-
-# ---------------------------------------------------------------------------- the prompts' words
-
-def read_transcripts(path: Path) -> tuple[dict[str, str], list[Problem]]:
-    """{'digits/a-m': 'A.M.', ...} from `name: text` lines (gzipped or not); malformed and repeated
-    names are problems (bad_transcript)."""
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as handle:
-        lines = handle.read().splitlines()
-    transcripts: dict[str, str] = {}
-    problems = []
-    for number, line in enumerate(lines, 1):
-        if not line.strip() or line.startswith(";"):
-            continue
-        name, colon, text = line.partition(":")
-        name = name.strip()
-        if not colon or not name or " " in name:
-            problems.append(Problem("bad_transcript", f"{path.name}:{number}",
-                                    f"{path}: line {number} is not `name: text`: {line[:60]!r}"))
-        elif name in transcripts:
-            problems.append(Problem("bad_transcript", name, f"{path}: line {number} repeats prompt {name!r}"))
-        else:
-            transcripts[name] = text.strip()
-    return transcripts, problems
-
-
-def read_aloud(transcript: str) -> tuple[str, str | None]:
-    """(what the speaker reads, written for espeak-ng; the reason to leave the prompt out or None):
-    notes removed, spellings fixed, digits and abbreviations spelled out (module doc, steps 1-3)."""
-    spoken = _MISSPELLED.sub(lambda match: SPELLING_FIXES[match.group(0).lower()], _NOTE.sub(" ", transcript))
-    tokens = []
-    for token in spoken.split():
-        core = token.strip(_SENTENCE_PUNCTUATION)
-        if not core:
-            tokens.append(token)                       # "..." : a pause, no word
-            continue
-        if core in READINGS:
-            reading = READINGS[core]
-        elif core in DIGIT_WORDS:
-            reading = DIGIT_WORDS[core]
-        elif any(character.isdigit() for character in core):
-            return "", UNCERTAIN_NUMBER
-        elif _DOTTED_INITIALS.fullmatch(core):
-            reading = core                             # espeak-ng says "A.M." as letters; text "a m"
-        elif _CAPITALS.fullmatch(core):
-            if core not in LETTER_ABBREVIATIONS:
-                return "", UNCERTAIN_ABBREVIATION
-            reading = " ".join(core)                   # "U S B": letters for espeak-ng and for the text
-        elif _WORD.fullmatch(core):
-            reading = core
-        else:
-            return "", UNCERTAIN_SYMBOL                # "*", "#", "www.asterisk.org"
-        start = token.index(core)
-        tokens.append(token[:start] + reading + token[start + len(core):])
-    return " ".join(tokens), None
-
-
-@dataclass(frozen=True)
-class Prompt:
-    name: str                   # as in the transcript file: "digits/a-m"
-    transcript: str             # its text there
-    spoken: str                 # what espeak-ng reads for the phones ("" when left out)
-    text: str                   # normalised words
-    left_out: str | None = None  # the reason, or None
-
-    @property
-    def id(self) -> str:
-        return self.name.replace("/", "-")
-
-
-def read_prompt(name: str, transcript: str) -> Prompt:
-    """One transcript line -> its spoken form and words, or the reason it is left out."""
-    if not _NOTE.sub(" ", transcript).strip(_SENTENCE_PUNCTUATION + " "):
-        return Prompt(name, transcript, "", "", NO_WORDS)          # only a note: tones, silence
-    spoken, reason = read_aloud(transcript)
-    if reason is not None:
-        return Prompt(name, transcript, "", "", reason)
-    text = normalise_transcript(spoken.split())
-    if len(text.split()) < MIN_WORDS:
-        return Prompt(name, transcript, spoken, text, ONE_WORD if text else NO_WORDS)
-    return Prompt(name, transcript, spoken, text)
-
-
-def split_of(text: str) -> str:
-    """'dev' or 'test', fixed by the words: the first byte of their SHA-256, even or odd."""
-    return "dev" if hashlib.sha256(text.encode("utf-8")).digest()[0] % 2 == 0 else "test"
-
-
-def read_prompts(sounds_dir: Path, transcripts_path: Path) -> tuple[list[Prompt], list[Problem], list[Problem]]:
-    """(every transcript line as a Prompt, problems of the transcript file, prompts left out as
-    Problems: by the text rules, and for a transcript without audio or audio without transcript)."""
-    transcripts, problems = read_transcripts(transcripts_path)
-    audio = {path.relative_to(sounds_dir).with_suffix("").as_posix() for path in sounds_dir.rglob("*.g722")}
-    prompts = [read_prompt(name, transcript) for name, transcript in transcripts.items()]
-    left_out = [Problem(prompt.left_out, prompt.name, f"{prompt.name}: {prompt.transcript!r}: {prompt.left_out}")
-                for prompt in prompts if prompt.left_out is not None]
-    for prompt in prompts:
-        if prompt.left_out is None and prompt.name not in audio:
-            left_out.append(Problem(NO_AUDIO, prompt.name, f"{prompt.name}: in {transcripts_path.name}, but "
-                                                           f"{sounds_dir}/{prompt.name}.g722 does not exist"))
-    for name in sorted(audio - set(transcripts)):
-        left_out.append(Problem(NO_TRANSCRIPT, name, f"{sounds_dir}/{name}.g722: no line in {transcripts_path.name}"))
-    return prompts, problems, left_out
 
 
 # ---------------------------------------------------------------------------- audio

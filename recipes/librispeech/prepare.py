@@ -206,7 +206,7 @@ def download_corpus(args, out: Path) -> tuple[Path, tuple[str, ...]]:
     return download_dir, tuple(args.train_subsets or [part for part in training if part in there])
 
 
-def main(argv=None) -> int:
+def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     source = parser.add_mutually_exclusive_group(required=True)
@@ -237,16 +237,26 @@ def main(argv=None) -> int:
                         help="the ARPA file of --lm-dir to decode with (default 3-gram.pruned.1e-7.arpa.gz)")
     add_preparation_arguments(parser, lexicon="optional",
                               lexicon_help="CMUdict-format lexicon for phone targets (e.g. librispeech-lexicon.txt)")
+    return parser
+
+
+def output_folder(args) -> Path:
+    """--out, else the presets' data.root: MINI_OUT for mini LibriSpeech, DEFAULT_OUT otherwise."""
+    mini_names = {name for name, parts in DOWNLOAD_NAMES.items() if MINI_TRAIN_SUBSET in parts or
+                  MINI_EVALUATION_SUBSET in parts}
+    mini = bool(set(args.download or ()) & mini_names) or args.train_subsets == [MINI_TRAIN_SUBSET]
+    return Path(args.out or (MINI_OUT if mini else DEFAULT_OUT))
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if not args.download:
         given = [f"--{name.replace('_', '-')}" for name in DOWNLOAD_OPTIONS
                  if getattr(args, name) != parser.get_default(name)]
         if given:
             parser.error(f"{', '.join(given)} go with --download")
-    mini_names = {name for name, parts in DOWNLOAD_NAMES.items() if MINI_TRAIN_SUBSET in parts or
-                  MINI_EVALUATION_SUBSET in parts}
-    mini = bool(set(args.download or ()) & mini_names) or args.train_subsets == [MINI_TRAIN_SUBSET]
-    out = Path(args.out or (MINI_OUT if mini else DEFAULT_OUT))
+    out = output_folder(args)
 
     def prepare():
         corpus_dir, train_subsets = Path(args.corpus_dir or "."), tuple(args.train_subsets or TRAIN_SUBSETS)

@@ -95,6 +95,72 @@ def read_ms98_transcripts(transcripts_dir: Path) -> dict[tuple[str, str], Path]:
     return found
 
 
+def find_audio_and_transcripts(corpus_dir: Path, transcripts_dir: Path
+                               ) -> tuple[dict[str, Path], dict[tuple[str, str], Path]]:
+    """The .sph files by conversation ('sw02001') and the ms98 transcripts by (number, side); finding
+    none of either is a SwitchboardLayoutError saying where to point."""
+    audio = {p.stem.lower(): p for p in corpus_dir.rglob("*") if p.suffix.lower() == ".sph"}
+    transcripts = read_ms98_transcripts(transcripts_dir)
+    if not audio:
+        raise SwitchboardLayoutError(f"no .sph files under {corpus_dir}: point --corpus-dir at the LDC97S62 audio")
+    if not transcripts:
+        raise SwitchboardLayoutError(
+            f"no ms98 transcripts (sw2001A-ms98-a-trans.text ...) under {transcripts_dir}: unpack ISIP's "
+            "switchboard_word_alignments.tar.gz and pass its swb_ms98_transcriptions folder as --transcripts-dir"
+        )
+    return audio, transcripts
+
+
+def conversation_splits(transcripts: dict[tuple[str, str], Path], dev_conversations: int,
+                        test_conversations: int) -> dict[str, str]:
+    """Conversation number -> split, in the sorted list: the first dev_conversations dev, the next
+    test_conversations test, the rest train (the module docstring's Splits)."""
+    conversations = sorted({number for number, _ in transcripts})
+    split_of = {}
+    for index, number in enumerate(conversations):
+        split_of[number] = ("dev" if index < dev_conversations
+                            else "test" if index < dev_conversations + test_conversations else "train")
+    return split_of
+
+
+def read_side_utterances(path: Path, recording_id: str, split: str, pronunciations: Lexicon | None,
+                         problems: list[Problem]) -> list[UtteranceSpec]:
+    """The segments of one side's ms98 transcript that hold words; a malformed line is added to
+    `problems` (bad_transcript)."""
+    utterances = []
+    for line_number, line in enumerate(path.read_text(encoding="latin-1").splitlines(), start=1):
+        fields = line.split()
+        if not fields:
+            continue
+        try:
+            segment_id, start, end = fields[0], float(fields[1]), float(fields[2])
+        except (IndexError, ValueError):
+            problems.append(Problem("bad_transcript", f"{path.name}:{line_number}",
+                                    f"{path}:{line_number}: expected '<id> <start> <end> <words>', got {line!r}"))
+            continue
+        tokens = clean_ms98_tokens(fields[3:])
+        if not tokens:
+            continue  # silence or noise only
+        phones, oov = pronunciations.pronounce(tokens) if pronunciations else (None, [])
+        utterances.append(UtteranceSpec(
+            id=segment_id, split=split, recording_id=recording_id, speaker=recording_id,
+            text=normalise_transcript(tokens), start=start, end=end,
+            phones=" ".join(phones) if phones is not None else None, oov_words=tuple(oov),
+        ))
+    return utterances
+
+
+def conversations_without_transcripts(audio: dict[str, Path], transcripts: dict[tuple[str, str], Path],
+                                      transcripts_dir: Path) -> list[Problem]:
+    """A missing_transcript problem for each conversation with audio but no transcript of either side."""
+    sides = defaultdict(set)
+    for number, side in transcripts:
+        sides[f"sw0{number}"].add(side)
+    return [Problem("missing_transcript", conversation,
+                    f"{audio[conversation]}: no ms98 transcript for either side under {transcripts_dir}")
+            for conversation in sorted(set(audio) - set(sides))]
+
+
 def prepare_switchboard(corpus_dir, out_dir, *, transcripts_dir=None, dev_conversations: int = 40,
                         test_conversations: int = 40, lexicon=None, extra_lexicon=(), oov_policy: str = "error",
                         bad_data_policy: str = "error", jobs: int | None = None, progress: bool = True) -> dict:
@@ -114,20 +180,8 @@ def prepare_switchboard(corpus_dir, out_dir, *, transcripts_dir=None, dev_conver
         return done
     pronunciations = Lexicon.load(lexicon_files) if lexicon_files else None
 
-    audio = {p.stem.lower(): p for p in corpus_dir.rglob("*") if p.suffix.lower() == ".sph"}
-    transcripts = read_ms98_transcripts(transcripts_dir)
-    if not audio:
-        raise SwitchboardLayoutError(f"no .sph files under {corpus_dir}: point --corpus-dir at the LDC97S62 audio")
-    if not transcripts:
-        raise SwitchboardLayoutError(
-            f"no ms98 transcripts (sw2001A-ms98-a-trans.text ...) under {transcripts_dir}: unpack ISIP's "
-            "switchboard_word_alignments.tar.gz and pass its swb_ms98_transcriptions folder as --transcripts-dir"
-        )
-    conversations = sorted({number for number, _ in transcripts})
-    split_of = {}
-    for index, number in enumerate(conversations):
-        split_of[number] = ("dev" if index < dev_conversations
-                            else "test" if index < dev_conversations + test_conversations else "train")
+    audio, transcripts = find_audio_and_transcripts(corpus_dir, transcripts_dir)
+    split_of = conversation_splits(transcripts, dev_conversations, test_conversations)
 
     recordings, utterances, problems = [], [], []
     for (number, side), path in sorted(transcripts.items()):
@@ -139,31 +193,8 @@ def prepare_switchboard(corpus_dir, out_dir, *, transcripts_dir=None, dev_conver
             continue
         recordings.append(RecordingSpec(recording_id, AudioSource(path=str(audio[conversation]),
                                                                   channel=0 if side == "A" else 1)))
-        for line_number, line in enumerate(path.read_text(encoding="latin-1").splitlines(), start=1):
-            fields = line.split()
-            if not fields:
-                continue
-            try:
-                segment_id, start, end = fields[0], float(fields[1]), float(fields[2])
-            except (IndexError, ValueError):
-                problems.append(Problem("bad_transcript", f"{path.name}:{line_number}",
-                                        f"{path}:{line_number}: expected '<id> <start> <end> <words>', got {line!r}"))
-                continue
-            tokens = clean_ms98_tokens(fields[3:])
-            if not tokens:
-                continue  # silence or noise only
-            phones, oov = pronunciations.pronounce(tokens) if pronunciations else (None, [])
-            utterances.append(UtteranceSpec(
-                id=segment_id, split=split_of[number], recording_id=recording_id, speaker=recording_id,
-                text=normalise_transcript(tokens), start=start, end=end,
-                phones=" ".join(phones) if phones is not None else None, oov_words=tuple(oov),
-            ))
-    sides = defaultdict(set)
-    for number, side in transcripts:
-        sides[f"sw0{number}"].add(side)
-    for conversation in sorted(set(audio) - set(sides)):
-        problems.append(Problem("missing_transcript", conversation,
-                                f"{audio[conversation]}: no ms98 transcript for either side under {transcripts_dir}"))
+        utterances += read_side_utterances(path, recording_id, split_of[number], pronunciations, problems)
+    problems += conversations_without_transcripts(audio, transcripts, transcripts_dir)
     return build_manifests("switchboard", out_dir, recordings, utterances, problems, settings=settings,
                            oov_policy=oov_policy, bad_data_policy=bad_data_policy,
                            phone_set="arpabet39" if pronunciations else None, jobs=jobs, progress=progress)

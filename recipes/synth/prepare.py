@@ -2,33 +2,10 @@
 
     python -m recipes.synth.prepare --out data/synth --train 3000 --dev 200 --test 200 --seed 0 --jobs 2
 
-Read top to bottom: the sentence pools of the splits, the plan of each utterance (its sentences,
-speaker and voicing), synthesis in parallel, the manifests and the report.
+Read top to bottom: the folder's settings, the plan of each utterance (its sentences, speaker and
+voicing: ``recipes.synth.plans``, which says how they are drawn), synthesis in parallel
+(``recipes.synth.synthesis``, which says how utterances are dropped), the manifests and the report.
 
-- Sentences: the shipped WordNet list is shuffled with the seed and cut 90/5/5 % into train, dev
-  and test pools, so no sentence is in two splits. An utterance joins 2-4 consecutive sentences
-  of its split's pool until it reaches a drawn target of 14-30 words (about 5-10 s of speech);
-  ``--utterance-scale K`` multiplies both ranges (K=2: 4-8 sentences, 28-60 words, about 16 s).
-  A split that asks for more sentences than its pool holds goes round the pool again in a new
-  order (sentences repeat within that split, never across splits).
-- Speakers: train and dev use the 32 seen speakers (a quarter of the utterances flite, three
-  quarters espeak-ng); half of the test utterances use the held-out speakers, the other half
-  the seen ones. See ``recipes.synth.voices``.
-- Extra voices (``--extra-voices festival``; off by default): a third of the seen espeak-ng
-  utterances get one of festival's 3 US English voices instead, so festival speaks a quarter of
-  the seen-speaker utterances (espeak-ng a half, flite a quarter) in every split; all festival
-  voices are seen ones. The choice and the festival voicing come from a random stream of their own
-  (``default_rng((seed, split, i, 1))``), so every other part of a plan (sentences, gain, and the
-  speaker of the other utterances) is the default plan's: the held-out half of the test split and
-  three quarters of the rest are the same utterances as without the option, and with the option off
-  the corpus is the default one, byte for byte.
-- Determinism: utterance i of a split draws everything from ``numpy.random.default_rng((seed,
-  split, i))`` and the pool order; workers only run the synthesisers, so the output is identical
-  for any number of jobs. Utterance ids are ``synth-{split}-{i:06d}``.
-- Dropped utterances: when a synthesiser uses a phoneme with no ARPAbet equivalent (a foreign
-  sound), or a festival diphone voice lacks a diphone (it would say silence in its place), the
-  utterance is dropped, counted in the report with its reason, and the next planned utterance of
-  the split takes its place, so each split still reaches its requested size.
 - Resumable: each finished utterance leaves ``audio/{split}/{id}.flac`` and ``meta/{split}/{id}.json``
   (written last, atomically); a rerun skips utterances whose meta file exists. A complete output
   (``synth_report.json`` with the same request, manifests present) is returned as it is.
@@ -45,15 +22,12 @@ paths relative to ``out_dir``, which ``asr.data.manifests`` resolves), ``audio/`
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import hashlib
 import json
-import multiprocessing
 import os
 import sys
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -61,223 +35,15 @@ import numpy as np
 from asr.core.exit_status import run_command
 from recipes.synth.lexicon_lm import write_lexicon_and_lm
 from asr.data.manifests import manifest_path
-from asr.text.synthesiser_phonemes import UnmappablePhonemeError
-from recipes.synth.sentences import load_sentences, normalise_text
-from recipes.synth.voices import (
-    ESPEAK_PITCH, ESPEAK_RATE_WPM, EXTRA_VOICES, FESTIVAL_DURATION_FACTOR, FESTIVAL_F0_FACTOR, FESTIVAL_SPEAKERS,
-    FESTIVAL_VOICES, FLITE_DURATION_STRETCH, FLITE_F0_FACTOR, FLITE_VOICES, GAIN_DB, HELD_OUT_SPEAKER_IDS,
-    SAMPLING_RATE, SPEAKERS, SPEAKERS_BY_ID, MissingDiphoneError, check_synthesisers, synthesise,
+from recipes.synth.plans import (
+    CORPUS, GENERATOR_VERSION, SPLITS, SplitPlanner, parse_extra_voices, split_sentence_pools,
 )
+from recipes.synth.sentences import load_sentences
+from recipes.synth.synthesis import WorkerPool, generate_split
+from recipes.synth.voices import EXTRA_VOICES, HELD_OUT_SPEAKER_IDS, SPEAKERS, check_synthesisers
 
-CORPUS = "synth"
-SPLITS = ("train", "dev", "test")
-SPLIT_CODES = {"train": 0, "dev": 1, "test": 2}  # part of the per-utterance seed
-POOL_FRACTIONS = {"train": 0.90, "dev": 0.05, "test": 0.05}
-WORDS_PER_UTTERANCE = (14, 30)  # target drawn uniformly (inclusive), times the utterance scale
-SENTENCES_PER_UTTERANCE = (2, 4)  # times the utterance scale
-FLITE_SHARE = 0.25  # of the utterances spoken by seen speakers
-FESTIVAL_SHARE = 0.25  # of the seen speakers' utterances, with --extra-voices festival (taken from espeak-ng's)
-FESTIVAL_STREAM = 1  # the last entry of the seed of the festival draws: (seed, split, i, FESTIVAL_STREAM)
-HELD_OUT_SHARE_OF_TEST = 0.5
-# Version of the planning rules: a folder made under other rules is not mixed with new utterances.
-GENERATOR_VERSION = 1
 CONFIG_FILE = "synth_config.json"
 REPORT_FILE = "synth_report.json"
-
-
-# ----------------------------------------------------------------------------- sentences per split
-
-def split_sentence_pools(sentences: list[str], seed: int) -> dict[str, list[str]]:
-    """Disjoint train/dev/test sentence pools: the list shuffled by ``seed``, cut by POOL_FRACTIONS."""
-    order = np.random.default_rng((seed, 99)).permutation(len(sentences))
-    shuffled = [sentences[i] for i in order]
-    n_dev = max(1, round(POOL_FRACTIONS["dev"] * len(shuffled)))
-    n_test = max(1, round(POOL_FRACTIONS["test"] * len(shuffled)))
-    return {"dev": shuffled[:n_dev], "test": shuffled[n_dev:n_dev + n_test], "train": shuffled[n_dev + n_test:]}
-
-
-# ----------------------------------------------------------------------------- utterance plans
-
-@dataclass(frozen=True)
-class UtterancePlan:
-    id: str
-    split: str
-    index: int
-    sentences: tuple[str, ...]
-    speaker: str
-    prosody: dict = field(hash=False)
-    gain_db: float = 0.0
-
-    @property
-    def text(self) -> str:
-        """What the synthesiser reads: the sentences, each ending in a full stop."""
-        return " ".join(self.sentences)
-
-
-def parse_extra_voices(extra_voices: str | list[str] | tuple[str, ...] | None) -> tuple[str, ...]:
-    """The extra voice sets asked for ("festival", or a comma-separated list; None or "" for none),
-    sorted; an unknown one is a ValueError naming the choices."""
-    if extra_voices is None:
-        return ()
-    names = extra_voices.split(",") if isinstance(extra_voices, str) else list(extra_voices)
-    names = sorted({str(name).strip() for name in names} - {""})
-    unknown = [name for name in names if name not in EXTRA_VOICES]
-    if unknown:
-        raise ValueError(f"unknown extra voices {', '.join(map(repr, unknown))} (--extra-voices, or "
-                         f"synth_corpus.extra_voices in asr.train); the choices are: {', '.join(EXTRA_VOICES)}")
-    return tuple(names)
-
-
-def speaker_ids(held_out: bool) -> list[str]:
-    """The held-out speakers (test only), or the seen ones (all splits)."""
-    if held_out:
-        return list(HELD_OUT_SPEAKER_IDS)
-    return [s.id for s in SPEAKERS if s.id not in HELD_OUT_SPEAKER_IDS]
-
-
-class SplitPlanner:
-    """The endless, deterministic sequence of utterance plans of one split."""
-
-    def __init__(self, split: str, pool: list[str], seed: int, utterance_scale: int = 1,
-                 extra_voices: tuple[str, ...] = ()):
-        if not pool:
-            raise ValueError(f"the sentence pool of split {split!r} is empty")
-        self.split, self.pool, self.seed, self.extra_voices = split, pool, seed, extra_voices
-        self.words_range = tuple(utterance_scale * n for n in WORDS_PER_UTTERANCE)
-        self.sentences_range = tuple(utterance_scale * n for n in SENTENCES_PER_UTTERANCE)
-        self._epoch, self._position, self._order = -1, len(pool), np.arange(0)
-        self._next_index = 0
-
-    def _next_sentence(self) -> str:
-        if self._position >= len(self.pool):  # new round through the pool, in a new order
-            self._epoch += 1
-            self._order = np.random.default_rng((self.seed, SPLIT_CODES[self.split], 10**6 + self._epoch)) \
-                .permutation(len(self.pool))
-            self._position = 0
-        sentence = self.pool[self._order[self._position]]
-        self._position += 1
-        return sentence
-
-    def next_plan(self) -> UtterancePlan:
-        index = self._next_index
-        self._next_index += 1
-        rng = np.random.default_rng((self.seed, SPLIT_CODES[self.split], index))
-
-        held_out = self.split == "test" and rng.random() < HELD_OUT_SHARE_OF_TEST
-        candidates = speaker_ids(held_out)
-        if not held_out:  # choose the engine first, so flite's 4 voices are not swamped by espeak's 28
-            engine = "flite" if rng.random() < FLITE_SHARE else "espeak-ng"
-            candidates = [s for s in candidates if SPEAKERS_BY_ID[s].engine == engine]
-        speaker = SPEAKERS_BY_ID[candidates[rng.integers(len(candidates))]]
-
-        if speaker.engine == "espeak-ng":
-            prosody = {"rate_wpm": int(rng.integers(ESPEAK_RATE_WPM[0], ESPEAK_RATE_WPM[1] + 1)),
-                       "pitch": int(rng.integers(ESPEAK_PITCH[0], ESPEAK_PITCH[1] + 1))}
-        else:
-            prosody = {"duration_stretch": round(float(rng.uniform(*FLITE_DURATION_STRETCH)), 3),
-                       "f0_mean_hz": round(FLITE_VOICES[speaker.voice] * float(rng.uniform(*FLITE_F0_FACTOR)), 1)}
-        gain_db = round(float(rng.uniform(*GAIN_DB)), 2)
-
-        target_words = int(rng.integers(self.words_range[0], self.words_range[1] + 1))
-        sentences, words = [], 0
-        while len(sentences) < self.sentences_range[0] or (
-                words < target_words and len(sentences) < self.sentences_range[1]):
-            sentence = self._next_sentence()
-            sentences.append(sentence)
-            words += len(normalise_text(sentence).split())
-        plan = UtterancePlan(id=f"{CORPUS}-{self.split}-{index:06d}", split=self.split, index=index,
-                             sentences=tuple(sentences), speaker=speaker.id, prosody=prosody, gain_db=gain_db)
-        if "festival" in self.extra_voices and speaker.engine == "espeak-ng" and not held_out:
-            plan = self._festival_instead(plan)
-        return plan
-
-    def _festival_instead(self, plan: UtterancePlan) -> UtterancePlan:
-        """The plan with a festival voice for FESTIVAL_SHARE of the seen speakers' utterances (a
-        share of the espeak-ng ones), drawn from a stream of its own: the rest of the plan stays."""
-        rng = np.random.default_rng((self.seed, SPLIT_CODES[self.split], plan.index, FESTIVAL_STREAM))
-        if rng.random() >= FESTIVAL_SHARE / (1 - FLITE_SHARE):
-            return plan
-        speaker = FESTIVAL_SPEAKERS[rng.integers(len(FESTIVAL_SPEAKERS))]
-        voice = FESTIVAL_VOICES[speaker.voice]
-        duration_factor = float(rng.uniform(*FESTIVAL_DURATION_FACTOR))
-        f0_factor = float(rng.uniform(*FESTIVAL_F0_FACTOR))  # drawn for every voice, used where it has an F0 model
-        prosody = {"duration_stretch": round(voice.duration_stretch * duration_factor, 3)}
-        if voice.f0_mean_hz is not None:
-            prosody["f0_mean_hz"] = round(voice.f0_mean_hz * f0_factor, 1)
-        return dataclasses.replace(plan, speaker=speaker.id, prosody=prosody)
-
-
-def plan_utterances(sentences: list[str], seed: int, counts: dict[str, int], utterance_scale: int = 1,
-                    extra_voices: tuple[str, ...] = ()) -> dict[str, list[UtterancePlan]]:
-    """The first ``counts[split]`` plans of each split (no synthesis; drops are not known yet)."""
-    pools = split_sentence_pools(sentences, seed)
-    plans = {}
-    for split in SPLITS:
-        planner = SplitPlanner(split, pools[split], seed, utterance_scale, extra_voices)
-        plans[split] = [planner.next_plan() for _ in range(counts.get(split, 0))]
-    return plans
-
-
-# ----------------------------------------------------------------------------- synthesis (workers)
-
-def _meta_path(out_dir: Path, plan: UtterancePlan) -> Path:
-    return out_dir / "meta" / plan.split / f"{plan.id}.json"
-
-
-def _audio_relpath(plan: UtterancePlan) -> str:
-    return f"audio/{plan.split}/{plan.id}.flac"
-
-
-def synthesise_plan(out_dir: Path, plan: UtterancePlan) -> dict:
-    """Synthesise one planned utterance; write its audio and meta record; return the record.
-
-    The record is the plan plus either (text, phones, audio, num_samples, duration) or
-    (dropped: reason, phoneme). The meta file is written last and atomically: it marks the
-    utterance done for a resumed run.
-    """
-    out_dir = Path(out_dir)
-    record = {"id": plan.id, "split": plan.split, "index": plan.index, "speaker": plan.speaker,
-              "engine": SPEAKERS_BY_ID[plan.speaker].engine, "voice": SPEAKERS_BY_ID[plan.speaker].voice,
-              "prosody": plan.prosody, "gain_db": plan.gain_db, "sentences": list(plan.sentences),
-              "text": normalise_text(plan.text)}
-    final_audio = out_dir / _audio_relpath(plan)
-    final_audio.parent.mkdir(parents=True, exist_ok=True)
-    partial_audio = final_audio.with_name(f"{plan.id}.partial.flac")
-    try:
-        result = synthesise(plan.text, SPEAKERS_BY_ID[plan.speaker], plan.prosody, plan.gain_db, partial_audio)
-    except UnmappablePhonemeError as error:
-        partial_audio.unlink(missing_ok=True)
-        record.update(dropped=f"unmappable {error.engine} phoneme", phoneme=error.phoneme)
-    except MissingDiphoneError as error:
-        partial_audio.unlink(missing_ok=True)
-        record.update(dropped="missing festival diphone", phoneme=error.diphone)
-    else:
-        os.replace(partial_audio, final_audio)
-        record.update(phones=" ".join(result.phones), audio=_audio_relpath(plan), num_samples=result.num_samples,
-                      sampling_rate=SAMPLING_RATE, duration=result.num_samples / SAMPLING_RATE)
-    meta = _meta_path(out_dir, plan)
-    meta.parent.mkdir(parents=True, exist_ok=True)
-    partial_meta = meta.with_suffix(".partial")
-    partial_meta.write_text(json.dumps(record, sort_keys=True))
-    os.replace(partial_meta, meta)
-    return record
-
-
-def _synthesise_task(task: tuple[str, UtterancePlan]) -> dict:
-    return synthesise_plan(Path(task[0]), task[1])
-
-
-def _load_done(out_dir: Path, plan: UtterancePlan) -> dict | None:
-    meta = _meta_path(out_dir, plan)
-    if not meta.is_file():
-        return None
-    record = json.loads(meta.read_text())
-    if "dropped" not in record and not (out_dir / record["audio"]).is_file():
-        return None  # audio deleted by hand: make it again
-    if record["sentences"] != list(plan.sentences) or record["speaker"] != plan.speaker:
-        raise RuntimeError(f"{meta} does not match the current plan of {plan.id}; the folder was made "
-                           f"by another version of the generator: delete {out_dir} and generate again")
-    return record
 
 
 # ----------------------------------------------------------------------------- the whole corpus
@@ -354,70 +120,17 @@ def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: in
     pools = split_sentence_pools(sentences, seed)
     kept: dict[str, list[dict]] = {}
     dropped: dict[str, list[dict]] = {}
-    with _WorkerPool(jobs) as pool:
+    with WorkerPool(jobs) as pool:
         for split in SPLITS:
             planner = SplitPlanner(split, pools[split], seed, utterance_scale, extra_voices)
-            kept[split], dropped[split] = _generate_split(out_dir, planner,
-                                                          counts[split], pool, progress)
+            kept[split], dropped[split] = generate_split(out_dir, planner,
+                                                         counts[split], pool, progress)
     _write_manifests(out_dir, kept)
     write_lexicon_and_lm(out_dir, CORPUS, SPLITS)
     speakers = [s.id for s in SPEAKERS] + [s.id for name in extra_voices for s in EXTRA_VOICES[name]]
     report = _make_report(request, kept, dropped, pools, speakers, jobs, time.time() - started)
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=1, sort_keys=True))
     return report
-
-
-class _WorkerPool:
-    """A process pool (spawned, so it is safe inside a multithreaded trainer), or none for jobs=1."""
-
-    def __init__(self, jobs: int):
-        self.jobs, self.pool = jobs, None
-
-    def __enter__(self):
-        if self.jobs > 1:
-            self.pool = multiprocessing.get_context("spawn").Pool(self.jobs)
-        return self
-
-    def __exit__(self, *exc):
-        if self.pool is not None:
-            self.pool.terminate()
-            self.pool.join()
-
-    def imap(self, tasks):
-        if self.pool is None:
-            return map(_synthesise_task, tasks)
-        return self.pool.imap(_synthesise_task, tasks, chunksize=2)
-
-
-def _generate_split(out_dir: Path, planner: SplitPlanner, count: int, pool: _WorkerPool,
-                    progress: bool) -> tuple[list[dict], list[dict]]:
-    """Synthesise plans in order until ``count`` are kept; dropped ones are replaced by the next plans."""
-    from tqdm import tqdm
-
-    kept, dropped = [], []
-    bar = tqdm(total=count, desc=f"synth {planner.split}", unit="utt", disable=not progress)
-    while len(kept) < count:
-        plans = [planner.next_plan() for _ in range(count - len(kept))]
-        records = {}
-        pending = []
-        for plan in plans:
-            record = _load_done(out_dir, plan)
-            if record is None:
-                pending.append(plan)
-            else:
-                records[plan.id] = record
-        bar.update(sum("dropped" not in r for r in records.values()))
-        for record in pool.imap([(str(out_dir), plan) for plan in pending]):
-            records[record["id"]] = record
-            bar.update("dropped" not in record)
-        for plan in plans:  # plan order, not completion order
-            (dropped if "dropped" in records[plan.id] else kept).append(records[plan.id])
-        if len(dropped) > max(50, count):
-            raise RuntimeError(f"{len(dropped)} {planner.split} utterances dropped for "
-                               f"{Counter(d['phoneme'] for d in dropped).most_common(5)}: the phoneme "
-                               f"mapping (asr/text/synthesiser_phonemes.py) does not fit this synthesiser version")
-    bar.close()
-    return kept, dropped
 
 
 def _write_manifests(out_dir: Path, kept: dict[str, list[dict]]) -> None:

@@ -73,7 +73,8 @@ def kept_checkpoints(run: Path) -> dict[int, Path]:
 # ---- training ------------------------------------------------------------------------------------------
 def training_overrides(steps: int, every: int, architecture: str = "synth") -> list[str]:
     """asr.train overrides of the long run: the paper setting, the encoder, a step budget, kept checkpoints."""
-    from recipes.synth.experiment import SETTINGS, training_budget
+    from recipes.synth.experiment import training_budget
+    from recipes.synth.experiment_settings import SETTINGS
     encoder = [f"model.{key}={value}" for key, value in ARCHITECTURES[architecture].items()]
     return [*SETTINGS["paper"].preset_overrides(PRESET), *encoder, *training_budget(steps, None),
             f"trainer.keep_checkpoints_every_n_steps={every}", "test=false"]

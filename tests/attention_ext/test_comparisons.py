@@ -45,7 +45,7 @@ def test_every_comparison_reads_the_declared_list():
     from asr.cross_matrix import DEFAULT_SPECS, build_parser as cross_matrix_parser
     from attention_ext.benchmark.__main__ import build_parser as benchmark_parser
     from attention_ext.copy_task.__main__ import DEFAULT_CLUSTERS, default_specs
-    from recipes.synth.experiment import SETTINGS
+    from recipes.synth.experiment_settings import SETTINGS
 
     assert DEFAULT_SPECS == cross_matrix_rows()
     assert cross_matrix_parser().parse_args(["a.ckpt"]).specs == list(cross_matrix_rows())

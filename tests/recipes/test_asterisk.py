@@ -21,15 +21,8 @@ from asr.data.audio_source import AudioSourceError
 from asr.data.manifest_builder import PreparationError
 from asr.evaluation.decoding.lexicon import read_lexicon
 from corpus_fixtures import flac_samples, read_gz_jsonl, tone
-from recipes.asterisk.prepare import (
-    AsteriskSetupError,
-    G722File,
-    main,
-    prepare_asterisk,
-    read_aloud,
-    read_prompt,
-    read_prompts,
-)
+from recipes.asterisk.prepare import AsteriskSetupError, G722File, main, prepare_asterisk
+from recipes.asterisk.prompts import read_aloud, read_prompt, read_prompts
 
 PROGRAMS = ("ffmpeg", "espeak-ng", "flite")
 needs_programs = pytest.mark.skipif(not all(shutil.which(p) for p in PROGRAMS),

@@ -14,12 +14,11 @@ import soundfile
 
 from asr.text.phones import ARPABET_39
 from asr.text.synthesiser_phonemes import UnmappablePhonemeError, espeak_to_arpabet, flite_to_arpabet
-from recipes.synth.prepare import (
-    HELD_OUT_SPEAKER_IDS, SPLITS, UtterancePlan, generate_corpus, plan_utterances, prepare_synth,
-    split_sentence_pools, synthesise_plan,
-)
+from recipes.synth.plans import SPLITS, UtterancePlan, plan_utterances, split_sentence_pools
+from recipes.synth.prepare import generate_corpus, prepare_synth
 from recipes.synth.sentences import build_sentence_list, is_speakable, load_sentences, normalise_text
-from recipes.synth.voices import SPEAKERS, SPEAKERS_BY_ID, MissingSynthesiserError
+from recipes.synth.synthesis import synthesise_plan
+from recipes.synth.voices import HELD_OUT_SPEAKER_IDS, SPEAKERS, SPEAKERS_BY_ID, MissingSynthesiserError
 
 HAVE_SYNTHESISERS = all(shutil.which(p) for p in ("espeak-ng", "flite", "sox"))
 needs_synthesisers = pytest.mark.skipif(not HAVE_SYNTHESISERS, reason="espeak-ng, flite or sox not installed "

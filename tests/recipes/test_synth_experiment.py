@@ -5,9 +5,11 @@ import math
 
 import pytest
 
-from recipes.synth.experiment import (PRESETS, PUBLISHED, SETTINGS, SPECS, experiment_results, format_findings,
-                                      main, paper_findings, plot_training_curves, publish, training_budget,
-                                      training_spec, validation_curve, with_columns_from)
+from recipes.synth.experiment import main, training_budget
+from recipes.synth.experiment_results import (PUBLISHED, experiment_results, plot_training_curves, publish,
+                                              validation_curve, with_columns_from)
+from recipes.synth.experiment_settings import PRESETS, SETTINGS, SPECS, training_spec
+from recipes.synth.paper_findings import format_findings, paper_findings
 from test_presets_on_fixtures import compose_config   # composes conf/ as asr.train does
 
 COLUMNS = ["full", "shared_full", "lsh1", "lsh4", "clustered", "iclustered"]

@@ -15,14 +15,13 @@ import soundfile
 
 from asr.text.phones import ARPABET_39
 from asr.text.synthesiser_phonemes import FESTIVAL_TO_ARPABET, UnmappablePhonemeError, festival_to_arpabet
-from recipes.synth.prepare import (
-    HELD_OUT_SPEAKER_IDS, SPLITS, UtterancePlan, _check_config, generate_corpus, main, plan_utterances,
-    prepare_synth, synthesise_plan,
-)
+from recipes.synth.plans import SPLITS, UtterancePlan, plan_utterances
+from recipes.synth.prepare import _check_config, generate_corpus, main, prepare_synth
 from recipes.synth.sentences import load_sentences
+from recipes.synth.synthesis import synthesise_plan
 from recipes.synth.voices import (
-    FESTIVAL_SPEAKERS, FESTIVAL_VOICES, SPEAKERS, SPEAKERS_BY_ID, MissingSynthesiserError, check_synthesisers,
-    installed_festival_voices, synthesise,
+    FESTIVAL_SPEAKERS, FESTIVAL_VOICES, HELD_OUT_SPEAKER_IDS, SPEAKERS, SPEAKERS_BY_ID, MissingSynthesiserError,
+    check_synthesisers, installed_festival_voices, synthesise,
 )
 
 HAVE_BASE = all(shutil.which(p) for p in ("espeak-ng", "flite", "sox"))
