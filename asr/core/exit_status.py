@@ -1,4 +1,4 @@
-"""The exit statuses of every command of this project (the table in README.md, "Exit statuses").
+"""The exit statuses of every command of this project (the table in asr/README.md, "Exit statuses").
 
     0    success
     1    a failure while running (a traceback, or a message saying what failed)

@@ -246,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def command(argv: list[str] | None = None) -> int:
-    """main with the project's exit statuses (README, "Exit statuses"): 0 done, 2 a bad option
+    """main with the project's exit statuses (asr/README.md, "Exit statuses"): 0 done, 2 a bad option
     (argparse), 1 a failure while measuring (its traceback), 130 after Ctrl-C, without a traceback.
     attention_ext knows nothing of asr, so this does not use asr.core.exit_status."""
     try:

@@ -173,7 +173,7 @@ def test_checkpoint_of_another_shape_names_the_differing_tensors():
 @pytest.mark.parametrize("name, options", [("clustered", {"clusters": 64}), ("iclustered", {"clusters": 64, "topk": 4}),
                                            ("oracle_top", {"topk": 64})])
 def test_swapped_in_attention_is_what_runs(name, options):
-    """With more clusters (or top keys) than positions these attentions are exact (DESIGN.md), so the
+    """With more clusters (or top keys) than positions these attentions are exact (attention_ext/README.md), so the
     swapped model must reproduce the full-attention output; with few clusters it must not."""
     torch.manual_seed(0)
     encoder = tiny_encoder(layers=2)

@@ -1,4 +1,4 @@
-"""A tiny corpus on disk in the manifest format of ASR_API.md (what recipes write)."""
+"""A tiny corpus on disk in the manifest format the recipes write (recipes/README.md, "The other corpora")."""
 
 from __future__ import annotations
 
