@@ -171,7 +171,7 @@ def test_readme_is_the_front_door_with_the_ci_test_command():
 
 @pytest.mark.parametrize("heading, anchor", [
     ("Evaluation with another attention: `python -m asr.evaluate`", "evaluation-with-another-attention-python--m-asrevaluate"),
-    ("Words: lexicon and n-gram LM decoding (`asr/decoding/`)", "words-lexicon-and-n-gram-lm-decoding-asrdecoding"),
+    ("Words: lexicon and n-gram LM decoding (`asr/evaluation/decoding/`)", "words-lexicon-and-n-gram-lm-decoding-asrevaluationdecoding"),
     ("`clustered` and `iclustered`", "clustered-and-iclustered"),
     ("The [GPU](x.md): **status**", "the-gpu-status"),
     ("Scale: the data side from 10 h to 10,000 h", "scale-the-data-side-from-10-h-to-10000-h"),
