@@ -186,6 +186,7 @@ class SpeechDataModule(lightning.LightningDataModule):
         super().__init__()
         self.cfg = as_data_config(cfg)
         validate_data_config(self.cfg)
+        self.corpus = Corpus.of(self.cfg)   # data.corpus and data.root, resolved once
         if frame_subsampling < 1:
             raise ValueError(f"frame_subsampling={frame_subsampling} must be >= 1")
         self.frame_subsampling = int(frame_subsampling)
@@ -223,7 +224,7 @@ class SpeechDataModule(lightning.LightningDataModule):
             if self._tokenizers is None and name != cfg.train_split:
                 self.split(cfg.train_split, features=False)   # step 3 needs the training text's tokenizers
             # 1. load the cuts
-            cuts = load_cuts(cfg.root, cfg.corpus, name, need_phones="phones" in cfg.targets,
+            cuts = load_cuts(self.corpus.root, self.corpus.name, name, need_phones="phones" in cfg.targets,
                              limit=cfg.max_train_utterances if name == cfg.train_split else None)
             # 2. check and drop bad ones
             data = drop_unusable_cuts(name, cuts, "phones" in cfg.targets, cfg.max_duration, self.filterbank,
