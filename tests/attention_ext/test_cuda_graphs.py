@@ -117,19 +117,25 @@ def test_captured_forward_and_backward_replay_as_eager(name, no_value_checks):
     assert not torch.allclose(captured[0], forward_backward(attention, cuda_inputs(name, seed=0))[0])
 
 
-def test_value_checks_are_skipped_while_a_graph_is_captured():
-    """With value checks on (the default), a capture still succeeds: check_inputs does not read the
-    lengths on the host while the stream captures (it would invalidate the capture)."""
-    attention = build_attention("full")
-    tensors = cuda_inputs("full", seed=0)
+@pytest.mark.parametrize("name", ["full", "lsh"])
+def test_value_checks_are_skipped_while_a_graph_is_captured(name):
+    """With value checks on (the default), a capture still succeeds: neither check_inputs (the
+    lengths) nor LSH's CUDA kernels (their flag) read on the host while the stream captures (it
+    would invalidate the capture)."""
+    attention = build_attention(name, **OPTIONS.get(name, {}))
+    tensors = cuda_inputs(name, seed=0)
     warm_up(attention, tensors)
     assert attention_ext.input_validation_enabled()
     graph = torch.cuda.CUDAGraph()
+    torch.manual_seed(SEED)
     with torch.cuda.graph(graph):
         captured = forward_backward(attention, tensors)
+    torch.manual_seed(SEED)
     graph.replay()
+    torch.manual_seed(SEED)
+    expected = forward_backward(attention, tensors)
     torch.cuda.synchronize()
-    torch.testing.assert_close(captured[0], forward_backward(attention, tensors)[0])
+    torch.testing.assert_close(captured[0], expected[0])
 
 
 def test_lsh_kernels_refuse_bad_lengths_with_checks_on_and_do_nothing_with_them_off():

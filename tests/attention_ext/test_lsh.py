@@ -13,7 +13,8 @@ import torch
 from attention_ext import AttentionConfigError, build_attention
 from attention_ext._ops import ops
 from attention_ext.contract import draw_seed
-from attention_ext.lsh import device_rotations, lsh_bucket_count, lsh_chunked_attention, lsh_rotations
+from attention_ext.lsh import (device_rotations, lsh_bucket_count, lsh_chunked_attention, lsh_hash_on_device,
+                                lsh_rotations)
 
 
 def reference_buckets(q, length, rotation):
@@ -341,6 +342,30 @@ def test_hash_kernel_breaks_ties_as_torch_argmax(dtype, device):
                 assert order[b, h, r, :valid].tolist() == sorted(
                     range(valid), key=lambda position: (int(expected[position]), position))
     assert ties > 500  # the test does exercise ties
+
+
+def test_device_hashing_takes_each_sequences_buckets_from_rotations_of_the_padded_width(device):
+    """lsh_hash_on_device, the CUDA forward's hashing (nothing read on the host): rotations of the
+    padded length's width, drawn from the generator of q's device, of which sequence b uses its
+    first lsh_bucket_count(L_b) / 2 columns; the order lists its valid positions by (bucket,
+    position), then the padded ones. Also run on the CPU, where the same Python path is tested."""
+    torch.manual_seed(3)
+    q = torch.randn(3, 2, 200, 6, dtype=torch.float64)
+    lengths = torch.tensor([200, 77, 0])
+    rounds, chunk_size = 2, 4
+    torch.manual_seed(9)
+    rotations = device_rotations(q.to(device), rounds, chunk_size).cpu()
+    assert rotations.shape == (3, 2, 6, rounds, 32)   # n_buckets(200) / 2 = 25 columns, 2 tiles of 16
+    torch.manual_seed(9)
+    order = lsh_hash_on_device(q.to(device), lengths.to(device), rounds, chunk_size).cpu()
+    for b, valid in enumerate(lengths.tolist()):
+        half = lsh_bucket_count(valid, chunk_size) // 2
+        for h in range(2):
+            for r in range(rounds):
+                buckets = reference_buckets(q[b, h], valid, rotations[b, h, :, r, :half])
+                expected = sorted(range(valid), key=lambda position: (int(buckets[position]), position))
+                assert order[b, h, r, :valid].tolist() == expected
+                assert order[b, h, r, valid:].tolist() == list(range(valid, 200))
 
 
 def test_kernel_rejects_an_order_that_is_not_a_permutation(device):
