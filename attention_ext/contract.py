@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ._ops import set_device_value_checks
 from .registry import SharedQKRequiredError
 
 
@@ -35,8 +36,7 @@ def set_input_validation(enabled: bool) -> bool:
     """
     global _input_validation
     previous, _input_validation = _input_validation, bool(enabled)
-    from ._ops import set_device_value_checks   # here: the registry imports this module first
-    set_device_value_checks(_input_validation)
+    set_device_value_checks(_input_validation)   # LSH's CUDA kernels read their flag by it
     return previous
 
 
@@ -80,8 +80,8 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: tor
             raise ValueError(f"lengths must be integers, got dtype {lengths.dtype}")
         # Checked where they are: free on the CPU, one synchronisation on a GPU (so never while
         # a CUDA graph is captured); then moved without waiting for the device's queue.
-        if lengths.numel() and input_validation_enabled() and not (lengths.is_cuda and capturing_cuda_graph()) \
-                and (int(lengths.min()) < 0 or int(lengths.max()) > length):
+        check_values = input_validation_enabled() and not (lengths.is_cuda and capturing_cuda_graph())
+        if lengths.numel() and check_values and (int(lengths.min()) < 0 or int(lengths.max()) > length):
             raise ValueError(
                 f"lengths must lie in [0, {length}] (the padded length), got {lengths.tolist()}")
         lengths = lengths.to(device=q.device, dtype=torch.long, non_blocking=True)

@@ -33,11 +33,12 @@ depend on its batch's shape). `LSHAttention.hash` and `lsh_hash` with a seed giv
 rotations on either device.
 
 Hashing (projection, bucket, sort) and the chunked attention (forward and backward) are
-C++ kernels in csrc/lsh/ (hashing.cpp, attention_forward.cpp, attention_backward.cpp) (`lsh_hash`, `lsh_attention_forward`, `lsh_attention_backward`)
-and CUDA kernels for the same operators in csrc/lsh_cuda.cu. Dtypes (`contract.kernel_dtype`):
+C++ kernels in csrc/lsh/ (`lsh_hash` in hashing.cpp, `lsh_attention_forward` and
+`lsh_attention_backward` in attention_forward.cpp and attention_backward.cpp) and CUDA kernels for
+the same operators in csrc/lsh/lsh_cuda.cu. Dtypes (`contract.kernel_dtype`):
 float32 and float64 everywhere, float16 and bfloat16 natively on CUDA (float32 accumulation and
 a float32 log-sum-exp), in float32 on the CPU; the rotations are float32 (float64 for float64
-inputs) on both devices, so a seeded call draws the same rotations on either. Autocast is off
+inputs) on both devices, so `lsh_hash` with a seed draws the same rotations on either. Autocast is off
 inside the attention: it computes in the dtype of q.
 """
 from __future__ import annotations
@@ -203,7 +204,8 @@ class LSHAttention(torch.nn.Module):
 
     def hash(self, q: torch.Tensor, lengths: torch.Tensor | None = None,
              seed: int | None = None) -> LSHHashing:
-        """The buckets and sorted order a call with these queries would use (seed drawn if None)."""
+        """The buckets and sorted order a CPU call with these queries would use (seed drawn if None);
+        a CUDA forward call draws its rotations on the device instead (`lsh_hash_on_device`)."""
         lengths = check_inputs(q, q, q, lengths)
         seed = draw_seed() if seed is None else seed
         return lsh_hash(q.detach().to(kernel_dtype(q.dtype, q.device)), lengths, self.rounds,
