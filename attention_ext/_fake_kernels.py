@@ -151,7 +151,7 @@ def _clustered_top_attention_backward(grad_out, q, k, v, topk, offsets, members,
             _empty(v, batch, heads, clusters, v.shape[3]))                   # grad_rest
 
 
-# --- lsh.cpp ------------------------------------------------------------------------------------
+# --- lsh/ ---------------------------------------------------------------------------------------
 
 @_fake("lsh_hash")
 def _lsh_hash(q, rotations, lengths, half_buckets):

@@ -3,6 +3,7 @@ import torch
 
 try:
     from attention_ext import _C  # noqa: F401  (loading it registers the operators)
+    from attention_ext._C import set_device_value_checks  # noqa: F401  (contract.set_input_validation)
 except ImportError as error:  # pragma: no cover - only on an unbuilt checkout
     raise ImportError(
         "attention_ext's compiled kernels (attention_ext._C) are not built or do not match "

@@ -17,9 +17,10 @@ hashing and K-Means ones in full):
 - Hyperplanes cut through the cloud of valid queries at random positions (offset
   mean + N(0,1) * std of the projections), so the hash reflects Euclidean closeness.
   The planes (bits, E) and offsets (bits,) are drawn with torch.randn from the default
-  generator on every call, then one `draw_seed()` seeds the per-(batch, head) choice of
-  initial centroids: `torch.manual_seed(s)` makes a call repeatable, and a sequence
-  is clustered the same alone or at the same batch index of a padded batch.
+  generator of q's device on every call (CUDA's on a GPU: no copy from the host, so a CUDA
+  graph holds it), then one `draw_seed()` seeds the per-(batch, head) choice of initial
+  centroids: `torch.manual_seed(s)` makes a call repeatable, and a sequence is clustered
+  the same alone or at the same batch index of a padded batch.
 - A sequence with at most `clusters` valid queries gives each query its own cluster:
   the result is then exactly full attention.
 - Padded queries are in no cluster (id -1), count in no centroid, and output 0.
@@ -32,8 +33,8 @@ hashing and K-Means ones in full):
 - Dtypes (`contract.kernel_dtype`): float32 and float64 everywhere; float16 and bfloat16
   natively on CUDA (half-precision loads, float32 accumulation), in float32 on the CPU
   (cast back on return). Hash planes are float32 (float64 for float64 inputs) on both
-  devices. Autocast is off inside the attention (`contract.autocast_disabled`): it
-  computes in the dtype of q, which under autocast is the projections' half precision.
+  devices (drawn from each device's generator: a seed gives other planes on CPU and CUDA).
+  Autocast is off inside the attention (`contract.autocast_disabled`): it computes in the dtype of q, which under autocast is the projections' half precision.
 """
 from __future__ import annotations
 
@@ -119,10 +120,12 @@ def _cluster_queries_op(q: torch.Tensor, lengths: torch.Tensor, clusters: int, b
                         iterations: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(assignment, offsets, members) of `cluster_queries`, for q without gradient."""
     slots = cluster_slots(clusters, q.shape[2])
-    # Drawn on the CPU (the same planes on every device); non_blocking: a blocking copy to a GPU
-    # would wait for the GPU to finish its queue first.
-    planes = torch.randn(bits, q.shape[-1], dtype=hashing_dtype(q.dtype)).to(q.device, non_blocking=True)
-    plane_offsets = torch.randn(bits, dtype=hashing_dtype(q.dtype)).to(q.device, non_blocking=True)
+    # Drawn where q is, from torch's generator of that device: on CUDA a copy from the host could
+    # not be held by a CUDA graph, whose replays now draw new planes (the CUDA generator is
+    # graph-safe). The K-Means seed stays a host number: a captured graph keeps the one of its
+    # capture (tests/attention_ext/test_cuda_graphs.py).
+    planes = torch.randn(bits, q.shape[-1], dtype=hashing_dtype(q.dtype), device=q.device)
+    plane_offsets = torch.randn(bits, dtype=hashing_dtype(q.dtype), device=q.device)
     seed = draw_seed()
     codes = hash_queries(q, lengths, planes, plane_offsets)
     initial = ops.hamming_kmeans_init(codes, lengths, slots, seed)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import torch
 
+from ._ops import set_device_value_checks
 from .registry import SharedQKRequiredError
 
 
@@ -19,24 +20,34 @@ _input_validation = True
 
 
 def set_input_validation(enabled: bool) -> bool:
-    """Turns the value checks of `check_inputs` on (the default) or off; returns the old setting.
+    """Turns the value checks of the attentions on (the default) or off; returns the old setting.
 
     The shapes, dtypes and devices of q, k, v and lengths are always checked (that costs
-    nothing). That every length lies in [0, N] needs the lengths' values on the host: a device
-    synchronisation on every call when they live on a GPU. A training loop whose lengths are
-    known to be right can turn it off; code traced by torch.compile or torch.export never runs
-    it (a traced graph cannot branch on a tensor's values). Unchecked, a length outside [0, N]
-    is clipped to it by the attentions (LSH's kernels refuse it with their own error): wrong
-    numbers, never a crash.
+    nothing). The value checks read tensors on the host: `check_inputs` that every length lies
+    in [0, N], and on CUDA LSH's kernels their flag that lengths and sorted order are valid
+    (both device synchronisations when the tensors live on a GPU; lengths on the CPU are
+    checked for free). A GPU training loop whose lengths are known to be right turns them off:
+    then no attention synchronises with the host (tests/attention_ext/test_cuda_graphs.py).
+    They are skipped, whatever this switch says, where a host read cannot happen: in code
+    traced by torch.compile or torch.export (a traced graph cannot branch on a tensor's
+    values) and while a CUDA graph is being captured on the current stream (a synchronisation
+    would invalidate the capture). Unchecked, a length outside [0, N] is clipped to it by the
+    attentions: wrong numbers, never a crash or an out-of-bounds read.
     """
     global _input_validation
     previous, _input_validation = _input_validation, bool(enabled)
+    set_device_value_checks(_input_validation)   # LSH's CUDA kernels read their flag by it
     return previous
 
 
 def input_validation_enabled() -> bool:
     """Whether `check_inputs` checks the lengths' values now (on, and not being traced)."""
     return _input_validation and not torch.compiler.is_compiling()
+
+
+def capturing_cuda_graph() -> bool:
+    """True while the current CUDA stream is capturing a graph (never on a CPU-only torch)."""
+    return torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
 
 
 def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor | None,
@@ -67,11 +78,13 @@ def check_inputs(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: tor
             raise ValueError(f"lengths must have shape ({batch},), got {tuple(lengths.shape)}")
         if lengths.is_floating_point():
             raise ValueError(f"lengths must be integers, got dtype {lengths.dtype}")
-        lengths = lengths.to(device=q.device, dtype=torch.long)
-        if lengths.numel() and input_validation_enabled() and (
-                int(lengths.min()) < 0 or int(lengths.max()) > length):
+        # Checked where they are: free on the CPU, one synchronisation on a GPU (so never while
+        # a CUDA graph is captured); then moved without waiting for the device's queue.
+        check_values = input_validation_enabled() and not (lengths.is_cuda and capturing_cuda_graph())
+        if lengths.numel() and check_values and (int(lengths.min()) < 0 or int(lengths.max()) > length):
             raise ValueError(
                 f"lengths must lie in [0, {length}] (the padded length), got {lengths.tolist()}")
+        lengths = lengths.to(device=q.device, dtype=torch.long, non_blocking=True)
     if getattr(attention, "needs_shared_qk", False) and not is_shared_qk(q, k):
         raise SharedQKRequiredError(
             f"attention '{attention.attention_name}' needs a model with shared query/key projections: "
@@ -139,7 +152,7 @@ def hashing_dtype(dtype: torch.dtype) -> torch.dtype:
     """The dtype of random hash planes and rotations: float64 for float64 inputs, else float32.
 
     Half-precision queries are projected in float32 on both devices, on planes drawn in float32,
-    so a CUDA half-precision call draws the same planes as a CPU call (which computes in float32).
+    so a half-precision call draws the same planes as a float32 call on the same device.
     """
     return torch.float64 if dtype == torch.float64 else torch.float32
 

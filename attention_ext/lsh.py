@@ -23,17 +23,22 @@ What one call does, per sequence b of valid length L and per head:
    window of query i holds j. The result is exactly softmax attention over the union of
    the rounds' windows, every key counted once.
 
-Randomness: one seed is drawn from torch's default generator per call
+Randomness: on the CPU one seed is drawn from torch's default generator per call
 (`contract.draw_seed`); the rotations of batch element b come from a generator seeded
 with (seed, b). So `torch.manual_seed(s)` makes a call repeatable, and a sequence gets the
-same rotations, buckets and output alone and at index 0 of a padded batch.
+same rotations, buckets and output alone and at index 0 of a padded batch. On CUDA a forward
+call draws its rotations on the device instead (`lsh_hash_on_device`: no host read, so a CUDA
+graph can hold it; still repeatable under `torch.manual_seed`, but a sequence's rotations
+depend on its batch's shape). `LSHAttention.hash` and `lsh_hash` with a seed give the CPU's
+rotations on either device.
 
 Hashing (projection, bucket, sort) and the chunked attention (forward and backward) are
-C++ kernels in csrc/lsh.cpp (`lsh_hash`, `lsh_attention_forward`, `lsh_attention_backward`)
-and CUDA kernels for the same operators in csrc/lsh_cuda.cu. Dtypes (`contract.kernel_dtype`):
+C++ kernels in csrc/lsh/ (`lsh_hash` in hashing.cpp, `lsh_attention_forward` and
+`lsh_attention_backward` in attention_forward.cpp and attention_backward.cpp) and CUDA kernels for
+the same operators in csrc/lsh/lsh_cuda.cu. Dtypes (`contract.kernel_dtype`):
 float32 and float64 everywhere, float16 and bfloat16 natively on CUDA (float32 accumulation and
 a float32 log-sum-exp), in float32 on the CPU; the rotations are float32 (float64 for float64
-inputs) on both devices, so a seeded call draws the same rotations on either. Autocast is off
+inputs) on both devices, so `lsh_hash` with a seed draws the same rotations on either. Autocast is off
 inside the attention: it computes in the dtype of q.
 """
 from __future__ import annotations
@@ -102,17 +107,48 @@ def lsh_hash(queries: torch.Tensor, lengths: torch.Tensor, rounds: int, chunk_si
     return LSHHashing(rotations, n_buckets, buckets, order)
 
 
+def device_rotations(queries: torch.Tensor, rounds: int, chunk_size: int) -> torch.Tensor:
+    """The rotations of a CUDA forward call, (B, H, E, R, P), drawn on q's device from torch's
+    generator there. P: n_buckets(N) / 2 for the padded length N (static), in tiles of 16;
+    sequence b uses its first lsh_bucket_count(L_b, chunk_size) / 2 columns."""
+    batch, heads, length, dim = queries.shape
+    width = -(-lsh_bucket_count(length, chunk_size) // 32) * 16
+    return torch.randn(batch, heads, dim, rounds, width, dtype=hashing_dtype(queries.dtype),
+                       device=queries.device)
+
+
+def lsh_hash_on_device(queries: torch.Tensor, lengths: torch.Tensor, rounds: int,
+                       chunk_size: int) -> torch.Tensor:
+    """The sorted order (B, H, R, N) of a CUDA forward call, without reading anything on the host.
+
+    `lsh_hash` needs each sequence's bucket count on the host to draw rotations of its width: on
+    a GPU a synchronisation per call, which no CUDA graph can hold. Here the rotations are drawn
+    on the device (`device_rotations`), from torch's CUDA generator (graph-safe: each replay of a
+    captured graph draws anew; `torch.manual_seed` makes a call repeatable), at the width of the
+    padded length N, which is static, and each sequence's bucket count is computed on the device
+    from its length. The buckets follow `lsh_hash`'s rule; what differs is the random stream: a
+    sequence's rotations depend on its batch's shape here, not on (seed, batch index) alone.
+    """
+    rotations = device_rotations(queries, rounds, chunk_size)
+    valid = lengths.clamp(0, queries.shape[2])
+    half_buckets = torch.div(valid + 2 * chunk_size - 1, 2 * chunk_size, rounding_mode="floor").clamp(min=1)
+    return ops.lsh_hash(queries, rotations, valid, half_buckets)[1]
+
+
 # The hashing of a forward call as one operator, its random draws included: torch.compile and
 # torch.export keep it as one opaque call, so a compiled model draws the same rotations as an
-# eager one with the same seed. The rotations' shapes depend on each sequence's valid length,
-# so inside it the lengths are read on the host (on a GPU, the one synchronisation of LSH's
-# hashing; the attention kernels' checks of lengths and order make one more each way).
+# eager one with the same seed. On the CPU the rotations' shapes depend on each sequence's valid
+# length, read on the host (free there); on CUDA `lsh_hash_on_device` reads nothing on the host.
 # Tagged nondeterministic_seeded: never merged with another call, nor recomputed.
 @torch.library.custom_op("attention_ext::lsh_sorted_order", mutates_args=(),
                          tags=(torch.Tag.nondeterministic_seeded,))
 def _lsh_sorted_order_op(queries: torch.Tensor, lengths: torch.Tensor, rounds: int,
                          chunk_size: int) -> torch.Tensor:
-    """`lsh_hash(queries, lengths, rounds, chunk_size, draw_seed()).order`, (B, H, R, N) int64."""
+    """The sorted order (B, H, R, N) int64 of a forward call: on the CPU
+    `lsh_hash(queries, lengths, rounds, chunk_size, draw_seed()).order`, on CUDA
+    `lsh_hash_on_device(queries, lengths, rounds, chunk_size)`."""
+    if queries.is_cuda:
+        return lsh_hash_on_device(queries, lengths, rounds, chunk_size)
     return lsh_hash(queries, lengths, rounds, chunk_size, draw_seed()).order
 
 
@@ -168,7 +204,8 @@ class LSHAttention(torch.nn.Module):
 
     def hash(self, q: torch.Tensor, lengths: torch.Tensor | None = None,
              seed: int | None = None) -> LSHHashing:
-        """The buckets and sorted order a call with these queries would use (seed drawn if None)."""
+        """The buckets and sorted order a CPU call with these queries would use (seed drawn if None);
+        a CUDA forward call draws its rotations on the device instead (`lsh_hash_on_device`)."""
         lengths = check_inputs(q, q, q, lengths)
         seed = draw_seed() if seed is None else seed
         return lsh_hash(q.detach().to(kernel_dtype(q.dtype, q.device)), lengths, self.rounds,
@@ -179,6 +216,9 @@ class LSHAttention(torch.nn.Module):
         dtype = kernel_dtype(q.dtype, q.device)
         with autocast_disabled(q.device):
             q_kernel, v_kernel = q.to(dtype), v.to(dtype)
+            # Clipped as every attention clips an unchecked length (contract.set_input_validation):
+            # on the device, where LSH's CUDA kernels would otherwise flag it and do nothing.
+            lengths = lengths.clamp(0, q.shape[2])
             order = _lsh_sorted_order_op(q_kernel.detach(), lengths, self.rounds, self.chunk_size)
             out = lsh_chunked_attention(q_kernel, v_kernel, order, lengths, self.chunk_size)
             return out.to(v.dtype)

@@ -7,6 +7,8 @@
 // Only pybind11 and ATen's threading header: torch/extension.h would pull in all of torch's C++
 // API (nn, optim, autograd, serialisation) and its Python bindings, for one function that needs
 // none of them; with it this file and lsh.cpp were the slowest of the build.
+#include "common/value_checks.h"
+
 #include <ATen/Parallel.h>
 #include <pybind11/pybind11.h>
 
@@ -23,4 +25,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
     at::parallel_for(0, threads, 1, [&](int64_t, int64_t) { seen.fetch_add(1); });
     return seen.load();
   }, "number of threads an at::parallel_for over torch.get_num_threads() tasks runs on");
+  // Not an operator: a process-wide setting, like torch's own switches (no tensor, no trace).
+  m.def("set_device_value_checks", [](bool enabled) { attention_ext_checks::device_value_checks().store(enabled); },
+        "whether CUDA operators read their value checks on the host (attention_ext.set_input_validation)");
 }

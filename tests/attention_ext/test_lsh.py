@@ -13,7 +13,8 @@ import torch
 from attention_ext import AttentionConfigError, build_attention
 from attention_ext._ops import ops
 from attention_ext.contract import draw_seed
-from attention_ext.lsh import lsh_bucket_count, lsh_chunked_attention, lsh_rotations
+from attention_ext.lsh import (device_rotations, lsh_bucket_count, lsh_chunked_attention, lsh_hash_on_device,
+                                lsh_rotations)
 
 
 def reference_buckets(q, length, rotation):
@@ -40,9 +41,10 @@ def reference_windows(buckets, chunk_size):
     return allowed
 
 
-def reference_lsh(q, v, lengths, rounds, chunk_size, seed):
+def reference_lsh(q, v, lengths, rounds, chunk_size, seed, rotations_of=None):
     """Dense LSH attention: per round the allowed-key masks, combined by log-sum-exp with
     each key's logit lowered by log(number of rounds holding it), as the module doc says.
+    The rotations of element b: lsh_rotations(seed, b, ...), or rotations_of(b, n_buckets) if given.
     Returns (output, per-(b, h) list of per-round masks)."""
     batch, heads, length, dim = q.shape
     out = torch.zeros(batch, heads, length, v.shape[-1], dtype=q.dtype)
@@ -51,7 +53,8 @@ def reference_lsh(q, v, lengths, rounds, chunk_size, seed):
         if valid == 0:
             continue
         n_buckets = lsh_bucket_count(valid, chunk_size)
-        rotations = lsh_rotations(seed, b, heads, rounds, dim, n_buckets)
+        rotations = (lsh_rotations(seed, b, heads, rounds, dim, n_buckets) if rotations_of is None
+                     else rotations_of(b, n_buckets))
         for h in range(heads):
             round_masks = [reference_windows(reference_buckets(q[b, h], valid, rotations[h, r]),
                                              chunk_size) for r in range(rounds)]
@@ -117,9 +120,14 @@ def test_lsh_matches_dense_reference_from_the_same_rotations(rounds, chunk_size,
                 assert torch.equal(hashing.buckets[b, h, r, :valid], expected)
                 assert torch.all(hashing.buckets[b, h, r, valid:] == -1)
 
-    torch.manual_seed(7)  # the call draws the same seed
+    rotations_of = None
+    if device.type == "cuda":   # a forward call there draws its rotations on the device
+        torch.manual_seed(7)
+        drawn = device_rotations(qd, rounds, chunk_size).cpu()
+        rotations_of = lambda b, n_buckets: drawn[b, :, :, :, :n_buckets // 2].permute(0, 2, 1, 3)  # noqa: E731
+    torch.manual_seed(7)  # the call draws the same seed (on CUDA: the same rotations)
     out = attention(qd, qd, vd, lengths_d)
-    expected, masks = reference_lsh(q, v, lengths, rounds, chunk_size, seed)
+    expected, masks = reference_lsh(q, v, lengths, rounds, chunk_size, seed, rotations_of)
     torch.testing.assert_close(out.cpu(), expected)
     # The log-sum-exp combination with duplicates removed is softmax over the union.
     torch.testing.assert_close(expected, union_attention(q, v, lengths, masks))
@@ -334,6 +342,30 @@ def test_hash_kernel_breaks_ties_as_torch_argmax(dtype, device):
                 assert order[b, h, r, :valid].tolist() == sorted(
                     range(valid), key=lambda position: (int(expected[position]), position))
     assert ties > 500  # the test does exercise ties
+
+
+def test_device_hashing_takes_each_sequences_buckets_from_rotations_of_the_padded_width(device):
+    """lsh_hash_on_device, the CUDA forward's hashing (nothing read on the host): rotations of the
+    padded length's width, drawn from the generator of q's device, of which sequence b uses its
+    first lsh_bucket_count(L_b) / 2 columns; the order lists its valid positions by (bucket,
+    position), then the padded ones. Also run on the CPU, where the same Python path is tested."""
+    torch.manual_seed(3)
+    q = torch.randn(3, 2, 200, 6, dtype=torch.float64)
+    lengths = torch.tensor([200, 77, 0])
+    rounds, chunk_size = 2, 4
+    torch.manual_seed(9)
+    rotations = device_rotations(q.to(device), rounds, chunk_size).cpu()
+    assert rotations.shape == (3, 2, 6, rounds, 32)   # n_buckets(200) / 2 = 25 columns, 2 tiles of 16
+    torch.manual_seed(9)
+    order = lsh_hash_on_device(q.to(device), lengths.to(device), rounds, chunk_size).cpu()
+    for b, valid in enumerate(lengths.tolist()):
+        half = lsh_bucket_count(valid, chunk_size) // 2
+        for h in range(2):
+            for r in range(rounds):
+                buckets = reference_buckets(q[b, h], valid, rotations[b, h, :, r, :half])
+                expected = sorted(range(valid), key=lambda position: (int(buckets[position]), position))
+                assert order[b, h, r, :valid].tolist() == expected
+                assert order[b, h, r, valid:].tolist() == list(range(valid, 200))
 
 
 def test_kernel_rejects_an_order_that_is_not_a_permutation(device):

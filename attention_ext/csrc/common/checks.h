@@ -6,9 +6,9 @@
 // Rule for every kernel, CPU and CUDA: nothing that can throw (TORCH_CHECK, throw, .item(),
 // tensor allocation) runs inside a parallel region (an at::parallel_for body, an OpenMP block,
 // any host-side parallel loop), nor in a helper such a body calls: an exception may not leave
-// an OpenMP block, and a TORCH_CHECK inside lsh/lsh.cpp's parallel order check is where a
+// an OpenMP block, and a TORCH_CHECK inside lsh's parallel order check (then lsh/lsh.cpp) is where a
 // torch 2.11 test run died with a segfault. Validate the inputs before the region; where the
-// check is part of the parallel work (lsh/lsh.cpp's index_chunks), each task records what it
+// check is part of the parallel work (lsh/prepare.cpp's index_chunks), each task records what it
 // found and the error is raised after the region, naming the argument, the index, the bad
 // value and what is expected. Device code sets a flag the host reads after the kernel
 // (lsh/lsh_cuda.cu). The one allowance: a worker's own scratch std::vector, whose only failure is

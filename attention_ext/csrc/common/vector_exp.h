@@ -1,6 +1,6 @@
 // exp for the softmax loops of the CPU kernels, written so that the compiler vectorises the
 // loops that call it (the libm call would stay scalar). Used by centroid_attention.cpp,
-// clustered_top_attention.cpp and lsh.cpp.
+// clustered_top_attention.cpp and lsh/lsh_cpu.h.
 #pragma once
 
 #include <algorithm>

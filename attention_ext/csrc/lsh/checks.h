@@ -1,9 +1,9 @@
-// The argument checks of the LSH operators (lsh.cpp), written once and called by the CPU and the
+// The argument checks of the LSH operators (lsh_cpu.h), written once and called by the CPU and the
 // CUDA entry of each before any parallel work or kernel launch. What stays with each entry: on the
 // CPU that the rotations' column indices fit its kernel's int32 and that lengths and the sorted
 // order are valid (read on the host, the order inside the parallel index pass); on CUDA that the
 // inputs are on one device, the head dims it supports, and the lengths and order checked on the
-// device (a flag read after the kernel).
+// device (a flag read after the kernel while value checks are on, common/value_checks.h).
 #pragma once
 
 #include "../common/checks.h"

@@ -1,4 +1,4 @@
-// CUDA implementations of Reformer LSH hashing and chunked attention (lsh.cpp states the
+// CUDA implementations of Reformer LSH hashing and chunked attention (lsh_cpu.h states the
 // operators and their semantics: unit keys, chunk windows, self mask, rounds merged by
 // log-sum-exp with duplicate keys discounted by log n_ij).
 //
@@ -23,6 +23,7 @@
 // the returned log-sum-exp are in opmath (float, or double for float64), out and the
 // gradients in the input dtype. Head and value dims up to 32 * kMaxPerLane (256).
 #include "../common/cuda_common.cuh"
+#include "../common/value_checks.h"
 #include "checks.h"
 
 #include <torch/library.h>
@@ -66,7 +67,9 @@ __global__ void bucket_kernel(const acc_t* __restrict__ projected, const int64_t
   if (local >= rows) return;
   const int64_t n = first + local;
   const int64_t t = blockIdx.y, bh = t / rounds, r = t % rounds, b = bh / heads;
-  const int64_t valid = lengths[b], half = half_buckets[b];
+  // Clamped so that unchecked values (device-resident lengths and bucket counts are not read on
+  // the host) cannot index past the projections; checked values are never changed by it.
+  const int64_t valid = lengths[b], half = min(max(half_buckets[b], int64_t{1}), columns);
   const int64_t out = t * length + n;
   if (n >= valid) {
     buckets[out] = -1;
@@ -92,20 +95,28 @@ std::tuple<at::Tensor, at::Tensor> lsh_hash_cuda(const at::Tensor& q_in, const a
   const auto opmath = at::toOpMathType(q_in.scalar_type());
   const int64_t rounds = rotations_in.size(3), columns = rotations_in.size(4);
   const c10::cuda::CUDAGuard guard(q_in.device());
-  // The (B,) checks need the values on the host (two tiny copies, which wait for the GPU when
-  // they are on it).
-  const at::Tensor lengths_host = lengths_in.to(at::kCPU, at::kLong).contiguous();
-  const at::Tensor half_host = half_buckets_in.to(at::kCPU, at::kLong).contiguous();
-  const int64_t max_half = attention_ext_checks::check_lsh_hash_values(
-      lengths_host.data_ptr<int64_t>(), half_host.data_ptr<int64_t>(), batch, length, columns);
   const auto long_options = q_in.options().dtype(at::kLong);
   at::Tensor buckets = at::empty({batch, heads, rounds, length}, long_options);
   at::Tensor order = at::empty({batch, heads, rounds, length}, long_options);
+  // Host lengths and bucket counts (lsh.py's lsh_hash, the seeded hashing of LSHAttention.hash)
+  // are checked on the host for free and staged to the GPU without waiting for it. Device ones
+  // (the forward's hashing, lsh.py's sorted order on CUDA) are not read on the host, so that the
+  // hashing never synchronises and a CUDA graph can hold it: the kernel clamps them into range,
+  // and the sort keys of padded positions start above those of any bucket the rotations allow.
+  at::Tensor lengths, half_buckets;
+  int64_t max_half = columns;
+  if (lengths_in.is_cuda() && half_buckets_in.is_cuda()) {
+    lengths = lengths_in.to(at::kLong).contiguous();
+    half_buckets = half_buckets_in.to(at::kLong).contiguous();
+  } else {
+    const at::Tensor lengths_host = lengths_in.to(at::kCPU, at::kLong).contiguous();
+    const at::Tensor half_host = half_buckets_in.to(at::kCPU, at::kLong).contiguous();
+    max_half = attention_ext_checks::check_lsh_hash_values(
+        lengths_host.data_ptr<int64_t>(), half_host.data_ptr<int64_t>(), batch, length, columns);
+    lengths = lengths_host.to(q_in.device(), at::kLong, /*non_blocking=*/true);
+    half_buckets = half_host.to(q_in.device(), at::kLong, /*non_blocking=*/true);
+  }
   if (buckets.numel() == 0) return {buckets, order};
-  // Not waiting for the GPU: the host values are staged at once (lsh.py passes host tensors, so
-  // reading them above cost nothing).
-  const at::Tensor lengths = lengths_host.to(q_in.device(), at::kLong, /*non_blocking=*/true);
-  const at::Tensor half_buckets = half_host.to(q_in.device(), at::kLong, /*non_blocking=*/true);
   at::Tensor keys = at::empty({batch, heads, rounds, length}, long_options);
   const int64_t padded_base = 2 * max_half * length;
   const at::Tensor q_op = q_in.to(opmath);
@@ -174,6 +185,7 @@ __global__ void row_norms_kernel(const scalar_t* __restrict__ q, at::opmath_type
 
 struct Prepared {
   at::Tensor order, lengths, chunk_of, norms;
+  at::Tensor flag;  // (1,) int32, non-zero when lengths or order are invalid: the kernels then do nothing
   LshShape shape;
 };
 
@@ -192,18 +204,25 @@ Prepared prepare(const at::Tensor& q, const at::Tensor& v, const at::Tensor& ord
   p.shape = {heads, rounds, length, q.size(3), v.size(3), chunk};
   const auto int_options = q.options().dtype(at::kInt);
   p.chunk_of = at::zeros({batch, heads, rounds, length}, int_options);
+  p.flag = at::zeros({1}, int_options);
   if (batch * heads * length > 0) {
     at::Tensor seen = at::zeros({batch, heads, rounds, length}, int_options);
-    at::Tensor flag = at::zeros({1}, int_options);
     index_chunks_kernel<<<dim3(blocks_for(length), grid_y(batch * heads * rounds)), kThreads, 0, stream()>>>(
         p.order.data_ptr<int64_t>(), p.lengths.data_ptr<int64_t>(), seen.data_ptr<int32_t>(),
-        p.chunk_of.data_ptr<int32_t>(), flag.data_ptr<int32_t>(), heads, rounds, length, chunk);
+        p.chunk_of.data_ptr<int32_t>(), p.flag.data_ptr<int32_t>(), heads, rounds, length, chunk);
     C10_CUDA_KERNEL_LAUNCH_CHECK();
-    const int32_t problems = flag.item<int32_t>();
-    TORCH_CHECK(!(problems & 1), "lsh attention: a length is outside [0, ", length, "], got ",
-                p.lengths.cpu());
-    TORCH_CHECK(!(problems & 2), "lsh attention: order[b, :, r, :L] must be a permutation of the valid "
-                "positions 0..L-1 for every batch element b (of valid length L) and round r");
+    // Reading the flag waits for the GPU: only with value checks on (attention_ext.set_input_validation)
+    // and never while a CUDA graph is captured. Unread, a bad flag makes every warp of the attention
+    // kernels return at once: zero output and gradients, never a read out of bounds.
+    cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+    C10_CUDA_CHECK(cudaStreamIsCapturing(stream(), &capture));
+    if (attention_ext_checks::device_value_checks().load() && capture == cudaStreamCaptureStatusNone) {
+      const int32_t problems = p.flag.item<int32_t>();
+      TORCH_CHECK(!(problems & 1), "lsh attention: a length is outside [0, ", length, "], got ",
+                  p.lengths.cpu());
+      TORCH_CHECK(!(problems & 2), "lsh attention: order[b, :, r, :L] must be a permutation of the valid "
+                  "positions 0..L-1 for every batch element b (of valid length L) and round r");
+    }
   }
   p.norms = at::empty({batch, heads, length}, q.options().dtype(at::toOpMathType(q.scalar_type())));
   return p;
@@ -286,9 +305,11 @@ struct LaneRow {  // the elements e = lane + 32 p of a row
 // The warp's (batch-head, position) and its Window; false when the position is padded.
 template <typename acc_t>
 __device__ bool warp_position(const LshShape& s, const int64_t* order, const int64_t* lengths,
-                              const int32_t* chunk_of, int64_t& bh, int64_t& position, Window<acc_t>& w) {
+                              const int32_t* chunk_of, const int32_t* flag, int64_t& bh, int64_t& position,
+                              Window<acc_t>& w) {
   position = blockIdx.x * static_cast<int64_t>(kWarpsPerBlock) + threadIdx.x / kWarp;
   bh = blockIdx.y;
+  if (*flag != 0) return false;   // invalid lengths or order (prepare): nothing is safe to read
   const int64_t valid = lengths[bh / s.heads];
   if (position >= valid) return false;
   w = Window<acc_t>{order + bh * s.rounds * s.length, chunk_of + bh * s.rounds * s.length, s.rounds,
@@ -328,12 +349,13 @@ template <typename scalar_t, int P>
 __global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
 lsh_forward_kernel(const scalar_t* __restrict__ q, const scalar_t* __restrict__ v,
                    const int64_t* __restrict__ order, const int64_t* __restrict__ lengths,
-                   const int32_t* __restrict__ chunk_of, const at::opmath_type<scalar_t>* __restrict__ norms,
+                   const int32_t* __restrict__ chunk_of, const int32_t* __restrict__ flag,
+                   const at::opmath_type<scalar_t>* __restrict__ norms,
                    scalar_t* __restrict__ out, at::opmath_type<scalar_t>* __restrict__ lse, LshShape s) {
   using acc_t = at::opmath_type<scalar_t>;
   int64_t bh, i;
   Window<acc_t> w;
-  if (!warp_position(s, order, lengths, chunk_of, bh, i, w)) return;
+  if (!warp_position(s, order, lengths, chunk_of, flag, bh, i, w)) return;
   const int lane = threadIdx.x % kWarp;
   const scalar_t* q_bh = q + bh * s.length * s.dim;
   const scalar_t* v_bh = v + bh * s.length * s.value_dim;
@@ -386,13 +408,13 @@ lsh_backward_query_kernel(const scalar_t* __restrict__ grad_out, const scalar_t*
                           const scalar_t* __restrict__ v, const scalar_t* __restrict__ out,
                           const at::opmath_type<scalar_t>* __restrict__ lse, const int64_t* __restrict__ order,
                           const int64_t* __restrict__ lengths, const int32_t* __restrict__ chunk_of,
-                          const at::opmath_type<scalar_t>* __restrict__ norms,
+                          const int32_t* __restrict__ flag, const at::opmath_type<scalar_t>* __restrict__ norms,
                           at::opmath_type<scalar_t>* __restrict__ dq, at::opmath_type<scalar_t>* __restrict__ delta,
                           LshShape s) {
   using acc_t = at::opmath_type<scalar_t>;
   int64_t bh, i;
   Window<acc_t> w;
-  if (!warp_position(s, order, lengths, chunk_of, bh, i, w)) return;
+  if (!warp_position(s, order, lengths, chunk_of, flag, bh, i, w)) return;
   const int lane = threadIdx.x % kWarp;
   const scalar_t* q_bh = q + bh * s.length * s.dim;
   const scalar_t* v_bh = v + bh * s.length * s.value_dim;
@@ -423,14 +445,15 @@ __global__ void __launch_bounds__(kWarpsPerBlock * kWarp)
 lsh_backward_key_kernel(const scalar_t* __restrict__ grad_out, const scalar_t* __restrict__ q,
                         const scalar_t* __restrict__ v, const at::opmath_type<scalar_t>* __restrict__ lse,
                         const int64_t* __restrict__ order, const int64_t* __restrict__ lengths,
-                        const int32_t* __restrict__ chunk_of, const at::opmath_type<scalar_t>* __restrict__ norms,
+                        const int32_t* __restrict__ chunk_of, const int32_t* __restrict__ flag,
+                        const at::opmath_type<scalar_t>* __restrict__ norms,
                         const at::opmath_type<scalar_t>* __restrict__ dq,
                         const at::opmath_type<scalar_t>* __restrict__ delta, scalar_t* __restrict__ grad_q,
                         scalar_t* __restrict__ grad_v, LshShape s) {
   using acc_t = at::opmath_type<scalar_t>;
   int64_t bh, j;
   Window<acc_t> w;
-  if (!warp_position(s, order, lengths, chunk_of, bh, j, w)) return;
+  if (!warp_position(s, order, lengths, chunk_of, flag, bh, j, w)) return;
   const int lane = threadIdx.x % kWarp;
   const scalar_t* q_bh = q + bh * s.length * s.dim;
   const acc_t* norm_bh = norms + bh * s.length;
@@ -515,7 +538,7 @@ std::tuple<at::Tensor, at::Tensor> lsh_attention_forward_cuda(const at::Tensor& 
     dispatch_per_lane(p.shape.dim, p.shape.value_dim, [&](auto per_lane) {
       lsh_forward_kernel<scalar_t, decltype(per_lane)::value><<<warp_grid(q), kWarpsPerBlock * kWarp, 0, stream()>>>(
           q.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), p.order.data_ptr<int64_t>(),
-          p.lengths.data_ptr<int64_t>(), p.chunk_of.data_ptr<int32_t>(),
+          p.lengths.data_ptr<int64_t>(), p.chunk_of.data_ptr<int32_t>(), p.flag.data_ptr<int32_t>(),
           p.norms.data_ptr<at::opmath_type<scalar_t>>(), out.data_ptr<scalar_t>(),
           lse.data_ptr<at::opmath_type<scalar_t>>(), p.shape);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
@@ -549,13 +572,13 @@ std::tuple<at::Tensor, at::Tensor> lsh_attention_backward_cuda(
       lsh_backward_query_kernel<scalar_t, P><<<warp_grid(q), kWarpsPerBlock * kWarp, 0, stream()>>>(
           grad_out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(),
           out.data_ptr<scalar_t>(), lse.data_ptr<acc_t>(), p.order.data_ptr<int64_t>(),
-          p.lengths.data_ptr<int64_t>(), p.chunk_of.data_ptr<int32_t>(), p.norms.data_ptr<acc_t>(),
-          dq.data_ptr<acc_t>(), delta.data_ptr<acc_t>(), p.shape);
+          p.lengths.data_ptr<int64_t>(), p.chunk_of.data_ptr<int32_t>(), p.flag.data_ptr<int32_t>(),
+          p.norms.data_ptr<acc_t>(), dq.data_ptr<acc_t>(), delta.data_ptr<acc_t>(), p.shape);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
       lsh_backward_key_kernel<scalar_t, P><<<warp_grid(q), kWarpsPerBlock * kWarp, 0, stream()>>>(
           grad_out.data_ptr<scalar_t>(), q.data_ptr<scalar_t>(), v.data_ptr<scalar_t>(), lse.data_ptr<acc_t>(),
           p.order.data_ptr<int64_t>(), p.lengths.data_ptr<int64_t>(), p.chunk_of.data_ptr<int32_t>(),
-          p.norms.data_ptr<acc_t>(), dq.data_ptr<acc_t>(), delta.data_ptr<acc_t>(),
+          p.flag.data_ptr<int32_t>(), p.norms.data_ptr<acc_t>(), dq.data_ptr<acc_t>(), delta.data_ptr<acc_t>(),
           grad_q.data_ptr<scalar_t>(), grad_v.data_ptr<scalar_t>(), p.shape);
       C10_CUDA_KERNEL_LAUNCH_CHECK();
     });
