@@ -6,7 +6,8 @@ from __future__ import annotations
 
 from typing import Callable
 
-from asr.data.manifest_builder import POLICIES, NoUtterancesError, PreparationError, format_report
+from asr.data.manifest_builder import POLICIES, NoUtterancesError, PreparationError
+from asr.data.preparation_report import format_report
 from asr.core.exit_status import run_command
 from recipes.lexicon import LexiconError
 

@@ -167,17 +167,29 @@ def validate_config(cfg: Any) -> ValidatedAttention:
 
     Returns the validated attention, for the model to build without checking it again.
     """
-    model, optim, trainer = cfg.model, cfg.optim, cfg.trainer
     try:
         attention = attention_settings(cfg.attention)
     except AttentionConfigError as error:
         raise AttentionConfigError(f"attention: {error}") from None
+    _check_model_section(cfg.model, attention)
+    _check_data_section(cfg)
+    _check_optim_section(cfg.optim)
+    _check_trainer_section(cfg.trainer)
+    return attention
+
+
+def _check_model_section(model: Any, attention: ValidatedAttention) -> None:
+    """model.*: sizes, subsampling, dropout, and the attention against the heads."""
     from asr.model.encoder import SUBSAMPLING_STRIDES, check_attention_fits
     for key in ("layers", "heads", "head_dim", "ff_dim", "subsampling_channels"):
         _require(getattr(model, key) >= 1, f"model.{key}", getattr(model, key), "must be >= 1")
     check_attention_fits(attention, model.shared_qk, model.head_dim)
     _require(model.subsampling in SUBSAMPLING_STRIDES, "model.subsampling", model.subsampling, "must be 1, 2 or 4")
     _require(0.0 <= model.dropout < 1.0, "model.dropout", model.dropout, "must lie in [0, 1)")
+
+
+def _check_data_section(cfg: Any) -> None:
+    """data.*, and model.loss_weights against data.targets."""
     try:
         data = as_data_config(cfg.data)
         validate_data_config(data)   # data.targets among them
@@ -185,16 +197,22 @@ def validate_config(cfg: Any) -> ValidatedAttention:
     except ValueError as error:
         raise ConfigError(str(error)) from None
     targets = list(cfg.data.targets)
-    for kind, weight in model.loss_weights.items():
+    for kind, weight in cfg.model.loss_weights.items():
         _require(kind in targets, f"model.loss_weights.{kind}", weight,
                  f"names no target; the targets (data.targets) are {targets}")
         _require(weight >= 0.0, f"model.loss_weights.{kind}", weight, "must be >= 0")
+
+
+def _check_optim_section(optim: Any) -> None:
     _require(optim.lr > 0, "optim.lr", optim.lr, "must be > 0")
     _require(optim.weight_decay >= 0, "optim.weight_decay", optim.weight_decay, "must be >= 0")
     _require(optim.clip_norm >= 0, "optim.clip_norm", optim.clip_norm, "must be >= 0 (0 disables clipping)")
     _require(0 < optim.plateau_factor < 1, "optim.plateau_factor", optim.plateau_factor, "must lie in (0, 1)")
     _require(optim.plateau_patience >= 0, "optim.plateau_patience", optim.plateau_patience, "must be >= 0")
     _require(optim.warmup_steps >= 0, "optim.warmup_steps", optim.warmup_steps, "must be >= 0")
+
+
+def _check_trainer_section(trainer: Any) -> None:
     _require(trainer.max_epochs >= 1 or trainer.max_epochs == -1, "trainer.max_epochs", trainer.max_epochs,
              "must be >= 1 (or -1 for no limit)")
     _require(trainer.max_minutes is None or trainer.max_minutes > 0, "trainer.max_minutes",
@@ -227,4 +245,3 @@ def validate_config(cfg: Any) -> ValidatedAttention:
              "must be a number of minutes > 0")
     _require(trainer.val_check_interval is None or trainer.val_check_interval >= 1, "trainer.val_check_interval",
              trainer.val_check_interval, "must be a number of training batches >= 1, or null (once per epoch)")
-    return attention

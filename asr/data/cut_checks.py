@@ -16,7 +16,7 @@ error at start-up listing every such utterance; true, they are left out and coun
 A file corrupt past its header (a truncated FLAC) is found when its features are computed, under the
 same reason and policy: with precomputed features (the default) that is every file, before training;
 with `data.precompute_features=false` only the files of the statistics' sample
-(`feature_cache.statistics_sample`, every file of a split up to 5,000 utterances) are decoded before
+(`feature_stats.statistics_sample`, every file of a split up to 5,000 utterances) are decoded before
 training, and a larger split's other files are decoded first when their batch is built - decoding
 every file of 1,000 h at start-up would take over an hour, the cost that mode exists to avoid.
 Empty transcripts (words, or phones when phones are a target) are left out and counted under

@@ -27,7 +27,7 @@ split of its stage through steps 1-3 before any split's features are computed, s
 reported before minutes are spent; features already computed are kept on disk whatever fails later.
 
 The global mean/std (`feature_mean`, `feature_std`) are over all frames of the kept training
-utterances, or of `feature_cache.STATS_SAMPLE_CUTS` of them evenly spread where the split has more;
+utterances, or of `feature_stats.STATS_SAMPLE_CUTS` of them evenly spread where the split has more;
 they are computed on first use and cached next to the features.
 """
 
@@ -48,8 +48,8 @@ from asr.data.batching import duration_bucketing_sampler
 from asr.data.cut_checks import (SplitData, drop_bad_audio, drop_ctc_infeasible, drop_unusable_cuts,
                                  note_ctc_candidate)
 from asr.data.dataset import SpeechBatchDataset
-from asr.data.feature_cache import (FeatureStats, StoredFeatures, attach_features, feature_directory,
-                                    global_feature_stats, statistics_sample)
+from asr.data.feature_cache import StoredFeatures, attach_features, feature_directory
+from asr.data.feature_stats import FeatureStats, global_feature_stats, statistics_sample
 from asr.data.features import FilterBank
 from asr.data.corpus import Corpus
 from asr.data.manifests import load_cuts

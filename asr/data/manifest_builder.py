@@ -35,12 +35,11 @@ kind and listed with the problems, never stopping the preparation, never convert
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections import Counter, defaultdict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from math import gcd
 from pathlib import Path
 from typing import Iterable
@@ -53,14 +52,13 @@ from tqdm.auto import tqdm
 
 from asr.data.audio_source import AudioMissingError, AudioSource, AudioSourceError
 from asr.data.manifests import manifest_path
+from asr.data.preparation_report import build_report, failure_message, ordered_splits, report_path, write_json
 
 SAMPLE_RATE = 16000
-SPLITS = ("train", "dev", "test")  # every recipe writes these; some add more (librispeech: dev_other, ...)
 _SPLIT_NAME = re.compile(r"^[a-z0-9_]+$")
 POLICIES = ("error", "drop")
 # A segment may end this far past its recording (transcript times are rounded); it is clipped.
 SEGMENT_END_TOLERANCE = 0.05
-REPORT_PROBLEM_LIMIT = 2000  # problems listed one by one in the report file; all are counted
 
 
 class PreparationError(RuntimeError):
@@ -107,28 +105,6 @@ def problem_policy_option(kind: str) -> str | None:
     if kind in ALWAYS_DROPPED:
         return None
     return "oov_policy" if kind == "oov" else "bad_data_policy"
-
-
-def report_path(out_dir: Path, corpus: str) -> Path:
-    return Path(out_dir) / f"{corpus}_report.json"
-
-
-def previous_complete_report(out_dir: Path, corpus: str, settings: dict) -> dict | None:
-    """The report of a finished run with the same settings whose manifests all exist, else None."""
-    path = report_path(out_dir, corpus)
-    if not path.is_file():
-        return None
-    try:
-        report = json.loads(path.read_text())
-    except json.JSONDecodeError:
-        return None
-    if report.get("status") != "complete" or report.get("settings") != _jsonable(settings):
-        return None
-    for split in report.get("splits", {}):
-        for kind in ("recordings", "supervisions", "cuts"):
-            if not manifest_path(out_dir, corpus, kind, split).is_file():
-                return None
-    return report
 
 
 def build_manifests(
@@ -180,19 +156,15 @@ def build_manifests(
     policies = {"oov_policy": oov_policy, "bad_data_policy": bad_data_policy, None: "drop"}
     stopping = [p for p in problems if policies[problem_policy_option(p.kind)] == "error"]
     oov_counts = Counter(word for u in utterances for word in u.oov_words)
-    report = _report(corpus, settings, problems + left_out, kept, oov_counts, out_dir,
-                     status="failed" if stopping else "complete")
+    report = build_report(corpus, settings, problems + left_out, kept, oov_counts, out_dir,
+                          status="failed" if stopping else "complete")
     report["dropped_utterances"] = len(utterances) - len(kept) + len(left_out)
     if stopping:
-        _write_json(report_path(out_dir, corpus), report)
-        raise PreparationError(_failure_message(corpus, stopping, out_dir))
+        write_json(report_path(out_dir, corpus), report)
+        raise PreparationError(failure_message(corpus, stopping, out_dir))
 
-    by_split: dict[str, list] = defaultdict(list)
-    for item in kept:
-        by_split[item[0].split].append(item)
-    for split in _ordered_splits(by_split):
-        _write_split(corpus, out_dir, split, by_split[split], phone_set)
-    _write_json(report_path(out_dir, corpus), report)
+    _write_splits(corpus, out_dir, kept, phone_set)
+    write_json(report_path(out_dir, corpus), report)
     return report
 
 
@@ -310,6 +282,15 @@ def resample_int16(samples: np.ndarray, rate: int, target_rate: int) -> np.ndarr
     return np.clip(np.round(resampled), -32768, 32767).astype(np.int16)
 
 
+def _write_splits(corpus: str, out_dir: Path, kept: list, phone_set: str | None) -> None:
+    """The manifests of every split that kept utterances."""
+    by_split: dict[str, list] = defaultdict(list)
+    for item in kept:
+        by_split[item[0].split].append(item)
+    for split in ordered_splits(by_split):
+        _write_split(corpus, out_dir, split, by_split[split], phone_set)
+
+
 def _write_split(corpus: str, out_dir: Path, split: str, items: list, phone_set: str | None) -> None:
     recordings = {}
     supervisions = []
@@ -350,74 +331,6 @@ def _write_split(corpus: str, out_dir: Path, split: str, items: list, phone_set:
         os.replace(partial, path)
 
 
-def _report(corpus, settings, problems, kept, oov_counts: Counter, out_dir, status) -> dict:
-    splits = {}
-    by_split: dict[str, list] = defaultdict(list)
-    for utterance, _, start, end in kept:
-        by_split[utterance.split].append((utterance, end - start))
-    for split in _ordered_splits(by_split):
-        items = by_split[split]
-        splits[split] = {
-            "utterances": len(items),
-            "speakers": len({u.speaker for u, _ in items}),
-            "hours": round(sum(d for _, d in items) / 3600, 4),
-            "words": sum(len(u.text.split()) for u, _ in items),
-        }
-    return {
-        "corpus": corpus,
-        "status": status,
-        "out_dir": str(out_dir),
-        "settings": _jsonable(settings),
-        "splits": splits,
-        "problem_counts": dict(sorted(Counter(p.kind for p in problems).items())),
-        "oov_words": dict(oov_counts.most_common()),
-        "problems": [asdict(p) for p in problems[:REPORT_PROBLEM_LIMIT]],
-    }
-
-
-def _failure_message(corpus: str, stopping: list[Problem], out_dir: Path) -> str:
-    counts = Counter(p.kind for p in stopping)
-    lines = [f"{corpus}: preparation stopped on {len(stopping)} problem(s): "
-             + ", ".join(f"{count} {kind}" for kind, count in sorted(counts.items()))]
-    for problem in stopping[:10]:
-        lines.append(f"  - {problem.message}")
-    if len(stopping) > 10:
-        lines.append(f"  ... and {len(stopping) - 10} more")
-    advice = []
-    if "oov" in counts:
-        advice.append(
-            "words missing from the lexicon: add them to a CMUdict-format file and pass --extra-lexicon FILE, "
-            "or pass --oov drop to leave those utterances out"
-        )
-    if set(counts) - {"oov"}:
-        advice.append("missing or unreadable files: restore them, or pass --bad-data drop to leave them out")
-    lines.append("What to do: " + "; ".join(advice) + ".")
-    lines.append(
-        f"The full list is in {report_path(out_dir, corpus)}. Audio converted so far is kept in {out_dir / 'audio'}: "
-        "a re-run continues from there."
-    )
-    return "\n".join(lines)
-
-
-def format_report(report: dict) -> str:
-    """The report as a short table for the console."""
-    lines = [f"{report['corpus']}: {report['status']} -> {report['out_dir']}",
-             f"{'split':<8}{'utterances':>12}{'speakers':>10}{'hours':>10}{'words':>10}"]
-    for split, row in report["splits"].items():
-        lines.append(f"{split:<8}{row['utterances']:>12}{row['speakers']:>10}{row['hours']:>10.2f}{row['words']:>10}")
-    if report["problem_counts"]:
-        lines.append(f"dropped utterances: {report.get('dropped_utterances', 0)}; problems: "
-                     + ", ".join(f"{kind} {count}" for kind, count in report["problem_counts"].items()))
-    if report["oov_words"]:
-        top = list(report["oov_words"].items())[:10]
-        lines.append("most frequent out-of-lexicon words: " + ", ".join(f"{w} ({c})" for w, c in top))
-    return "\n".join(lines)
-
-
-def _ordered_splits(names) -> list[str]:
-    return [s for s in SPLITS if s in names] + sorted(set(names) - set(SPLITS))
-
-
 def file_identity(path: str | Path) -> dict:
     """A file's path, size and modification time, for settings: a changed lexicon means new targets."""
     path = Path(path).resolve()
@@ -425,11 +338,3 @@ def file_identity(path: str | Path) -> dict:
     return {"path": str(path), "size": stat.st_size if stat else None, "mtime_ns": stat.st_mtime_ns if stat else None}
 
 
-def _jsonable(value):
-    return json.loads(json.dumps(value, default=str))
-
-
-def _write_json(path: Path, value: dict) -> None:
-    partial = path.with_name(path.name + ".partial")
-    partial.write_text(json.dumps(value, indent=2) + "\n")
-    os.replace(partial, path)

@@ -103,19 +103,7 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
     identity = checkpoint_identity(column.checkpoint)
     key_forms = {spec: evaluation_key_form(column.shared_qk, column.trained_attention, parse_attention_spec(spec),
                                            args.shared_qk_keys) for spec in specs}
-    todo = []
-    for spec in specs:
-        path = cell_path(args.out, column.label, spec)
-        if path.is_file():
-            cached = json.loads(path.read_text())
-            # a cell from before key forms were recorded had the raw form
-            cached_form = cached.get("key_form") or evaluation_key_form(
-                column.shared_qk, column.trained_attention, parse_attention_spec(spec), "raw")
-            if (cached.get("checkpoint") == identity and cached.get("settings") == settings
-                    and cached_form == key_forms[spec]):
-                progress(f"{column.label} x {spec}: cached")
-                continue
-        todo.append(spec)
+    todo = _uncached_specs(column, specs, args.out, identity, settings, key_forms, progress)
     if not todo:
         return
     model = load_model(column.checkpoint, args.device)
@@ -164,6 +152,26 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
         rates = result.rates
         progress(f"{column.label} x {spec}: PER {percent(rates.get('per'))} WER {percent(rates.get('wer'))}, "
                  f"{cell['forward_ms_per_utterance']:.1f} ms/utt")
+
+
+def _uncached_specs(column: Column, specs: list[str], out: Path, identity: dict, settings: dict,
+                    key_forms: dict[str, str], progress) -> list[str]:
+    """The specs of `column` whose cell is missing, or was computed from another checkpoint, other
+    settings or another key form."""
+    todo = []
+    for spec in specs:
+        path = cell_path(out, column.label, spec)
+        if path.is_file():
+            cached = json.loads(path.read_text())
+            # a cell from before key forms were recorded had the raw form
+            cached_form = cached.get("key_form") or evaluation_key_form(
+                column.shared_qk, column.trained_attention, parse_attention_spec(spec), "raw")
+            if (cached.get("checkpoint") == identity and cached.get("settings") == settings
+                    and cached_form == key_forms[spec]):
+                progress(f"{column.label} x {spec}: cached")
+                continue
+        todo.append(spec)
+    return todo
 
 
 def load_cells(out: Path, columns: list[Column], specs: list[str]) -> dict[tuple[str, str], dict]:

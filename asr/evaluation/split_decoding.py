@@ -13,8 +13,8 @@ from asr.core.errors import EvaluationError
 from asr.data.dataset import batch_references
 from asr.evaluation.evaluation_data import EvaluationData
 from asr.model.ctc import decode_transcripts
-from asr.model.recognizer import (EVALUATION_SEED, EvaluationTally, SpeechRecognizer,
-                                  seed_evaluation_batch)
+from asr.model.evaluation_tally import EvaluationTally
+from asr.model.recognizer import EVALUATION_SEED, SpeechRecognizer, seed_evaluation_batch
 
 log = logging.getLogger("asr.evaluate")
 

@@ -263,6 +263,23 @@ def finish(model: SpeechRecognizer, recording: Recording, decoder: str, beam_siz
     return record
 
 
+def read_recording(path: Path, frontend, window: int, context: int, step: int, warn) -> Recording | str:
+    """The file's audio cut into pieces (cut_into_pieces: at most `window` frames, `context` frames of
+    the neighbouring audio on each side, on the encoder's `step`), or why it cannot be transcribed;
+    `warn` gets the note on a file mixed down to mono."""
+    try:
+        audio = read_audio(path, frontend.sampling_rate)
+    except AudioReadError as error:
+        return str(error)
+    num_frames = frontend.num_frames(len(audio.samples))
+    if num_frames == 0:
+        return f"it is shorter than one {frontend.frame_length_ms:g} ms feature frame"
+    if audio.channels > 1:
+        warn(f"note: {path} has {audio.channels} channels; mixed down to mono (their mean)")
+    energies = frame_energies(audio.samples, frontend.frame_shift)
+    return Recording(path, audio, cut_into_pieces(energies, num_frames, window, context, step))
+
+
 @dataclass
 class Outcome:
     records: list[dict]                  # transcribed files, in the order they finished
@@ -288,21 +305,11 @@ def transcribe_files(model: SpeechRecognizer, files: list[Path], config: Transcr
 
     def recordings() -> Iterator[Recording]:
         for path in ordered:
-            try:
-                audio = read_audio(path, frontend.sampling_rate)
-            except AudioReadError as error:
-                outcome.failures[str(path)] = str(error)
-            else:
-                num_frames = frontend.num_frames(len(audio.samples))
-                if num_frames == 0:
-                    outcome.failures[str(path)] = (f"it is shorter than one {frontend.frame_length_ms:g} ms "
-                                                   "feature frame")
-                else:
-                    if audio.channels > 1:
-                        warn(f"note: {path} has {audio.channels} channels; mixed down to mono (their mean)")
-                    energies = frame_energies(audio.samples, frontend.frame_shift)
-                    yield Recording(path, audio, cut_into_pieces(energies, num_frames, window, context, step))
-                    continue
+            recording = read_recording(path, frontend, window, context, step, warn)
+            if isinstance(recording, Recording):
+                yield recording
+                continue
+            outcome.failures[str(path)] = recording
             warn(f"skipped {path}: {outcome.failures[str(path)]}")
             emit({"file": str(path), "error": outcome.failures[str(path)]})
             bar.update(1)

@@ -59,9 +59,8 @@ from asr.data.manifest_builder import (
     UtteranceSpec,
     build_manifests,
     file_identity,
-    previous_complete_report,
-    report_path,
 )
+from asr.data.preparation_report import previous_complete_report, report_path
 from asr.text.synthesiser_phonemes import UnmappablePhonemeError
 from asr.evaluation.decoding.lexicon import write_lexicon
 from asr.evaluation.decoding.pronunciation import (
@@ -224,7 +223,7 @@ def prepare_asterisk(out_dir, sounds_dir=None, transcripts=None, *, bad_data_pol
 
 
 def print_extra_summary(report: dict) -> None:
-    """After the report table (asr.data.manifest_builder.format_report): minutes and the lexicon."""
+    """After the report table (asr.data.preparation_report.format_report): minutes and the lexicon."""
     lines = []
     lines.append("minutes: " + ", ".join(f"{split} {row['minutes']}" for split, row in report["splits"].items()))
     lexicon = report["lexicon"]

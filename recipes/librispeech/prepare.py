@@ -43,8 +43,8 @@ from asr.data.manifest_builder import (
     UtteranceSpec,
     build_manifests,
     file_identity,
-    previous_complete_report,
 )
+from asr.data.preparation_report import previous_complete_report
 from asr.text.normalisation import normalise_transcript
 from recipes.archive_download import (BadArchiveError, DownloadError, DownloadRequestError, http_url,
                                       read_md5_file)

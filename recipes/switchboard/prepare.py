@@ -50,8 +50,8 @@ from asr.data.manifest_builder import (
     UtteranceSpec,
     build_manifests,
     file_identity,
-    previous_complete_report,
 )
+from asr.data.preparation_report import previous_complete_report
 from asr.text.normalisation import normalise_transcript
 from recipes.lexicon import Lexicon
 from recipes.preparation_command import add_preparation_arguments, run_preparation

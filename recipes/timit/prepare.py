@@ -34,8 +34,8 @@ from asr.data.manifest_builder import (
     RecordingSpec,
     UtteranceSpec,
     build_manifests,
-    previous_complete_report,
 )
+from asr.data.preparation_report import previous_complete_report
 from asr.text.normalisation import normalise_transcript
 from recipes.preparation_command import add_preparation_arguments, run_preparation
 

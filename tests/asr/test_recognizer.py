@@ -9,7 +9,8 @@ import torch
 
 from asr.data.tokenizers import build_tokenizer
 from asr.text.metrics import phone_error_rate
-from asr.model.recognizer import EvaluationTally, SpeechRecognizer, warmup_factor
+from asr.model.evaluation_tally import EvaluationTally
+from asr.model.recognizer import SpeechRecognizer, warmup_factor
 from attention_ext import validate_attention
 
 FEATURES = 12

@@ -7,7 +7,7 @@ import pytest
 
 from asr.data.tokenizers import build_tokenizer
 from asr.text.metrics import phone_error_rate
-from asr.model.recognizer import EvaluationTally
+from asr.model.evaluation_tally import EvaluationTally
 
 REFERENCES = ["H# SH IX HV EH DCL D H#",      # folded: SIL SH IH HH EH SIL D SIL   (8 phones)
               "Q AO B EPI ZH AX-H"]            # folded: AA B SIL SH AH               (5 phones)

@@ -10,9 +10,10 @@ import pytest
 import soundfile
 from lhotse import CutSet
 
-from asr.data import feature_cache
+from asr.data import feature_stats
 from asr.data.datamodule import DataConfig, SpeechDataModule
-from asr.data.feature_cache import FeatureStore, feature_directory, precompute_features, statistics_sample
+from asr.data.feature_cache import FeatureStore, feature_directory, precompute_features
+from asr.data.feature_stats import statistics_sample
 from asr.data.features import FilterBank
 from asr.data.manifests import ManifestError, cuts_path, load_cuts
 from asr.data.scaled_corpus import copy_id, replicate_feature_cache, write_scaled_cuts
@@ -62,7 +63,7 @@ def test_statistics_sample_is_every_cut_up_to_its_size_then_evenly_spaced():
 @pytest.mark.parametrize("precompute", [True, False])
 def test_statistics_of_a_split_larger_than_the_sample_are_those_of_the_sampled_utterances(
         tiny_corpus, monkeypatch, precompute):
-    monkeypatch.setattr(feature_cache, "STATS_SAMPLE_CUTS", 6)
+    monkeypatch.setattr(feature_stats, "STATS_SAMPLE_CUTS", 6)
     module = SpeechDataModule(config(tiny_corpus, precompute_features=precompute))
     module.setup("fit")
     filterbank = FilterBank(40)
