@@ -85,6 +85,31 @@ class EvaluationData:
     source: str                  # for the report: the manifest or the Kaldi directory
 
 
+def _check_data_option_names(overrides: dict) -> None:
+    """EvaluationError for a data.<key> override that names no data option (with the nearest one)."""
+    unknown = sorted(set(overrides) - set(DataConfig.__dataclass_fields__))
+    if unknown:
+        meant = closest_name(unknown[0], DataConfig.__dataclass_fields__)
+        raise EvaluationError(f"data.{unknown[0]} is not a data option; did you mean data.{meant}?" if meant else
+                              f"data.{unknown[0]} is not a data option; they are: "
+                              f"{', '.join(DataConfig.__dataclass_fields__)}")
+
+
+def _evaluation_data_config(settings: dict, overrides: dict) -> DataConfig:
+    """The checked data config of an evaluation; an override of what the model fixes is refused."""
+    for key in ("num_mel_bins", "specaugment", "targets"):
+        if key in overrides and overrides[key] != settings[key]:
+            raise EvaluationError(f"data.{key}={overrides[key]!r} cannot be changed for an evaluation: "
+                                  f"the model sets it to {settings[key]!r}")
+    try:
+        config = as_data_config({key: value for key, value in settings.items()
+                                 if key in DataConfig.__dataclass_fields__})
+        validate_data_config(config)
+    except (ValueError, TypeError) as error:
+        raise EvaluationError(f"data: {error}") from None
+    return config
+
+
 def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str | None = None,
                     data_dir: str | Path | None = None, data_overrides: dict | None = None,
                     progress: bool = True) -> EvaluationData:
@@ -97,12 +122,7 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
     that would be ignored is an error: an unknown key, or one the model fixes (its feature bins,
     its heads, no SpecAugment)."""
     overrides = dict(data_overrides or {})
-    unknown = sorted(set(overrides) - set(DataConfig.__dataclass_fields__))
-    if unknown:
-        meant = closest_name(unknown[0], DataConfig.__dataclass_fields__)
-        raise EvaluationError(f"data.{unknown[0]} is not a data option; did you mean data.{meant}?" if meant else
-                              f"data.{unknown[0]} is not a data option; they are: "
-                              f"{', '.join(DataConfig.__dataclass_fields__)}")
+    _check_data_option_names(overrides)
     settings = {**trained_data_config(checkpoint), **overrides}
     kinds = list(model.tokenizers)
     frontend = model.frontend                   # features as the model was trained on (from its checkpoint)
@@ -130,16 +150,7 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
                                   "so its corpus is unknown: give data.corpus=... (data.root=...) or data_dir=...")
         settings["targets"] = kinds
         scored = kinds
-    for key in ("num_mel_bins", "specaugment", "targets"):
-        if key in overrides and overrides[key] != settings[key]:
-            raise EvaluationError(f"data.{key}={overrides[key]!r} cannot be changed for an evaluation: "
-                                  f"the model sets it to {settings[key]!r}")
-    try:
-        config = as_data_config({key: value for key, value in settings.items()
-                                 if key in DataConfig.__dataclass_fields__})
-        validate_data_config(config)
-    except (ValueError, TypeError) as error:
-        raise EvaluationError(f"data: {error}") from None
+    config = _evaluation_data_config(settings, overrides)
     split = split or config.test_split
     config.test_split = split
     if data_dir is None:

@@ -78,6 +78,20 @@ def _collect_lexicon_words(pending: list, rates: dict, parallel_decoder, progres
 
 
 @torch.no_grad()
+def _utterance_records(ids: list[str], hypotheses: dict, references: dict) -> list[dict]:
+    """One record per utterance: its id, and per head its hypothesis (and reference where scored)."""
+    return [{"id": utterance_id, **{
+        kind: {"hypothesis": hypotheses[kind][i], **({"reference": references[kind][i]} if kind in references else {})}
+        for kind in hypotheses}} for i, utterance_id in enumerate(ids)]
+
+
+def _warn_of_missing_words(missing_words: dict[str, int]) -> None:
+    if missing_words:
+        shown = ", ".join(sorted(missing_words, key=missing_words.get, reverse=True)[:10])
+        log.warning("%d words of the transcripts are not in the reference lexicon (phone references lack "
+                    "them): %s", len(missing_words), shown)
+
+
 def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "greedy", beam_size: int = 8,
                  seed: int = EVALUATION_SEED, limit: int | None = None, progress: bool = True,
                  word_decoder=None, reference_lexicon: dict | None = None) -> EvaluationResult:
@@ -117,15 +131,12 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
         if reference_lexicon is not None:
             _add_pronounced_references(references, batch["texts"], model.tokenizers, reference_lexicon, missing_words)
         tally.add(hypotheses, references, out_lengths)
-        batch_records = [{"id": utterance_id, **{
-            kind: {"hypothesis": hypotheses[kind][i],
-                   **({"reference": references[kind][i]} if kind in references else {})}
-            for kind in hypotheses}} for i, utterance_id in enumerate(batch["ids"])]
-        if word_decoder is not None:
+        batch_records = _utterance_records(batch["ids"], hypotheses, references)
+        if word_decoder is not None:   # its workers decode the words while the model computes the next batch
             head, parallel = word_decoder
             rows = log_probs[head].cpu().numpy()
-            for i, record in enumerate(batch_records):
-                pending.append((record, batch["texts"][i], parallel.submit(rows[i, :int(out_lengths[i])])))
+            pending += [(record, batch["texts"][i], parallel.submit(rows[i, :int(out_lengths[i])]))
+                        for i, record in enumerate(batch_records)]
         records.extend(batch_records)
     bar.close()
     if not records:
@@ -135,10 +146,7 @@ def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "
     out_of_vocabulary = None
     if pending:
         out_of_vocabulary = _collect_lexicon_words(pending, rates, word_decoder[1], progress)
-    if missing_words:
-        shown = ", ".join(sorted(missing_words, key=missing_words.get, reverse=True)[:10])
-        log.warning("%d words of the transcripts are not in the reference lexicon (phone references lack "
-                    "them): %s", len(missing_words), shown)
+    _warn_of_missing_words(missing_words)
     audio_seconds = input_frames * 0.01          # 10 ms frame shift
     return EvaluationResult(rates, records, forward_seconds, input_frames, tally.encoder_frames, audio_seconds,
                             time.perf_counter() - started, sorted(missing_words), out_of_vocabulary)
