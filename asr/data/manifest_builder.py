@@ -52,7 +52,8 @@ from tqdm.auto import tqdm
 
 from asr.data.audio_source import AudioMissingError, AudioSource, AudioSourceError
 from asr.data.manifests import manifest_path
-from asr.data.preparation_report import build_report, failure_message, ordered_splits, report_path, write_json
+from asr.data.preparation_report import (Problem, build_report, failure_message, ordered_splits, report_path,
+                                        write_json)
 
 SAMPLE_RATE = 16000
 _SPLIT_NAME = re.compile(r"^[a-z0-9_]+$")
@@ -87,13 +88,6 @@ class UtteranceSpec:
     end: float | None = None  # None: the end of the recording
     phones: str | None = None  # space-separated phone targets, when the corpus has them
     oov_words: tuple[str, ...] = ()  # tokens the lexicon could not pronounce
-
-
-@dataclass(frozen=True)
-class Problem:
-    kind: str  # missing_audio, unreadable_audio, missing_transcript, missing_speaker, bad_segment, oov, ...
-    item: str  # the utterance, recording or file it concerns
-    message: str
 
 
 # Utterances whose transcript holds no words (only noise marks) cannot be CTC targets: always left

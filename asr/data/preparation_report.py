@@ -10,17 +10,20 @@ from __future__ import annotations
 import json
 import os
 from collections import Counter, defaultdict
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from asr.data.manifests import manifest_path
 
-if TYPE_CHECKING:
-    from asr.data.manifest_builder import Problem
-
 SPLITS = ("train", "dev", "test")  # every recipe writes these; some add more (librispeech: dev_other, ...)
 REPORT_PROBLEM_LIMIT = 2000  # problems listed one by one in the report file; all are counted
+
+
+@dataclass(frozen=True)
+class Problem:
+    kind: str  # missing_audio, unreadable_audio, missing_transcript, missing_speaker, bad_segment, oov, ...
+    item: str  # the utterance, recording or file it concerns
+    message: str
 
 
 def report_path(out_dir: Path, corpus: str) -> Path:

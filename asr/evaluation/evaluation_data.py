@@ -23,8 +23,9 @@ def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, 
     Unreadable, empty, multi-channel audio stops it with the recipe's list of problems, or with
     data.skip_bad_audio=true is left out and counted (the recipes' --bad-data drop)."""
     from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
-    from asr.data.manifest_builder import (NoUtterancesError, PreparationError, Problem, RecordingSpec,
-                                          UtteranceSpec, build_manifests, file_identity)
+    from asr.data.manifest_builder import (NoUtterancesError, PreparationError, RecordingSpec, UtteranceSpec,
+                                           build_manifests, file_identity)
+    from asr.data.preparation_report import Problem
     from asr.text.normalisation import normalise_transcript
     try:
         kaldi = read_kaldi_data_dir(data_dir, require_utt2spk=False)

@@ -53,14 +53,8 @@ import soundfile
 from tqdm.auto import tqdm
 
 from asr.data.audio_source import AudioMissingError, AudioSource, AudioSourceError, select_channel
-from asr.data.manifest_builder import (
-    Problem,
-    RecordingSpec,
-    UtteranceSpec,
-    build_manifests,
-    file_identity,
-)
-from asr.data.preparation_report import previous_complete_report, report_path
+from asr.data.manifest_builder import RecordingSpec, UtteranceSpec, build_manifests, file_identity
+from asr.data.preparation_report import Problem, previous_complete_report, report_path
 from asr.text.synthesiser_phonemes import UnmappablePhonemeError
 from asr.evaluation.decoding.lexicon import write_lexicon
 from asr.evaluation.decoding.pronunciation import (
