@@ -97,6 +97,9 @@ class TrainerConfig:
     # torch.compile the encoder (fullgraph: any attention traces as one graph; the first batches of
     # each new shape compile, for a minute or more). Checkpoints are the same as without it.
     compile: bool = False
+    # Replay the encoder's training forward+backward as CUDA graphs, one per batch shape (a GPU only;
+    # needs data.fixed_batch_shapes=true; asr/model/graphed_encoder.py). Checkpoints are the same.
+    cuda_graphs: bool = False
 
 
 @dataclass
@@ -176,6 +179,7 @@ def validate_config(cfg: Any) -> ValidatedAttention:
     except AttentionConfigError as error:
         raise AttentionConfigError(f"attention: {error}") from None
     from asr.model.encoder import SUBSAMPLING_STRIDES, check_attention_fits
+    from asr.model.graphed_encoder import check_cuda_graph_options
     for key in ("layers", "heads", "head_dim", "ff_dim", "subsampling_channels"):
         _require(getattr(model, key) >= 1, f"model.{key}", getattr(model, key), "must be >= 1")
     check_attention_fits(attention, model.shared_qk, model.head_dim)
@@ -230,4 +234,8 @@ def validate_config(cfg: Any) -> ValidatedAttention:
              "must be a number of minutes > 0")
     _require(trainer.val_check_interval is None or trainer.val_check_interval >= 1, "trainer.val_check_interval",
              trainer.val_check_interval, "must be a number of training batches >= 1, or null (once per epoch)")
+    try:
+        check_cuda_graph_options(trainer, cfg.data, trains_on_cpu(trainer))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
     return attention

@@ -36,6 +36,7 @@ from asr.evaluation import lexicon_word_decoding, real_speech_rates
 from asr.model.checkpoint import AtomicCheckpointIO
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.encoder import compile_encoder
+from asr.model.graphed_encoder import graph_encoder
 from asr.model.recognizer import SpeechRecognizer, check_state_dict_fits
 from asr.progress import EpochProgressBar, StepBudgetEstimate
 from asr.run_folder import check_launch_shares_run_folder, one_process_at_a_time, resolve_checkpoint
@@ -231,6 +232,8 @@ def build_model(cfg: DictConfig, attention, datamodule: SpeechDataModule) -> Spe
     model.set_feature_stats(datamodule.feature_mean, datamodule.feature_std)
     if cfg.trainer.compile:
         compile_encoder(model.encoder)
+    if cfg.trainer.cuda_graphs:   # asr/model/graphed_encoder.py
+        graph_encoder(model.encoder)
     return model
 
 
