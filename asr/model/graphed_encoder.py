@@ -107,12 +107,15 @@ class GraphedForward:
     CUDA inputs) replays the graph of its inputs' shape, captured on first sight; any other call runs
     the module's own forward."""
 
-    def __init__(self, module: nn.Module, max_graphs: int = MAX_GRAPHS):
+    def __init__(self, module: nn.Module, max_graphs: int = MAX_GRAPHS, forward=None, pool=None):
         self.module = module
-        self.eager_forward = module.forward
+        # `forward`: another method of the module to graph instead (the step benchmark's plain model's encode)
+        self.eager_forward = forward if forward is not None else module.forward
         self.max_graphs = max_graphs
         self.graphs: dict[tuple, nn.Module] = {}
-        self.pool = None
+        # `pool`: a memory pool shared with other GraphedForwards whose steps never overlap with these
+        # (the step benchmark's models, each trained in turn)
+        self.pool = pool
         self._said_too_many = False
 
     def __call__(self, *inputs: torch.Tensor):
@@ -155,11 +158,11 @@ class GraphedForward:
         self.pool = None
 
 
-def graph_encoder(module: nn.Module, max_graphs: int = MAX_GRAPHS) -> GraphedForward:
+def graph_encoder(module: nn.Module, max_graphs: int = MAX_GRAPHS, pool=None) -> GraphedForward:
     """Makes `module`'s training forward+backward replay CUDA graphs (the module doc); its state dict
     keeps its keys. Returns the GraphedForward now serving as `module.forward`."""
     if isinstance(module.__dict__.get("forward"), GraphedForward):
         return module.__dict__["forward"]
-    graphed = GraphedForward(module, max_graphs)
+    graphed = GraphedForward(module, max_graphs, pool=pool)
     module.forward = graphed
     return graphed
