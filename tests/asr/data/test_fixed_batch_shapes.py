@@ -41,6 +41,23 @@ def test_the_sampler_gives_every_training_batch_its_buckets_shape():
     assert all(batch.shape is None for batch in plain)
 
 
+def test_under_ddp_every_rank_sees_only_the_buckets_shapes():
+    """Each process captures its own graphs, one per shape it meets: the buckets' shapes only, the
+    last round's split pieces and padding batches included. (The ranks of a round usually share a
+    bucket, but not where a bucket runs out mid-round.)"""
+    rng = random.Random(1)
+    cuts = CutSet.from_cuts([dummy_cut(i, duration=round(rng.uniform(1.0, 9.0), 2)) for i in range(41)])
+    samplers = [duration_bucketing_sampler(cuts, max_duration=30.0, num_buckets=3, shuffle=True, seed=0,
+                                           rank=rank, world_size=3, fixed_shapes_frames_per_second=100.0)
+                for rank in range(3)]
+    ranks = [list(sampler) for sampler in samplers]
+    assert len({len(batches) for batches in ranks}) == 1
+    assert any(batch.padding for batches in ranks for batch in batches)
+    for batches in ranks:
+        assert {batch.shape for batch in batches} <= set(samplers[0].fixed_shapes.shapes)
+        assert all(len(batch.cuts) <= batch.shape[0] for batch in batches)
+
+
 def test_padding_keeps_the_batch_and_adds_one_frame_rows():
     features = torch.randn(2, 5, 3)
     features[1, 4:] = 0
