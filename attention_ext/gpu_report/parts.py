@@ -2,12 +2,12 @@
 
 Every part runs in its own process (a crash or hang in one costs that part alone), with its output
 kept in `<out>/parts/<name>.log` and its result in `<out>/parts/<name>.json`; a part whose result
-file says it finished is not run again (report.py). A part's budget is the most it may take: about
-twice what it took on an H200 on 2026-11-27 (attention_ext/RESULTS.md, "GPU report"; 1.3-1.5x for
-the benchmarks, which took 11-26 s), estimates for the parts added since (training_graphed: as
-training_eager; steps_demo and steps_wsj: about 10 s of steps per mode, and one compilation per
-model, ~30 s, in compiled mode). The default parts' budgets add up to 10 minutes; a part that does
-not fit in what is left of them is left for the next run of the command (resumable).
+file says it finished is not run again (report.py). A part's budget is the most it may take: 1.4-2x
+what it took on an H200 on 2026-11-27 (attention_ext/RESULTS.md, "GPU report"), estimates for the
+parts added since (training_graphed: as training_eager; steps_demo and steps_wsj: about 10 s of
+steps per mode and model, and one compilation per model, ~30 s, in compiled mode; not yet run).
+The default parts' budgets add up to less than 10 minutes; a part that does not fit in what is
+left of them is left for the next run of the command (resumable).
 
 training_compiled's budget problem (H200, 2026-11-27): its first attempt failed in inductor (the
 tiling assertion asr.model.encoder.compile_encoder now works around); then its first 20 steps took
@@ -156,9 +156,9 @@ PARTS = (
     Part("cuda_tests", "The CUDA test cases of tests/attention_ext", 60,
          lambda out: [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/attention_ext", "-k", "cuda",
                       "--maxfail=50"], read_pytest),
-    Part("benchmark_bfloat16", "Benchmark in bfloat16 (paper and ASR shapes), overtaking points against SDPA", 35,
+    Part("benchmark_bfloat16", "Benchmark in bfloat16 (paper and ASR shapes), overtaking points against SDPA", 40,
          _benchmark("bfloat16"), read_benchmark),
-    Part("benchmark_float32", "Benchmark in float32 (paper and ASR shapes), overtaking points against SDPA", 35,
+    Part("benchmark_float32", "Benchmark in float32 (paper and ASR shapes), overtaking points against SDPA", 40,
          _benchmark("float32"), read_benchmark),
     Part("lsh_memory", "LSH's peak memory per element up to N=65,536 (float32)", 15,
          lambda out: [PYTHON, "-m", "attention_ext.benchmark", "--device", "cuda", "--shapes", "paper",
@@ -170,16 +170,16 @@ PARTS = (
     Part("centroid_routes", "Clustered attention's centroid part on CUDA: route unfused (torch operators) against sdpa", 20,
          lambda out: [PYTHON, "-m", "attention_ext.gpu_report.measure", "centroid_routes", "--out", str(out)],
          read_json_part),
-    Part("training_eager", "200 training steps of the demo preset (synth_iclustered), eager; generates its corpus first", 70,
+    Part("training_eager", "200 training steps of the demo preset (synth_iclustered), eager; generates its corpus first", 75,
          _training("eager"), read_training),
     Part("training_graphed", "200 training steps of the demo preset, trainer.cuda_graphs=true data.fixed_batch_shapes=true",
          60, _training("graphed"), read_training),
     Part("steps_demo", "Training steps of the demo preset's model at a GPU-filling batch, eager, graphed and compiled, "
-         "against the plain SDPA model in the same mode", 100,
+         "against the plain SDPA model in the same mode", 90,
          step_benchmark_command("steps_demo", "demo", ("eager", "graphed", "compiled")),
          reader("steps_demo", demo_aim=True)),
     Part("steps_wsj", "Training steps of the WSJ preset's model (paper size, 780 positions) at a GPU-filling batch, "
-         "eager, graphed and compiled, against the plain SDPA model in the same mode", 180,
+         "eager, graphed and compiled, against the plain SDPA model in the same mode", 165,
          step_benchmark_command("steps_wsj", "wsj", ("eager", "graphed", "compiled")), reader("steps_wsj", demo_aim=False)),
     # Not in the default run (--parts training_compiled): steps_demo and steps_wsj time compiled
     # steps, and with them this part's compilations do not fit in the report's 10 minutes.
