@@ -175,7 +175,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--csv", type=Path, default=Path("benchmark_results/step_benchmark.csv"))
     parser.add_argument("--modes", nargs="+", choices=MODES, default=["eager"],
                         help="how the encoder runs: eager, compiled (torch.compile), graphed (CUDA graphs; "
-                             "--device cuda only); each mode's models are timed together (default: %(default)s)")
+                             "--device cuda only), compiled-graphs (torch.compile mode=reduce-overhead; --device "
+                             "cuda only); each mode's models are timed together (default: %(default)s)")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--precision", choices=PRECISIONS, default="32-true",
                         help="bf16-mixed: forward and loss under bfloat16 autocast, as trainer.precision=bf16-mixed")
