@@ -119,7 +119,7 @@ class GraphedForward:
         self._said_too_many = False
 
     def __call__(self, *inputs: torch.Tensor):
-        if not (self.module.training and torch.is_grad_enabled() and inputs[0].is_cuda):
+        if not (self.module.training and torch.is_grad_enabled() and self._on_gpu(inputs)):
             return self.eager_forward(*inputs)
         # the modules' identities too: a graph replays the attention it captured (set_attention swaps them)
         key = (tuple((x.shape, x.dtype, x.device, x.requires_grad) for x in inputs),
@@ -136,6 +136,10 @@ class GraphedForward:
             graphed = self.graphs[key] = self._capture(inputs)
         with _autocast_without_cache():
             return graphed(*inputs)
+
+    @staticmethod
+    def _on_gpu(inputs: tuple[torch.Tensor, ...]) -> bool:
+        return inputs[0].is_cuda
 
     def _capture(self, inputs: tuple[torch.Tensor, ...]) -> nn.Module:
         if self.pool is None:

@@ -77,6 +77,34 @@ def test_graphing_keeps_the_state_dict_and_runs_eagerly_off_the_gpu():
     assert not graphed.graphs
 
 
+def test_one_graph_per_shape_and_attention_and_the_own_forward_otherwise(monkeypatch, caplog):
+    """The bookkeeping around the captures, with a stand-in capture (a real one needs CUDA)."""
+    from attention_ext import validate_attention
+    from test_recognizer import UTTERANCES, toy_batch, toy_recognizer
+    captured = []
+
+    def fake_capture(self, inputs):
+        captured.append(tuple(inputs[0].shape))
+        return self.eager_forward
+    monkeypatch.setattr(GraphedForward, "_on_gpu", staticmethod(lambda inputs: True))
+    monkeypatch.setattr(GraphedForward, "_capture", fake_capture)
+    model = toy_recognizer()
+    graph_encoder(model.encoder, max_graphs=3)
+    short, long = toy_batch(UTTERANCES[:2]), toy_batch(UTTERANCES)
+    for batch in (short, short, long, short):
+        model._losses(batch)[0].backward()
+    assert captured == [tuple(short["features"].shape), tuple(long["features"].shape)]
+    model.set_attention(validate_attention("iclustered", clusters=4))   # another attention: captured again
+    model._losses(short)[0].backward()
+    assert len(captured) == 3
+    with caplog.at_level("WARNING", logger="asr.model.graphed_encoder"):
+        model._losses(long)[0].backward()        # a fourth graph: more than max_graphs, run as it is
+        model.eval()
+        with torch.no_grad():
+            model._losses(toy_batch(UTTERANCES[:3]))
+    assert len(captured) == 3 and "more than 3 batch shapes" in caplog.text
+
+
 # ---- on a GPU ------------------------------------------------------------------------------------
 def _encoder_step(encoder, features, lengths):
     encoder.zero_grad(set_to_none=True)
