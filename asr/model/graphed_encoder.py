@@ -156,11 +156,6 @@ class GraphedForward:
             raise RuntimeError(f"trainer.cuda_graphs: the {type(self.module).__name__} could not be captured as "
                                f"a CUDA graph ({error}); train with trainer.cuda_graphs=false") from error
 
-    def reset(self) -> None:
-        """Drops every graph (after the module changed: another attention, other parameters)."""
-        self.graphs.clear()
-        self.pool = None
-
 
 def graph_encoder(module: nn.Module, max_graphs: int = MAX_GRAPHS, pool=None) -> GraphedForward:
     """Makes `module`'s training forward+backward replay CUDA graphs (the module doc); its state dict
