@@ -70,6 +70,10 @@ def check_cuda_graph_options(trainer: Any, data: Any, on_cpu: bool) -> None:
     if trainer.compile:
         raise ValueError("trainer.cuda_graphs=true and trainer.compile=true: choose one (graphs replay the eager "
                          "encoder's kernels; compile fuses them)")
+    if trainer.diagnostics_every_n_steps:
+        raise ValueError("trainer.cuda_graphs=true and trainer.diagnostics_every_n_steps: the diagnostics read each "
+                         "layer's input through forward hooks, which a replayed graph does not call; set "
+                         "trainer.diagnostics_every_n_steps=null or trainer.cuda_graphs=false")
 
 
 class _Captured(nn.Module):

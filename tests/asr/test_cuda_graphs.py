@@ -22,6 +22,8 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
     (["trainer.cuda_graphs=true", "trainer.accelerator=gpu"], "needs data.fixed_batch_shapes=true"),
     (["trainer.cuda_graphs=true", "data.fixed_batch_shapes=true", "trainer.accelerator=gpu", "trainer.compile=true"],
      "choose one"),
+    (["trainer.cuda_graphs=true", "data.fixed_batch_shapes=true", "trainer.accelerator=gpu",
+      "trainer.diagnostics_every_n_steps=10"], "forward hooks, which a replayed graph does not call"),
 ])
 def test_cuda_graphs_that_cannot_work_are_refused_with_the_fix(overrides, message):
     with pytest.raises(ConfigError, match=message):
