@@ -94,6 +94,9 @@ class TrainerConfig:
     # torch.compile the encoder (fullgraph: any attention traces as one graph; the first batches of
     # each new shape compile, for a minute or more). Checkpoints are the same as without it.
     compile: bool = False
+    # Replay the encoder's training forward+backward as CUDA graphs, one per batch shape (a GPU only;
+    # needs data.fixed_batch_shapes=true; asr/model/graphed_encoder.py). Checkpoints are the same.
+    cuda_graphs: bool = False
 
 
 @dataclass
@@ -175,6 +178,7 @@ def validate_config(cfg: Any) -> ValidatedAttention:
     _check_data_section(cfg)
     _check_optim_section(cfg.optim)
     _check_trainer_section(cfg.trainer)
+    _check_cuda_graph_options(cfg)
     return attention
 
 
@@ -245,3 +249,12 @@ def _check_trainer_section(trainer: Any) -> None:
              "must be a number of minutes > 0")
     _require(trainer.val_check_interval is None or trainer.val_check_interval >= 1, "trainer.val_check_interval",
              trainer.val_check_interval, "must be a number of training batches >= 1, or null (once per epoch)")
+
+
+def _check_cuda_graph_options(cfg: Any) -> None:
+    """trainer.cuda_graphs and what it needs (asr.model.graphed_encoder says what and why)."""
+    from asr.model.graphed_encoder import check_cuda_graph_options
+    try:
+        check_cuda_graph_options(cfg.trainer, cfg.data, trains_on_cpu(cfg.trainer))
+    except ValueError as error:
+        raise ConfigError(str(error)) from None

@@ -26,6 +26,13 @@ every rank gets one, and a rank left without any utterance (fewer utterances tha
 neither counts nor learns from. lhotse's own sampler instead fills such a round with duplicated
 utterances (ids `<id>_dup0`) that would be scored twice and have no targets, and its merged last
 round can break the duration cap.
+
+Fixed shapes (`data.fixed_batch_shapes`, what `trainer.cuda_graphs` needs: a CUDA graph replays one
+shape): every batch of bucket i is padded to (rows_i, frames_i), rows_i = floor(max_duration /
+bound_i) - the most utterances BucketBoundedDuration lets into a batch of that bucket - and frames_i
+the frames of an utterance of the bucket's upper bound, rounded up to a multiple of 8
+(`FixedBatchShapes`). So training sees at most `num_buckets` shapes. The padded rows are one frame
+long and carry no utterance: the model drops them before the loss (asr.model.recognizer).
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ import warnings
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
+import torch
 from lhotse import CutSet
 from lhotse.dataset import DynamicBucketingSampler
 from lhotse.dataset.sampling.base import TimeConstraint
@@ -70,6 +78,46 @@ class EpochBatch(NamedTuple):
     epoch: int
     cuts: CutSet
     padding: bool = False
+    shape: tuple[int, int] | None = None   # (rows, frames) to pad the batch to (FixedBatchShapes), or None
+
+
+@dataclass(frozen=True)
+class FixedBatchShapes:
+    """The padded shape (rows, frames) of each bucket's batches (the module doc)."""
+
+    bucket_upper_bounds: tuple[float, ...]   # seconds; bucket i holds durations <= bounds[i]
+    max_duration: float
+    frames_per_second: float                 # feature frames per second of audio (100 for a 10 ms shift)
+    frame_multiple: int = 8
+
+    def bucket_shape(self, bucket: int) -> tuple[int, int]:
+        bound = self.bucket_upper_bounds[bucket]
+        rows = max(1, math.floor(self.max_duration / bound))
+        frames = math.ceil(bound * self.frames_per_second)
+        return rows, -(-frames // self.frame_multiple) * self.frame_multiple
+
+    @property
+    def shapes(self) -> list[tuple[int, int]]:
+        return [self.bucket_shape(i) for i in range(len(self.bucket_upper_bounds))]
+
+    def shape_of(self, durations: list[float]) -> tuple[int, int]:
+        """The shape of a batch with these durations: its bucket's, found from its longest utterance as
+        BucketBoundedDuration and lhotse find a batch's bucket (every batch is drawn from one bucket)."""
+        bucket = bisect_left(self.bucket_upper_bounds[:-1], max(durations))
+        rows, frames = self.bucket_shape(bucket)
+        return max(rows, len(durations)), frames
+
+
+def pad_to_shape(features: torch.Tensor, lengths: torch.Tensor, shape: tuple[int, int]
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, T, F) features and (B,) lengths padded to (rows, frames, F) and (rows,): zeros past every
+    length, the added rows one frame long (a length every attention and the front end take as it
+    is). A batch longer than `frames` keeps its length (it then has a shape of its own)."""
+    rows, frames = shape
+    batch, time, bins = features.shape
+    padded = features.new_zeros(max(rows, batch), max(frames, time), bins)
+    padded[:batch, :time] = features
+    return padded, torch.cat([lengths, lengths.new_ones(padded.shape[0] - batch)])
 
 
 def share_last_round(batches: list[CutSet], world_size: int) -> list[tuple[CutSet, bool]]:
@@ -97,6 +145,7 @@ class EpochTaggedBucketingSampler(DynamicBucketingSampler):
     """
 
     _exhausted = False
+    fixed_shapes: FixedBatchShapes | None = None   # set: every batch says its padded shape (module doc)
 
     def __iter__(self):
         self._exhausted = False
@@ -116,9 +165,11 @@ class EpochTaggedBucketingSampler(DynamicBucketingSampler):
             self._exhausted = True
             raise StopIteration
         if len(round_batches) == self.world_size:
-            return EpochBatch(self.epoch, round_batches[self.rank])
-        cuts, padding = share_last_round(round_batches, self.world_size)[self.rank]
-        return EpochBatch(self.epoch, cuts, padding)
+            cuts, padding = round_batches[self.rank], False
+        else:
+            cuts, padding = share_last_round(round_batches, self.world_size)[self.rank]
+        shape = None if self.fixed_shapes is None else self.fixed_shapes.shape_of([c.duration for c in cuts])
+        return EpochBatch(self.epoch, cuts, padding, shape)
 
     @property
     def next_epoch(self) -> int:
@@ -144,11 +195,13 @@ class EpochTaggedBucketingSampler(DynamicBucketingSampler):
 
 
 def duration_bucketing_sampler(cuts: CutSet, max_duration: float, num_buckets: int, shuffle: bool,
-                               seed: int, rank: int = 0, world_size: int = 1) -> EpochTaggedBucketingSampler:
+                               seed: int, rank: int = 0, world_size: int = 1,
+                               fixed_shapes_frames_per_second: float | None = None) -> EpochTaggedBucketingSampler:
     """Batches of at most `max_duration` padded seconds, from `num_buckets` duration buckets whose
     boundaries are estimated over all of `cuts` (each bucket holds about the same total duration);
     the share of process `rank` out of `world_size` (given explicitly, never guessed from the
-    environment)."""
+    environment). `fixed_shapes_frames_per_second`: the features' frame rate, to give every batch
+    its bucket's fixed shape (FixedBatchShapes); None: no fixed shapes."""
     if not 0 <= rank < world_size:
         raise ValueError(f"rank={rank} must lie in [0, world_size={world_size})")
     longest = max(cut.duration for cut in cuts)
@@ -162,6 +215,9 @@ def duration_bucketing_sampler(cuts: CutSet, max_duration: float, num_buckets: i
     with warnings.catch_warnings():
         # lhotse suggests lazy manifests for memory; ours are filtered in memory on purpose.
         warnings.filterwarnings("ignore", message=".*eagerly read CutSet.*")
-        return EpochTaggedBucketingSampler(cuts, constraint=constraint, duration_bins=bins[:-1] or bins,
-                                           shuffle=shuffle, drop_last=False, seed=seed,
-                                           rank=rank, world_size=world_size)
+        sampler = EpochTaggedBucketingSampler(cuts, constraint=constraint, duration_bins=bins[:-1] or bins,
+                                              shuffle=shuffle, drop_last=False, seed=seed,
+                                              rank=rank, world_size=world_size)
+    if fixed_shapes_frames_per_second is not None:
+        sampler.fixed_shapes = FixedBatchShapes(tuple(bins), max_duration, fixed_shapes_frames_per_second)
+    return sampler

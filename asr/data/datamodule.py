@@ -88,6 +88,9 @@ class DataConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     max_duration: float = 200.0           # padded seconds per batch: batch size x longest utterance
     num_buckets: int = 10                 # duration buckets; a batch takes utterances of one bucket
+    # pad every training batch to its bucket's shape (rows x frames), so that training sees at most
+    # num_buckets shapes (what trainer.cuda_graphs needs); the padded rows and frames change no loss
+    fixed_batch_shapes: bool = False
     num_workers: int = 0                  # DataLoader workers (0 is fastest with precomputed features)
     max_train_utterances: Optional[int] = None  # use only the first N training cuts (quick runs)
     skip_bad_audio: bool = False          # false: missing/corrupt audio is an error listing every cut
@@ -269,8 +272,10 @@ class SpeechDataModule(lightning.LightningDataModule):
                                      self.feature_mean if specaugment is not None else None, self.seed, augmenter)
         # 6. build the sampler
         rank, world_size = self.process_rank()
+        frame_rate = 1000.0 / self.filterbank.frame_shift_ms if train and cfg.fixed_batch_shapes else None
         sampler = duration_bucketing_sampler(data.cuts, cfg.max_duration, cfg.num_buckets, shuffle=train,
-                                             seed=self.seed, rank=rank, world_size=world_size)
+                                             seed=self.seed, rank=rank, world_size=world_size,
+                                             fixed_shapes_frames_per_second=frame_rate)
         return torch.utils.data.DataLoader(
             dataset, sampler=sampler, batch_size=None, num_workers=cfg.num_workers,
             persistent_workers=cfg.num_workers > 0,

@@ -10,7 +10,7 @@ import torch
 from lhotse import CutSet
 
 from asr.data.augmentation import SpecAugment
-from asr.data.batching import EpochBatch
+from asr.data.batching import EpochBatch, pad_to_shape
 from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures, single_torch_thread
 from asr.data.manifests import transcript
 from asr.data.tokenizers import Tokenizer, encode_transcripts
@@ -21,6 +21,8 @@ class Batch(TypedDict):
     """What the data loaders yield (a dict, so Lightning moves it between devices as it is)."""
     features: torch.Tensor                  # (B, T, F) float32 log-mel fbank, NOT normalised, 0 past each length
     feature_lengths: torch.Tensor           # (B,) int64
+    # With data.fixed_batch_shapes, features and feature_lengths have more rows than the batch has
+    # utterances (len(ids)): the rows past them are padding (asr.data.batching.FixedBatchShapes).
     targets: dict[str, torch.Tensor]        # {kind: (B, S) int64}, padded with 0 (the blank)
     target_lengths: dict[str, torch.Tensor]  # {kind: (B,) int64}
     ids: list[str]                          # cut ids
@@ -72,12 +74,16 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
         self.augmenter = augmenter
 
     def __getitem__(self, item: EpochBatch | CutSet | list) -> Batch:
-        epoch, cuts, padding = (item.epoch, item.cuts, item.padding) if isinstance(item, EpochBatch) \
-            else (0, item, False)
+        epoch, cuts, padding, shape = (item.epoch, item.cuts, item.padding, item.shape) \
+            if isinstance(item, EpochBatch) else (0, item, False, None)
         # Batch building is many small tensor ops: intra-op threads only add overhead (15x slower measured
         # with num_workers=0 on a busy 2-core machine), so it runs on one thread, restored afterwards.
         with single_torch_thread():
-            return Batch(**self._build(list(cuts), epoch), padding=padding)
+            batch = self._build(list(cuts), epoch)
+            if shape is not None:   # its bucket's fixed shape (data.fixed_batch_shapes), after SpecAugment's draws
+                batch["features"], batch["feature_lengths"] = pad_to_shape(batch["features"], batch["feature_lengths"],
+                                                                           shape)
+            return Batch(**batch, padding=padding)
 
     def _build(self, cuts: list, epoch: int) -> dict:
         if self.augmenter is None:

@@ -213,7 +213,7 @@ class TransformerEncoder(nn.Module):
         return self.final_norm(x), lengths
 
 
-def compile_encoder(encoder: TransformerEncoder) -> None:
+def compile_encoder(encoder: TransformerEncoder, cuda_graphs: bool = False) -> None:
     """torch.compile the encoder in place, as `trainer.compile=true` does: fullgraph (any attention
     traces as one graph), and the state dict keeps its keys, so checkpoints load without compile.
 
@@ -229,6 +229,11 @@ def compile_encoder(encoder: TransformerEncoder) -> None:
     `get_pw_red_splits` in tiling_utils.py, with symbolic lengths): with it on, the demo preset's
     first compiled step failed on an H200 (attention_ext/RESULTS.md, GPU report); off, it trained.
     It only chooses the tiling of GPU kernels, so the CPU is unaffected.
+
+    `cuda_graphs`: inductor's own CUDA graphs too (what mode="reduce-overhead" turns on; torch.compile
+    takes a mode or options, not both): the step benchmark's mode compiled-graphs, to measure against
+    asr.model.graphed_encoder.
     """
     encoder.compile(fullgraph=True, options={"force_layout_optimization": True,
-                                             "triton.coalesce_tiling_analysis": False})
+                                             "triton.coalesce_tiling_analysis": False,
+                                             "triton.cudagraphs": cuda_graphs})

@@ -146,6 +146,9 @@ class SpeechRecognizer(L.LightningModule):
     # ---- training ----------------------------------------------------------------------------
     def _losses(self, batch: Batch) -> tuple[torch.Tensor, dict[str, torch.Tensor], dict, torch.Tensor]:
         log_probs, lengths = self(batch["features"], batch["feature_lengths"])
+        # rows past the batch's utterances pad it to a fixed shape (data.fixed_batch_shapes): left out
+        rows = len(batch["ids"])
+        log_probs, lengths = {kind: lp[:rows] for kind, lp in log_probs.items()}, lengths[:rows]
         losses = {kind: ctc_loss(lp, lengths, batch["targets"][kind], batch["target_lengths"][kind])
                   for kind, lp in log_probs.items()}
         total = sum(self.loss_weights[kind] * loss for kind, loss in losses.items())

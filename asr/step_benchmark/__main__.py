@@ -16,11 +16,18 @@ callbacks) is not in it.
 
 --breakdown profiles steps (torch.profiler) and prints, per model, where the time goes by stage
 (asr/step_benchmark/breakdown.py). Results: asr/step_benchmark/RESULTS.md.
+
+On a GPU, with the encoder eager, compiled and replayed as CUDA graphs (asr/step_benchmark/modes.py;
+each mode's models are timed together, then freed), at a batch that fills the GPU:
+
+    python -m asr.step_benchmark --device cuda --precision bf16-mixed --modes eager compiled graphed \
+        --workloads synth-380 wsj --batch-seconds 2400 --models full i-clustered-100 plain
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import gc
 import os
 import platform
 import sys
@@ -30,7 +37,8 @@ import torch
 
 from asr.step_benchmark.breakdown import ATTENTION, STAGES, fastest_breakdown, instrument, profiled_step
 from asr.step_benchmark.timing import StepTimes, time_workload
-from asr.step_benchmark.workloads import MODELS, PLAIN, WORKLOADS, build_model, make_batch
+from asr.step_benchmark.modes import MODES, PRECISIONS, mode_problem
+from asr.step_benchmark.workloads import MODELS, PLAIN, WORKLOADS, build_model, make_batch, with_batch_seconds
 from attention_ext import parse_attention_spec
 
 DEFAULT_MODELS = ("full", "clustered-100", "i-clustered-100", "lsh-1", "linear", PLAIN)
@@ -55,19 +63,25 @@ def machine_header(threads: int) -> str:
 
 
 def format_table(results: list[StepTimes]) -> str:
-    header = ("workload", "model", "params", "positions", "audio s/batch", "s/step (median)", "min-max",
+    """One row per (workload, mode, model); "x plain" against the plain model in the same mode.
+    "audio s per s" is also hours of audio trained per hour of the device."""
+    header = ("workload", "mode", "model", "params", "positions", "audio s/batch", "s/step (median)", "min-max",
               "audio s per s", "x plain", "CPU s/step", "x plain (CPU)", "x plain (least CPU)")
     rows = []
-    for workload in dict.fromkeys(r.workload.name for r in results):
-        group = [r for r in results if r.workload.name == workload]
-        plain = next((r for r in group if r.label == PLAIN), None)
+    for workload, mode in dict.fromkeys((r.workload.name, r.mode) for r in results):
+        group = [r for r in results if r.workload.name == workload and r.mode == mode]
+        plain = next((r for r in group if r.label == PLAIN and r.ok), None)
         for r in group:
+            if not r.ok:
+                rows.append((workload, mode, r.label, f"{r.parameters:,}", f"{r.encoder_positions:.0f}",
+                             f"{r.audio_seconds:.1f}", r.error or "no step") + ("-",) * 6)
+                continue
             ratio = f"{r.median / plain.median:.2f}x" if plain else "-"
             cpu_ratio = f"{r.cpu_median / plain.cpu_median:.2f}x" if plain else "-"
             least_ratio = f"{min(r.cpu_seconds) / min(plain.cpu_seconds):.2f}x" if plain else "-"
-            rows.append((workload, r.label, f"{r.parameters:,}", f"{r.encoder_positions:.0f}", f"{r.audio_seconds:.1f}",
-                         f"{r.median:.3f}", f"{min(r.seconds):.3f}-{max(r.seconds):.3f}", f"{r.audio_per_second:.1f}",
-                         ratio, f"{r.cpu_median:.3f}", cpu_ratio, least_ratio))
+            rows.append((workload, mode, r.label, f"{r.parameters:,}", f"{r.encoder_positions:.0f}",
+                         f"{r.audio_seconds:.1f}", f"{r.median:.4f}", f"{min(r.seconds):.4f}-{max(r.seconds):.4f}",
+                         f"{r.audio_per_second:.1f}", ratio, f"{r.cpu_median:.3f}", cpu_ratio, least_ratio))
     widths = [max(len(str(row[i])) for row in (header, *rows)) for i in range(len(header))]
     lines = ["| " + " | ".join(h.ljust(w) for h, w in zip(header, widths)) + " |",
              "|" + "|".join("-" * (w + 2) for w in widths) + "|"]
@@ -81,14 +95,19 @@ def write_csv(results: list[StepTimes], path: Path) -> None:
         writer = csv.writer(handle)
         writer.writerow(["workload", "model", "parameters", "encoder_positions", "audio_seconds_per_batch",
                          "median_s_per_step", "steps_s", "audio_s_per_wall_s", "ratio_to_plain",
-                         "median_cpu_s_per_step", "cpu_steps_s", "cpu_ratio_to_plain"])
+                         "median_cpu_s_per_step", "cpu_steps_s", "cpu_ratio_to_plain", "mode", "error"])
         for r in results:
-            plain = next((p for p in results if p.workload.name == r.workload.name and p.label == PLAIN), None)
+            plain = next((p for p in results if p.workload.name == r.workload.name and p.label == PLAIN
+                          and p.mode == r.mode and p.ok), None)
+            if not r.ok:
+                writer.writerow([r.workload.name, r.label, r.parameters, f"{r.encoder_positions:.1f}",
+                                 f"{r.audio_seconds:.2f}"] + [""] * 7 + [r.mode, r.error or "no step"])
+                continue
             writer.writerow([r.workload.name, r.label, r.parameters, f"{r.encoder_positions:.1f}",
                              f"{r.audio_seconds:.2f}", f"{r.median:.4f}", " ".join(f"{s:.4f}" for s in r.seconds),
                              f"{r.audio_per_second:.2f}", f"{r.median / plain.median:.3f}" if plain else "",
                              f"{r.cpu_median:.4f}", " ".join(f"{s:.4f}" for s in r.cpu_seconds),
-                             f"{r.cpu_median / plain.cpu_median:.3f}" if plain else ""])
+                             f"{r.cpu_median / plain.cpu_median:.3f}" if plain else "", r.mode, ""])
 
 
 def breakdown_table(workload_name: str, labels: list[str], steps: int, warmup: int) -> str:
@@ -154,6 +173,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--warmup", type=int, default=1, help="untimed rounds first (default %(default)s)")
     parser.add_argument("--threads", type=int, default=2, help="torch intra-op threads (default %(default)s)")
     parser.add_argument("--csv", type=Path, default=Path("benchmark_results/step_benchmark.csv"))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["eager"],
+                        help="how the encoder runs: eager, compiled (torch.compile), graphed (CUDA graphs; "
+                             "--device cuda only), compiled-graphs (torch.compile mode=reduce-overhead; --device "
+                             "cuda only); each mode's models are timed together (default: %(default)s)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--precision", choices=PRECISIONS, default="32-true",
+                        help="bf16-mixed: forward and loss under bfloat16 autocast, as trainer.precision=bf16-mixed")
+    parser.add_argument("--batch-seconds", type=float, default=None,
+                        help="batches of about this much audio (the workload's utterance length kept; "
+                             "conf/trainer/gpu80.yaml's 2400 fills an 80 GB GPU); default: the workload's own")
     parser.add_argument("--breakdown", action="store_true",
                         help="profile --repeats steps per model and print where the time goes by stage "
                              "(each stage's least time over the steps)")
@@ -161,22 +190,35 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    parser = build_parser()
+    args = parser.parse_args(argv)
     check_models(args.models)
+    problem = mode_problem(args.modes, args.device)
+    if problem:
+        parser.error(problem)
+    if args.breakdown and (args.modes != ["eager"] or args.device != "cpu"):
+        parser.error("--breakdown profiles eager CPU steps; leave out --modes and --device")
     torch.set_num_threads(args.threads)
     print(machine_header(args.threads))
-    for name in args.workloads:
-        w = WORKLOADS[name]
-        print(f"  {name}: {w.what}; model {w.model} {MODELS[w.model]}")
+    if args.device == "cuda":
+        print(f"device: {torch.cuda.get_device_name()}; precision {args.precision}")
+    workloads = [with_batch_seconds(WORKLOADS[name], args.batch_seconds) for name in args.workloads]
+    for w in workloads:
+        print(f"  {w.name}: {w.what}; model {w.model} {MODELS[w.model]}; {w.utterances} utterances per batch")
     if args.breakdown:
         for name in args.workloads:
             print()
             print(breakdown_table(name, args.models, args.repeats, args.warmup))
         return 0
     results = []
-    for name in args.workloads:
-        results += time_workload(WORKLOADS[name], args.models, args.repeats, args.warmup,
-                                 progress=lambda text: print(text, file=sys.stderr, flush=True))
+    for workload in workloads:
+        for mode in args.modes:
+            results += time_workload(workload, args.models, args.repeats, args.warmup,
+                                     progress=lambda text: print(text, file=sys.stderr, flush=True),
+                                     mode=mode, device=args.device, precision=args.precision)
+            gc.collect()   # this mode's models and graphs, before the next mode's
+            if args.device == "cuda":
+                torch.cuda.empty_cache()
     print()
     print(format_table(results))
     if hasattr(os, "getloadavg"):

@@ -104,13 +104,19 @@ class PlainRecognizer(nn.Module):
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
         features = (features - self.feature_mean) / self.feature_std
         features = features * _frames_mask(lengths, features.shape[1])[..., None]
+        states, lengths = self.encode(features, lengths)
+        return self.ctc_log_probs(states), lengths
+
+    def encode(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Normalised features -> (B, T', D) encoder states, lengths T': the part the toolkit's
+        TransformerEncoder computes (what the step benchmark compiles or graphs in both)."""
         x, lengths = self.frontend(features, lengths)
         x = x * math.sqrt(self.d_model) + sinusoids(x.shape[1], self.d_model, x.device)
         x = self.input_dropout(x)
         padding = ~_frames_mask(lengths, x.shape[1])
         for layer in self.layers:
             x = layer(x, src_key_padding_mask=padding)
-        return self.ctc_log_probs(self.final_norm(x)), lengths
+        return self.final_norm(x), lengths
 
     def ctc_log_probs(self, states: torch.Tensor) -> dict[str, torch.Tensor]:
         """(B, T', D) encoder states -> {kind: (B, T', V) log-probabilities}."""

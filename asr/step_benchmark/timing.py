@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from asr.step_benchmark.modes import apply_mode
 from asr.step_benchmark.workloads import PLAIN, TrainedModel, Workload, build_model, make_batch, parameter_count
 
 
@@ -19,6 +20,12 @@ class StepTimes:
     encoder_positions: float             # mean valid encoder positions per utterance
     seconds: list[float] = field(default_factory=list)        # wall clock per step
     cpu_seconds: list[float] = field(default_factory=list)    # this process's CPU time per step, all threads
+    mode: str = "eager"                  # asr.step_benchmark.modes.MODES
+    error: str | None = None             # why the model stopped (out of memory, a failed capture), if it did
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None and bool(self.seconds)
 
     @property
     def median(self) -> float:
@@ -37,30 +44,59 @@ class StepTimes:
 
 
 def time_workload(workload: Workload, labels: list[str], repeats: int, warmup: int,
-                  progress=lambda text: None) -> list[StepTimes]:
-    """Builds every model (all from one seed), then runs warmup + repeats rounds; in round r every
-    model trains on batch r, in an order rotated by one each round (so no model always follows the
-    same one). Returns one StepTimes per label with the timed rounds' seconds."""
+                  progress=lambda text: None, mode: str = "eager", device: str = "cpu",
+                  precision: str = "32-true") -> list[StepTimes]:
+    """Builds every model (all from one seed, its encoder run in `mode`: asr.step_benchmark.modes),
+    then runs warmup + repeats rounds; in round r every model trains on batch r, in an order rotated
+    by one each round (so no model always follows the same one). Returns one StepTimes per label
+    with the timed rounds' seconds. A model that fails (out of memory, a capture that fails) gets
+    its error and leaves the rounds; the others go on."""
+    pool = torch.cuda.graph_pool_handle() if mode == "graphed" else None
     models: list[TrainedModel] = []
     for label in labels:
         torch.manual_seed(0)
-        models.append(build_model(workload, label))
+        model = build_model(workload, label, device, precision)
+        apply_mode(model, mode, pool)
+        models.append(model)
     batches = [make_batch(workload, seed) for seed in range(warmup + repeats)]
     positions = float(torch.stack([_encoder_lengths(models, b.lengths) for b in batches]).float().mean())
     results = [StepTimes(workload, m.label, parameter_count(m.module),
-                         sum(b.audio_seconds for b in batches) / len(batches), positions) for m in models]
+                         sum(b.audio_seconds for b in batches) / len(batches), positions, mode=mode) for m in models]
     for round_index, batch in enumerate(batches):
+        batch = batch.to(device)
         order = list(range(len(models)))
         order = order[round_index % len(order):] + order[:round_index % len(order)]
-        for i in order:
-            start, cpu_start = time.perf_counter(), time.process_time()
-            models[i].step(batch)
-            elapsed, cpu_elapsed = time.perf_counter() - start, time.process_time() - cpu_start
+        for i in (i for i in order if results[i].error is None):
+            try:
+                elapsed, cpu_elapsed = _timed_step(models[i], batch, device)
+            except (RuntimeError, torch.OutOfMemoryError) as error:   # this model's cell says so; the rest go on
+                results[i].error = f"{type(error).__name__}: {str(error).splitlines()[0][:200]}"
+                _release(models, i, device)
+                continue
             if round_index >= warmup:
                 results[i].seconds.append(elapsed)
                 results[i].cpu_seconds.append(cpu_elapsed)
-        progress(f"{workload.name}: round {round_index + 1}/{len(batches)}")
+        progress(f"{workload.name} {mode}: round {round_index + 1}/{len(batches)}")
     return results
+
+
+def _timed_step(model: TrainedModel, batch, device: str) -> tuple[float, float]:
+    """Wall clock and CPU seconds of one step, the GPU's queue drained before and after."""
+    if device == "cuda":
+        torch.cuda.synchronize()
+    start, cpu_start = time.perf_counter(), time.process_time()
+    model.step(batch)
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, time.process_time() - cpu_start
+
+
+def _release(models: list[TrainedModel], index: int, device: str) -> None:
+    """Frees a failed model's memory for the others (its gradients and optimiser state)."""
+    models[index].optimizer.zero_grad(set_to_none=True)
+    models[index].optimizer.state.clear()
+    if device == "cuda":
+        torch.cuda.empty_cache()
 
 
 def _encoder_lengths(models: list[TrainedModel], lengths: torch.Tensor) -> torch.Tensor:

@@ -8,7 +8,7 @@ once its centroids settle), which random features make slightly pessimistic.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -79,6 +79,11 @@ class TrainingBatch:
     target_lengths: dict[str, torch.Tensor]
     audio_seconds: float
 
+    def to(self, device: str) -> "TrainingBatch":
+        return TrainingBatch(self.features.to(device), self.lengths.to(device),
+                             {kind: t.to(device) for kind, t in self.targets.items()},
+                             {kind: t.to(device) for kind, t in self.target_lengths.items()}, self.audio_seconds)
+
 
 def make_batch(workload: Workload, seed: int) -> TrainingBatch:
     """A padded batch of the workload's shape: lengths spread over +-4 % of the mean (as a length
@@ -110,11 +115,13 @@ class TrainedModel:
     module: torch.nn.Module
     optimizer: torch.optim.Optimizer
     loss_weights: dict[str, float]
+    precision: str = "32-true"      # or "bf16-mixed": the forward and the loss under bfloat16 autocast, as Lightning runs it
 
     def forward_loss(self, batch: TrainingBatch) -> torch.Tensor:
-        log_probs, lengths = self.module(batch.features, batch.lengths)
-        return sum(self.loss_weights[kind] * ctc_loss(lp, lengths, batch.targets[kind], batch.target_lengths[kind])
-                   for kind, lp in log_probs.items())
+        with torch.autocast(batch.features.device.type, dtype=torch.bfloat16, enabled=self.precision == "bf16-mixed"):
+            log_probs, lengths = self.module(batch.features, batch.lengths)
+            return sum(self.loss_weights[kind] * ctc_loss(lp, lengths, batch.targets[kind], batch.target_lengths[kind])
+                       for kind, lp in log_probs.items())
 
     def step(self, batch: TrainingBatch) -> float:
         """One training step as Lightning runs it: forward, CTC, backward, clip, RAdam; the loss."""
@@ -140,20 +147,27 @@ def plain_recognizer(workload: Workload) -> PlainRecognizer:
     return PlainRecognizer(workload.feature_dim, head_sizes(workload.heads), **MODELS[workload.model])
 
 
-def build_model(workload: Workload, label: str) -> TrainedModel:
+def build_model(workload: Workload, label: str, device: str = "cpu", precision: str = "32-true") -> TrainedModel:
     """`label` is an attention spec (the toolkit model) or PLAIN; the toolkit's own optimiser
     (SpeechRecognizer.configure_optimizers: RAdam, decoupled weight decay) for both."""
     if label == PLAIN:
-        module = plain_recognizer(workload)
+        module = plain_recognizer(workload).to(device)
         optimizer = torch.optim.RAdam(module.parameters(), lr=OPTIM["lr"], weight_decay=OPTIM["weight_decay"],
                                       decoupled_weight_decay=True)
         weights = {kind: 1.0 for kind in workload.heads}
     else:
-        module = toolkit_recognizer(workload, label)
+        module = toolkit_recognizer(workload, label).to(device)
         optimizer = module.configure_optimizers()
         weights = module.loss_weights
     module.train()
-    return TrainedModel(label, module, optimizer, weights)
+    return TrainedModel(label, module, optimizer, weights, precision)
+
+
+def with_batch_seconds(workload: Workload, seconds: float | None) -> Workload:
+    """The workload with batches of about `seconds` of audio (its utterance length kept); None: as it is."""
+    if seconds is None:
+        return workload
+    return replace(workload, utterances=max(1, round(seconds / workload.seconds)))
 
 
 def parameter_count(module: torch.nn.Module) -> int:

@@ -37,6 +37,7 @@ from asr.model.checkpoint import AtomicCheckpointIO
 from asr.model.decoding_files import keep_decoding_files_in_run
 from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.encoder import compile_encoder
+from asr.model.graphed_encoder import graph_encoder
 from asr.model.recognizer import SpeechRecognizer, check_state_dict_fits
 from asr.model.run_folder import check_launch_shares_run_folder, one_process_at_a_time, resolve_checkpoint
 from asr.training.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, StepCheckpoint, ValidateAtStepBudget
@@ -252,6 +253,8 @@ def build_model(cfg: DictConfig, attention, datamodule: SpeechDataModule) -> Spe
     model.set_feature_stats(datamodule.feature_mean, datamodule.feature_std)
     if cfg.trainer.compile:
         compile_encoder(model.encoder)
+    if cfg.trainer.cuda_graphs:   # asr/model/graphed_encoder.py
+        graph_encoder(model.encoder)
     return model
 
 

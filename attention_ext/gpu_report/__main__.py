@@ -7,7 +7,9 @@
 
 Runs the parts of parts.PARTS (the CUDA tests; the benchmark tables in bfloat16 and float32 with
 their overtaking points against SDPA; LSH's memory per element to N=65,536; profiles of clustered-100
-and i-clustered-100; the centroid routes; 200 training steps of the demo preset eager and compiled),
+and i-clustered-100; the centroid routes; 200 training steps of the demo preset eager and with CUDA
+graphs; the training-step table of the demo and WSJ presets at a GPU-filling batch, eager, graphed
+and compiled, against the plain SDPA model; by name only, 200 compiled steps of the demo preset),
 each in its own process within its budget, saving each part's result in <out>/parts/, and writes
 <out>/REPORT.md with the raw CSVs under <out>/csv/. A part that finished (passed or failed) is not
 run again; one that errored, timed out or did not fit in the time left is. Exit status: 0 when
@@ -22,7 +24,7 @@ from pathlib import Path
 
 import torch
 
-from attention_ext.gpu_report.parts import PART_NAMES, PARTS
+from attention_ext.gpu_report.parts import DEFAULT_PART_NAMES, PART_NAMES, PARTS
 from attention_ext.gpu_report.report import all_passed, format_report, load_result, run_parts
 
 TOTAL_BUDGET_SECONDS = 600
@@ -43,7 +45,8 @@ def build_parser() -> argparse.ArgumentParser:
                                      epilog="parts:\n" + "\n".join(f"  {p.name:20s} {p.title} ({p.budget_seconds} s)"
                                                                    for p in PARTS))
     parser.add_argument("--out", type=Path, default=Path("gpu_report"), help="output folder (default: %(default)s)")
-    parser.add_argument("--parts", nargs="+", choices=PART_NAMES, default=list(PART_NAMES))
+    parser.add_argument("--parts", nargs="+", choices=PART_NAMES, default=list(DEFAULT_PART_NAMES),
+                        help="default: every part but " + ", ".join(sorted(set(PART_NAMES) - set(DEFAULT_PART_NAMES))))
     parser.add_argument("--redo", nargs="+", choices=PART_NAMES, default=[], help="run these again even if finished")
     parser.add_argument("--budget", type=float, default=TOTAL_BUDGET_SECONDS,
                         help="seconds for this run in all (default: %(default)s)")

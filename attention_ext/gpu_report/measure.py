@@ -5,7 +5,8 @@
     profiles          torch.profiler of clustered-100 at N=4096 and i-clustered-100 at N=65,536
     centroid_routes   clustered attention's centroid part, route "unfused" against "sdpa", alternately
                       (`--device cpu --routes fused unfused sdpa`: the same on this CPU, a table printed)
-    training          200 steps of the demo preset through `python -m asr.train` (a subprocess)
+    training          200 steps of the demo preset through `python -m asr.train` (a subprocess): eager,
+                      compiled (--compile true) or with CUDA graphs (--graphs true)
 """
 from __future__ import annotations
 
@@ -179,7 +180,7 @@ def run_centroid_routes(out: Path, repeats: int = 10, cases=ROUTE_CASES, device:
                 f"alternating:\n\n{table}\n\n{verdict}", files=[str(path.relative_to(out))], rows=rows)
 
 
-def run_training(out: Path, compiled: bool, name: str, steps: int = 200) -> None:
+def run_training(out: Path, compiled: bool, name: str, steps: int = 200, graphs: bool = False) -> None:
     """Runs `python -m asr.train` (the demo preset) for `steps` steps on one GPU and prints its run
     folder; parts.read_training reads its results.json. A smaller corpus (800 training utterances)
     than the demo's, generated once into <out>/synth (or linked there by gpu_report --corpus), so both
@@ -189,6 +190,8 @@ def run_training(out: Path, compiled: bool, name: str, steps: int = 200) -> None
                "synth_corpus.train_utterances=800", f"trainer.max_steps={steps}", "trainer.max_epochs=-1",
                "trainer.max_minutes=null", "trainer.accelerator=gpu", "trainer.devices=1", "test=false",
                f"trainer.compile={str(compiled).lower()}"]
+    if graphs:   # the demo's own batches, padded to one shape per bucket, the encoder as CUDA graphs
+        command += ["trainer.cuda_graphs=true", "data.fixed_batch_shapes=true"]
     print(" ".join(command), flush=True)
     status = subprocess.call(command)
     print(f"run folder: {run_dir}", flush=True)
@@ -201,6 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("part", choices=("profiles", "centroid_routes", "training"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--compile", choices=("true", "false"), default="false")
+    parser.add_argument("--graphs", choices=("true", "false"), default="false", help="training: trainer.cuda_graphs=true")
     parser.add_argument("--name", default="eager")
     parser.add_argument("--device", choices=("cuda", "cpu"), default="cuda",
                         help="centroid_routes only: cpu compares the routes on this machine (table printed)")
@@ -221,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         print("no CUDA device: torch.cuda.is_available() is False")
         return 2
     if args.part == "training":
-        run_training(args.out, args.compile == "true", args.name)
+        run_training(args.out, args.compile == "true", args.name, graphs=args.graphs == "true")
         return 0
     data = run_profiles(args.out) if args.part == "profiles" else run_centroid_routes(args.out)
     path = args.out / "parts" / f"{args.part}.data.json"

@@ -17,16 +17,26 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_parts_fit_in_ten_minutes_and_cover_the_issue(tmp_path):
-    assert sum(p.budget_seconds for p in PARTS) <= 600
+    assert sum(p.budget_seconds for p in PARTS if p.default) <= 600
     names = [p.name for p in PARTS]
     assert len(set(names)) == len(names)
     assert {"cuda_tests", "benchmark_bfloat16", "benchmark_float32", "lsh_memory", "profiles",
-            "centroid_routes", "training_eager", "training_compiled"} == set(names)
+            "centroid_routes", "training_eager", "training_graphed", "steps_demo", "steps_wsj",
+            "training_compiled"} == set(names)
+    assert [p.name for p in PARTS if not p.default] == ["training_compiled"]
     for part in PARTS:
         command = part.command(tmp_path)
         assert command[0] == sys.executable and all(isinstance(a, str) for a in command)
-    training = {p.name: p.command(tmp_path) for p in PARTS if p.name.startswith("training")}
-    assert "true" in training["training_compiled"] and "false" in training["training_eager"]
+    training = {p.name: " ".join(p.command(tmp_path)) for p in PARTS if p.name.startswith("training")}
+    assert "--compile true --graphs false" in training["training_compiled"]
+    assert "--compile false --graphs true" in training["training_graphed"]
+    assert "--compile false --graphs false" in training["training_eager"]
+    steps = {p.name: " ".join(p.command(tmp_path)) for p in PARTS if p.name.startswith("steps")}
+    for name, command in steps.items():
+        assert "-m asr.step_benchmark --device cuda --precision bf16-mixed --modes eager graphed compiled" in command
+        assert "--batch-seconds 2400" in command
+    assert "--workloads synth-380 --models i-clustered-64 plain" in steps["steps_demo"]
+    assert "--workloads wsj --models full i-clustered-100 plain" in steps["steps_wsj"]
 
 
 def test_read_pytest_counts_and_lists_failures(tmp_path):
