@@ -122,6 +122,10 @@ fi
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 echo "torch==${installed_torch}" > "$constraints"
+# Triton (the test extra): a CUDA torch requires its own build of it; beside a CPU torch, where only its
+# interpreter runs (the tests of attention_ext/clustered_triton), it is pinned to the version they pass with
+# (3.6's interpreter fails on loops with run-time bounds under NumPy 2.4). Triton depends on nothing.
+if [ -z "${torch_cuda:-}" ]; then echo "triton==3.8.0" >> "$constraints"; fi
 if ! python -c "import numpy" >/dev/null 2>&1; then
   step
   say_begin "[2/4] torch: installing numpy (torch uses it; the extension build imports torch)"

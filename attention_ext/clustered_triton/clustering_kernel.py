@@ -1,0 +1,209 @@
+"""One Triton kernel for the whole query clustering of one (batch, head): the hash thresholds and
+codes, the initial centroids, every Lloyd step of Hamming K-Means, the final assignment and the
+member lists. The extension's route (csrc/clustering/) takes 13 to
+20 launches for the same work, one per Lloyd step; here a (batch, head) is one program, so the
+steps need no grid-wide synchronisation.
+
+Semantics are those of csrc/clustering/clustering.cpp (its top comment), bit for bit given the same
+projections: thresholds mean_b + offset_b * std_b in float64 over the valid queries; the seeded
+Fisher-Yates walk (splitmix64 stream of (seed, b, h)) for the initial centroids; nearest centroid
+by Hamming distance, ties to the lowest index; majority vote per bit, an exact tie keeping the
+old bit and an empty cluster its code; `iterations` steps then one final assignment (the
+extension stops a converged head early, which gives the same result). Hamming distances are one
+matrix product of 0/1 bit matrices, |x| + |c| - 2 x.c (exact: integers below 65 in float16 with
+float32 accumulation), and the members' bit counts another (one-hot^T x bits), so both run on
+tensor cores.
+
+Program-private scratch (the codes, the walk's order) is written and read back by other threads of
+the same program: tl.debug_barrier() (a block barrier) separates the writes from the reads.
+"""
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _splitmix64(state):
+    state = state + 0x9E3779B97F4A7C15
+    z = state
+    z = (z ^ (z >> 30)) * 0xBF58476D1CE4E5B9
+    z = (z ^ (z >> 27)) * 0x94D049BB133111EB
+    return state, z ^ (z >> 31)
+
+
+@triton.jit
+def _bit_matrix(codes, BITS: tl.constexpr):
+    """(R,) int64 codes -> (R, BITS) int32 matrix of their bits."""
+    shifts = tl.arange(0, BITS).to(tl.int64)
+    return ((codes[:, None] >> shifts[None, :]) & 1).to(tl.int32)
+
+
+@triton.jit
+def _nearest(code_bits, centroid_bits16, centroid_ones, slots, C_PAD: tl.constexpr):
+    """Nearest centroid of each row of (R, BITS) code bits: fewest differing bits, ties to the
+    lowest index (distance and index packed in one key whose minimum is that centroid)."""
+    dots = tl.dot(code_bits.to(tl.float16), tl.trans(centroid_bits16), out_dtype=tl.float32)
+    row_ones = tl.sum(code_bits, 1)
+    distance = row_ones[:, None] + centroid_ones[None, :] - (2 * dots).to(tl.int32)
+    index = tl.arange(0, C_PAD)
+    key = tl.where(index[None, :] < slots, distance * C_PAD + index[None, :], 65 * C_PAD)
+    return tl.min(key, 1) % C_PAD
+
+
+@triton.jit
+def _hash_codes(proj_ptr, plane_offsets_ptr, codes_ptr, valid, bits,
+                BLOCK_N: tl.constexpr, BITS: tl.constexpr):
+    """Codes of the valid queries of one (batch, head) from their (N, bits) projections."""
+    rows = tl.arange(0, BLOCK_N)
+    columns = tl.arange(0, BITS)
+    column_ok = columns < bits
+    total = tl.zeros([BITS], dtype=tl.float64)
+    for start in range(0, valid, BLOCK_N):
+        ok = ((start + rows) < valid)[:, None] & column_ok[None, :]
+        p = tl.load(proj_ptr + (start + rows)[:, None] * bits + columns[None, :], mask=ok, other=0.0)
+        total += tl.sum(p.to(tl.float64), 0)
+    mean = total / tl.maximum(valid, 1).to(tl.float64)
+    squares = tl.zeros([BITS], dtype=tl.float64)
+    for start in range(0, valid, BLOCK_N):
+        ok = ((start + rows) < valid)[:, None] & column_ok[None, :]
+        p = tl.load(proj_ptr + (start + rows)[:, None] * bits + columns[None, :], mask=ok, other=0.0)
+        d = tl.where(ok, p.to(tl.float64) - mean[None, :], 0.0)
+        squares += tl.sum(d * d, 0)
+    offset = tl.load(plane_offsets_ptr + columns, mask=column_ok, other=0.0).to(tl.float64)
+    threshold = mean + offset * tl.sqrt(squares / tl.maximum(valid, 1).to(tl.float64))
+    for start in range(0, valid, BLOCK_N):
+        ok = ((start + rows) < valid)[:, None] & column_ok[None, :]
+        p = tl.load(proj_ptr + (start + rows)[:, None] * bits + columns[None, :], mask=ok, other=0.0)
+        set_bits = ok & (p.to(tl.float64) > threshold[None, :])
+        code = tl.sum(set_bits.to(tl.int64) << columns.to(tl.int64)[None, :], 1)
+        tl.store(codes_ptr + start + rows, code, mask=(start + rows) < valid)
+
+
+@triton.jit
+def _initial_centroids(codes_ptr, order_ptr, valid, slots, seed, b, h,
+                       BLOCK_N: tl.constexpr, C_PAD: tl.constexpr):
+    """clustering.cpp's walk: valid positions in a seeded random order, distinct codes kept,
+    the remaining slots repeating centroid 0. With valid <= slots: the codes themselves."""
+    index = tl.arange(0, C_PAD)
+    own_codes = tl.load(codes_ptr + index, mask=index < valid, other=0)
+    walked = tl.where(valid > slots, valid, 0)   # the walk only runs when K-Means does
+    rows = tl.arange(0, BLOCK_N)
+    for start in range(0, walked, BLOCK_N):
+        tl.store(order_ptr + start + rows, start + rows, mask=(start + rows) < walked)
+    tl.debug_barrier()
+    state = tl.cast(seed, tl.uint64)
+    state, z = _splitmix64(state)
+    state = z ^ b.to(tl.uint64)
+    state, z = _splitmix64(state)
+    state = z ^ h.to(tl.uint64)
+    centroids = tl.zeros([C_PAD], dtype=tl.int64)
+    step = 0
+    filled = 0
+    while (step < walked) & (filled < slots):
+        state, z = _splitmix64(state)
+        pick = step + (z % (walked - step).to(tl.uint64)).to(tl.int32)
+        at_step = tl.load(order_ptr + step)
+        at_pick = tl.load(order_ptr + pick)
+        tl.debug_barrier()   # every thread has read both before they are swapped
+        tl.store(order_ptr + pick, at_step)
+        tl.store(order_ptr + step, at_pick)
+        candidate = tl.load(codes_ptr + at_pick)
+        taken = tl.max(((index < filled) & (centroids == candidate)).to(tl.int32), 0)
+        centroids = tl.where((index == filled) & (taken == 0), candidate, centroids)
+        filled += 1 - taken
+        step += 1
+        tl.debug_barrier()   # the swap is seen by every thread in the next step
+    first = tl.sum(tl.where(index == 0, centroids, 0), 0)
+    return tl.where(valid > slots, tl.where(index < filled, centroids, first), own_codes)
+
+
+@triton.jit
+def _lloyd_step(codes_ptr, centroid_bits, valid, slots,
+                BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, BITS: tl.constexpr):
+    """One assignment + majority-vote update; returns the new (C_PAD, BITS) centroid bits."""
+    rows = tl.arange(0, BLOCK_N)
+    index = tl.arange(0, C_PAD)
+    centroid_bits16 = centroid_bits.to(tl.float16)
+    centroid_ones = tl.sum(centroid_bits, 1)
+    ones = tl.zeros([C_PAD, BITS], dtype=tl.float32)
+    members = tl.zeros([C_PAD], dtype=tl.int32)
+    for start in range(0, valid, BLOCK_N):
+        ok = (start + rows) < valid
+        code_bits = _bit_matrix(tl.load(codes_ptr + start + rows, mask=ok, other=0), BITS)
+        nearest = _nearest(code_bits, centroid_bits16, centroid_ones, slots, C_PAD)
+        one_hot = ((nearest[:, None] == index[None, :]) & ok[:, None]).to(tl.float16)
+        ones += tl.dot(tl.trans(one_hot), code_bits.to(tl.float16), out_dtype=tl.float32)
+        members += tl.sum(one_hot.to(tl.int32), 0)
+    twice = 2 * ones.to(tl.int32)
+    size = members[:, None]
+    vote = tl.where(twice > size, 1, tl.where(twice < size, 0, centroid_bits))
+    return tl.where(size > 0, vote, centroid_bits)
+
+
+@triton.jit
+def _final_assignment(codes_ptr, assignment_ptr, counts_ptr, offsets_ptr, members_ptr, centroid_bits,
+                      valid, slots, length, BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, BITS: tl.constexpr):
+    """The assignment (-1 for padded queries; position i for a head with valid <= slots) and the
+    counts, then the member lists (increasing position within a cluster, -1 past the last)."""
+    rows = tl.arange(0, BLOCK_N)
+    index = tl.arange(0, C_PAD)
+    centroid_bits16 = centroid_bits.to(tl.float16)
+    centroid_ones = tl.sum(centroid_bits, 1)
+    counts = tl.zeros([C_PAD], dtype=tl.int32)
+    for start in range(0, length, BLOCK_N):
+        position = start + rows
+        ok = position < valid
+        code_bits = _bit_matrix(tl.load(codes_ptr + position, mask=ok, other=0), BITS)
+        nearest = _nearest(code_bits, centroid_bits16, centroid_ones, slots, C_PAD)
+        nearest = tl.where(valid > slots, nearest, position)
+        tl.store(assignment_ptr + position, tl.where(ok, nearest, -1).to(tl.int64), mask=position < length)
+        counts += tl.sum(((nearest[:, None] == index[None, :]) & ok[:, None]).to(tl.int32), 0)
+    tl.store(counts_ptr + index, counts.to(tl.int64), mask=index < slots)
+    ends = tl.cumsum(counts, 0)
+    tl.store(offsets_ptr + 1 + index, ends.to(tl.int64), mask=index < slots)
+    tl.store(offsets_ptr, 0)
+    tl.debug_barrier()   # the assignment is read back by other threads
+    filled = ends - counts   # where each cluster's next member goes
+    for start in range(0, length, BLOCK_N):
+        position = start + rows
+        ok = position < valid
+        cluster = tl.load(assignment_ptr + position, mask=ok, other=-1)
+        one_hot = ((cluster[:, None] == index[None, :]) & ok[:, None]).to(tl.int32)
+        before = tl.cumsum(one_hot, 0) - one_hot   # earlier members of the same cluster in this block
+        slot = tl.sum(one_hot * (filled[None, :] + before), 1)
+        tl.store(members_ptr + slot, position.to(tl.int64), mask=ok)
+        tl.store(members_ptr + position, -1, mask=(position >= valid) & (position < length))
+        filled += tl.sum(one_hot, 0)
+
+
+# The seed is any 62-bit value: never specialised (Triton makes an int argument equal to 1 a constant).
+@triton.jit(do_not_specialize=["seed"])
+def cluster_queries_kernel(proj_ptr, plane_offsets_ptr, lengths_ptr, codes_ptr, order_ptr, assignment_ptr,
+                           counts_ptr, offsets_ptr, members_ptr, centroids_ptr,
+                           seed, heads, length, slots, bits, iterations,
+                           BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, BITS: tl.constexpr):
+    """One program per (batch, head) g. Inputs: proj (G, N, bits) float32 projections, plane
+    offsets (bits,), lengths (B,) int64. Scratch: codes (G, N) int64, order (G, N) int32.
+    Outputs (int64): assignment (G, N), counts (G, slots), offsets (G, slots + 1), members (G, N),
+    centroids (G, slots)."""
+    g = tl.program_id(0).to(tl.int64)
+    b = g // heads
+    h = g % heads
+    valid = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), length).to(tl.int32)
+    codes_ptr += g * length
+    order_ptr += g * length
+    _hash_codes(proj_ptr + g * length * bits, plane_offsets_ptr, codes_ptr, valid, bits, BLOCK_N, BITS)
+    tl.debug_barrier()
+    centroids = _initial_centroids(codes_ptr, order_ptr, valid, slots, seed, b, h, BLOCK_N, C_PAD)
+    centroid_bits = _bit_matrix(centroids, BITS)
+    steps = tl.where(valid > slots, iterations, 0)
+    for _ in range(steps):
+        centroid_bits = _lloyd_step(codes_ptr, centroid_bits, valid, slots, BLOCK_N, C_PAD, BITS)
+    index = tl.arange(0, C_PAD)
+    shifts = tl.arange(0, BITS).to(tl.int64)
+    centroids = tl.where(valid > slots, tl.sum(centroid_bits.to(tl.int64) << shifts[None, :], 1), centroids)
+    tl.store(centroids_ptr + g * slots + index, centroids, mask=index < slots)
+    _final_assignment(codes_ptr, assignment_ptr + g * length, counts_ptr + g * slots,
+                      offsets_ptr + g * (slots + 1), members_ptr + g * length, centroid_bits,
+                      valid, slots, length, BLOCK_N, C_PAD, BITS)
