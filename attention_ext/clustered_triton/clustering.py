@@ -18,6 +18,8 @@ from .clustering_kernel import cluster_queries_kernel
 # The kernel holds a (clusters x 64) bit matrix and counts in registers: up to 256 cluster slots.
 MAX_SLOTS = 256
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
+# 8 warps and BLOCK_N x slots = 4096 keep the kernel at most 255 registers a thread without spills up to
+# 128 slots (ptxas for sm_90); one program runs per (batch, head), so occupancy is not what limits it.
 _WARPS = 8
 
 
@@ -55,7 +57,7 @@ def cluster_with_draws(q: torch.Tensor, lengths: torch.Tensor, clusters: int, it
     cluster_queries_kernel[(groups,)](
         projections, plane_offsets, lengths, codes, order, assignment, counts, offsets, members, centroids,
         seed, heads, length, slots, bits, iterations,
-        BLOCK_N=max(16, min(128, 8192 // slot_block)), C_PAD=slot_block, BITS=64, num_warps=_WARPS)
+        BLOCK_N=max(16, min(128, 4096 // slot_block)), C_PAD=slot_block, BITS=64, num_warps=_WARPS)
     return assignment, offsets, members, centroids
 
 

@@ -1,18 +1,19 @@
 """One Triton kernel for the whole query clustering of one (batch, head): the hash thresholds and
 codes, the initial centroids, every Lloyd step of Hamming K-Means, the final assignment and the
-member lists. The extension's route (csrc/clustering/) takes 13 to
-20 launches for the same work, one per Lloyd step; here a (batch, head) is one program, so the
-steps need no grid-wide synchronisation.
+member lists. The extension's route (csrc/clustering/ and group_by_cluster) takes about 50
+launches for the same work, one per Lloyd step; here a (batch, head) is one program, so the steps
+need no grid-wide synchronisation. The price: a (batch, head) runs on one SM, so a batch of few
+heads leaves most of a large GPU idle during the clustering (the ASR shape, 32 x 4 heads, fills it).
 
 Semantics are those of csrc/clustering/clustering.cpp (its top comment), bit for bit given the same
 projections: thresholds mean_b + offset_b * std_b in float64 over the valid queries; the seeded
 Fisher-Yates walk (splitmix64 stream of (seed, b, h)) for the initial centroids; nearest centroid
 by Hamming distance, ties to the lowest index; majority vote per bit, an exact tie keeping the
-old bit and an empty cluster its code; `iterations` steps then one final assignment (the
-extension stops a converged head early, which gives the same result). Hamming distances are one
-matrix product of 0/1 bit matrices, |x| + |c| - 2 x.c (exact: integers below 65 in float16 with
-float32 accumulation), and the members' bit counts another (one-hot^T x bits), so both run on
-tensor cores.
+old bit and an empty cluster its code; `iterations` steps then one final assignment (a head whose
+centroids did not change in a step stops early, as in the extension: the same result). Hamming
+distances are one matrix product of 0/1 bit matrices, |x| + |c| - 2 x.c (exact: integers below
+65 in float16 with float32 accumulation), and the members' bit counts another (one-hot^T x bits),
+so both run on tensor cores.
 
 Program-private scratch (the codes, the walk's order) is written and read back by other threads of
 the same program: tl.debug_barrier() (a block barrier) separates the writes from the reads.
@@ -40,10 +41,10 @@ def _bit_matrix(codes, BITS: tl.constexpr):
 
 
 @triton.jit
-def _nearest(code_bits, centroid_bits16, centroid_ones, slots, C_PAD: tl.constexpr):
+def _nearest(code_bits, centroid_bits, centroid_ones, slots, C_PAD: tl.constexpr):
     """Nearest centroid of each row of (R, BITS) code bits: fewest differing bits, ties to the
     lowest index (distance and index packed in one key whose minimum is that centroid)."""
-    dots = tl.dot(code_bits.to(tl.float16), tl.trans(centroid_bits16), out_dtype=tl.float32)
+    dots = tl.dot(code_bits.to(tl.float16), tl.trans(centroid_bits), out_dtype=tl.float32)
     row_ones = tl.sum(code_bits, 1)
     distance = row_ones[:, None] + centroid_ones[None, :] - (2 * dots).to(tl.int32)
     index = tl.arange(0, C_PAD)
@@ -121,24 +122,23 @@ def _initial_centroids(codes_ptr, order_ptr, valid, slots, seed, b, h,
 @triton.jit
 def _lloyd_step(codes_ptr, centroid_bits, valid, slots,
                 BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, BITS: tl.constexpr):
-    """One assignment + majority-vote update; returns the new (C_PAD, BITS) centroid bits."""
+    """One assignment + majority-vote update of the (C_PAD, BITS) float16 0/1 centroid bits."""
     rows = tl.arange(0, BLOCK_N)
     index = tl.arange(0, C_PAD)
-    centroid_bits16 = centroid_bits.to(tl.float16)
-    centroid_ones = tl.sum(centroid_bits, 1)
+    centroid_ones = tl.sum(centroid_bits.to(tl.int32), 1)
     ones = tl.zeros([C_PAD, BITS], dtype=tl.float32)
     members = tl.zeros([C_PAD], dtype=tl.int32)
     for start in range(0, valid, BLOCK_N):
         ok = (start + rows) < valid
         code_bits = _bit_matrix(tl.load(codes_ptr + start + rows, mask=ok, other=0), BITS)
-        nearest = _nearest(code_bits, centroid_bits16, centroid_ones, slots, C_PAD)
+        nearest = _nearest(code_bits, centroid_bits, centroid_ones, slots, C_PAD)
         one_hot = ((nearest[:, None] == index[None, :]) & ok[:, None]).to(tl.float16)
         ones += tl.dot(tl.trans(one_hot), code_bits.to(tl.float16), out_dtype=tl.float32)
         members += tl.sum(one_hot.to(tl.int32), 0)
     twice = 2 * ones.to(tl.int32)
     size = members[:, None]
-    vote = tl.where(twice > size, 1, tl.where(twice < size, 0, centroid_bits))
-    return tl.where(size > 0, vote, centroid_bits)
+    vote = tl.where(twice > size, 1.0, tl.where(twice < size, 0.0, centroid_bits))
+    return tl.where(size > 0, vote, centroid_bits).to(tl.float16)
 
 
 @triton.jit
@@ -148,14 +148,13 @@ def _final_assignment(codes_ptr, assignment_ptr, counts_ptr, offsets_ptr, member
     counts, then the member lists (increasing position within a cluster, -1 past the last)."""
     rows = tl.arange(0, BLOCK_N)
     index = tl.arange(0, C_PAD)
-    centroid_bits16 = centroid_bits.to(tl.float16)
-    centroid_ones = tl.sum(centroid_bits, 1)
+    centroid_ones = tl.sum(centroid_bits.to(tl.int32), 1)
     counts = tl.zeros([C_PAD], dtype=tl.int32)
     for start in range(0, length, BLOCK_N):
         position = start + rows
         ok = position < valid
         code_bits = _bit_matrix(tl.load(codes_ptr + position, mask=ok, other=0), BITS)
-        nearest = _nearest(code_bits, centroid_bits16, centroid_ones, slots, C_PAD)
+        nearest = _nearest(code_bits, centroid_bits, centroid_ones, slots, C_PAD)
         nearest = tl.where(valid > slots, nearest, position)
         tl.store(assignment_ptr + position, tl.where(ok, nearest, -1).to(tl.int64), mask=position < length)
         counts += tl.sum(((nearest[:, None] == index[None, :]) & ok[:, None]).to(tl.int32), 0)
@@ -193,13 +192,19 @@ def cluster_queries_kernel(proj_ptr, plane_offsets_ptr, lengths_ptr, codes_ptr, 
     valid = tl.minimum(tl.maximum(tl.load(lengths_ptr + b), 0), length).to(tl.int32)
     codes_ptr += g * length
     order_ptr += g * length
-    _hash_codes(proj_ptr + g * length * bits, plane_offsets_ptr, codes_ptr, valid, bits, BLOCK_N, BITS)
+    # 32 rows at a time: the hash's float64 tiles would otherwise set the registers of the whole kernel
+    _hash_codes(proj_ptr + g * length * bits, plane_offsets_ptr, codes_ptr, valid, bits, 32, BITS)
     tl.debug_barrier()
     centroids = _initial_centroids(codes_ptr, order_ptr, valid, slots, seed, b, h, BLOCK_N, C_PAD)
-    centroid_bits = _bit_matrix(centroids, BITS)
+    centroid_bits = _bit_matrix(centroids, BITS).to(tl.float16)   # exact: 0 and 1
     steps = tl.where(valid > slots, iterations, 0)
-    for _ in range(steps):
-        centroid_bits = _lloyd_step(codes_ptr, centroid_bits, valid, slots, BLOCK_N, C_PAD, BITS)
+    step = 0
+    changed = 1
+    while (step < steps) & (changed > 0):   # a step that changes no centroid has converged
+        updated = _lloyd_step(codes_ptr, centroid_bits, valid, slots, BLOCK_N, C_PAD, BITS)
+        changed = tl.max(tl.max((updated != centroid_bits).to(tl.int32), 1), 0)
+        centroid_bits = updated
+        step += 1
     index = tl.arange(0, C_PAD)
     shifts = tl.arange(0, BITS).to(tl.int64)
     centroids = tl.where(valid > slots, tl.sum(centroid_bits.to(tl.int64) << shifts[None, :], 1), centroids)

@@ -208,3 +208,19 @@ def test_kernel_route_choices():
         set_kernel_route("cuda", "fast")
     from attention_ext.clustered import resolved_kernel_route
     assert resolved_kernel_route(torch.zeros(1, 1, 4, 8), clusters=2) == "extension"
+
+
+def test_profile_part_compares_the_kernel_routes(device, tmp_path):
+    """The GPU report's profile part profiles each case with both kernel routes and tabulates
+    kernels per pass and the GPU busy share (on the CPU: the interpreter, no kernels counted)."""
+    from attention_ext.clustered import _kernel_routes
+    from attention_ext.gpu_report.measure import run_profiles
+
+    before = dict(_kernel_routes)
+    data = run_profiles(tmp_path, cases=(("clustered-8", 40, torch.float32),), device=device.type)
+    assert _kernel_routes == before   # every route change is undone
+    assert [c["ok"] for c in data["checks"]] == [True, True]
+    assert [n["kernels"] for n in data["numbers"]] == ["extension", "triton"]
+    assert "| clustered-8 | 40 | float32 | triton |" in data["summary"]
+    assert sorted(p.name for p in (tmp_path / "profiles").iterdir()) == [
+        "profile_clustered-8_40_float32_extension.txt", "profile_clustered-8_40_float32_triton.txt"]
