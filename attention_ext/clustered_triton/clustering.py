@@ -13,14 +13,15 @@ import torch
 import triton
 
 from ..contract import draw_seed, hashing_dtype
+from . import triton_interpreted
 from .clustering_kernel import cluster_queries_kernel
 
 # The kernel holds a (clusters x 64) bit matrix and counts in registers: up to 256 cluster slots.
 MAX_SLOTS = 256
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
-# 8 warps and BLOCK_N x slots = 4096 keep the kernel at most 255 registers a thread without spills up to
-# 128 slots (ptxas for sm_90); one program runs per (batch, head), so occupancy is not what limits it.
-_WARPS = 8
+# One program runs per (batch, head), so it takes a whole SM's warps: 16 warps with BLOCK_N x slots = 8192
+# need at most 128 registers a thread and spill nothing from 16 to 256 slots (ptxas -v for sm_90).
+_WARPS = 16
 
 
 def supports(q: torch.Tensor, clusters: int) -> bool:
@@ -57,7 +58,8 @@ def cluster_with_draws(q: torch.Tensor, lengths: torch.Tensor, clusters: int, it
     cluster_queries_kernel[(groups,)](
         projections, plane_offsets, lengths, codes, order, assignment, counts, offsets, members, centroids,
         seed, heads, length, slots, bits, iterations,
-        BLOCK_N=max(16, min(128, 4096 // slot_block)), C_PAD=slot_block, BITS=64, num_warps=_WARPS)
+        BLOCK_N=max(16, min(128, 8192 // slot_block)), C_PAD=slot_block, BITS=64, PTX=not triton_interpreted(),
+        num_warps=_WARPS)
     return assignment, offsets, members, centroids
 
 

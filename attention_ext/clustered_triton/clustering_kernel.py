@@ -11,9 +11,8 @@ Fisher-Yates walk (splitmix64 stream of (seed, b, h)) for the initial centroids;
 by Hamming distance, ties to the lowest index; majority vote per bit, an exact tie keeping the
 old bit and an empty cluster its code; `iterations` steps then one final assignment (a head whose
 centroids did not change in a step stops early, as in the extension: the same result). Hamming
-distances are one matrix product of 0/1 bit matrices, |x| + |c| - 2 x.c (exact: integers below
-65 in float16 with float32 accumulation), and the members' bit counts another (one-hot^T x bits),
-so both run on tensor cores.
+distances are popcounts of code ^ centroid (the popc instruction); the members' bit counts are one
+matrix product, one-hot^T x bits, on tensor cores (exact: 0/1 in float16, float32 sums).
 
 Program-private scratch (the codes, the walk's order) is written and read back by other threads of
 the same program: tl.debug_barrier() (a block barrier) separates the writes from the reads.
@@ -41,12 +40,23 @@ def _bit_matrix(codes, BITS: tl.constexpr):
 
 
 @triton.jit
-def _nearest(code_bits, centroid_bits, centroid_ones, slots, C_PAD: tl.constexpr):
-    """Nearest centroid of each row of (R, BITS) code bits: fewest differing bits, ties to the
-    lowest index (distance and index packed in one key whose minimum is that centroid)."""
-    dots = tl.dot(code_bits.to(tl.float16), tl.trans(centroid_bits), out_dtype=tl.float32)
-    row_ones = tl.sum(code_bits, 1)
-    distance = row_ones[:, None] + centroid_ones[None, :] - (2 * dots).to(tl.int32)
+def _popcount(x, PTX: tl.constexpr):
+    """Set bits of non-negative int64 x, as int32: the popc instruction where compiled for CUDA,
+    the same count by shifts and masks (SWAR) in the interpreter, which runs no PTX."""
+    if PTX:
+        return tl.inline_asm_elementwise("popc.b64 $0, $1;", "=r,l", [x], dtype=tl.int32, is_pure=True, pack=1)
+    else:
+        x = x - ((x >> 1) & 0x5555555555555555)
+        x = (x & 0x3333333333333333) + ((x >> 2) & 0x3333333333333333)
+        x = (x + (x >> 4)) & 0x0F0F0F0F0F0F0F0F
+        return ((x * 0x0101010101010101) >> 56).to(tl.int32)
+
+
+@triton.jit
+def _nearest(codes, centroids, slots, C_PAD: tl.constexpr, PTX: tl.constexpr):
+    """Nearest centroid of each of (R,) codes: fewest differing bits, ties to the lowest index
+    (distance and index packed in one key whose minimum is that centroid)."""
+    distance = _popcount(codes[:, None] ^ centroids[None, :], PTX)
     index = tl.arange(0, C_PAD)
     key = tl.where(index[None, :] < slots, distance * C_PAD + index[None, :], 65 * C_PAD)
     return tl.min(key, 1) % C_PAD
@@ -120,41 +130,41 @@ def _initial_centroids(codes_ptr, order_ptr, valid, slots, seed, b, h,
 
 
 @triton.jit
-def _lloyd_step(codes_ptr, centroid_bits, valid, slots,
-                BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, BITS: tl.constexpr):
-    """One assignment + majority-vote update of the (C_PAD, BITS) float16 0/1 centroid bits."""
+def _lloyd_step(codes_ptr, centroids, valid, slots,
+                BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, BITS: tl.constexpr, PTX: tl.constexpr):
+    """One assignment + majority-vote update of the (C_PAD,) int64 centroid codes."""
     rows = tl.arange(0, BLOCK_N)
     index = tl.arange(0, C_PAD)
-    centroid_ones = tl.sum(centroid_bits.to(tl.int32), 1)
     ones = tl.zeros([C_PAD, BITS], dtype=tl.float32)
     members = tl.zeros([C_PAD], dtype=tl.int32)
     for start in range(0, valid, BLOCK_N):
         ok = (start + rows) < valid
-        code_bits = _bit_matrix(tl.load(codes_ptr + start + rows, mask=ok, other=0), BITS)
-        nearest = _nearest(code_bits, centroid_bits, centroid_ones, slots, C_PAD)
+        codes = tl.load(codes_ptr + start + rows, mask=ok, other=0)
+        nearest = _nearest(codes, centroids, slots, C_PAD, PTX)
         one_hot = ((nearest[:, None] == index[None, :]) & ok[:, None]).to(tl.float16)
-        ones += tl.dot(tl.trans(one_hot), code_bits.to(tl.float16), out_dtype=tl.float32)
+        # the members' bit counts per cluster: one-hot^T x bits, exact (0/1 in float16, float32 sums)
+        ones += tl.dot(tl.trans(one_hot), _bit_matrix(codes, BITS).to(tl.float16), out_dtype=tl.float32)
         members += tl.sum(one_hot.to(tl.int32), 0)
+    old = _bit_matrix(centroids, BITS)
     twice = 2 * ones.to(tl.int32)
     size = members[:, None]
-    vote = tl.where(twice > size, 1.0, tl.where(twice < size, 0.0, centroid_bits))
-    return tl.where(size > 0, vote, centroid_bits).to(tl.float16)
+    vote = tl.where(twice > size, 1, tl.where(twice < size, 0, old))
+    bits = tl.where(size > 0, vote, old)
+    return tl.sum(bits.to(tl.int64) << tl.arange(0, BITS).to(tl.int64)[None, :], 1)
 
 
 @triton.jit
-def _final_assignment(codes_ptr, assignment_ptr, counts_ptr, offsets_ptr, members_ptr, centroid_bits,
-                      valid, slots, length, BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, BITS: tl.constexpr):
+def _final_assignment(codes_ptr, assignment_ptr, counts_ptr, offsets_ptr, members_ptr, centroids,
+                      valid, slots, length, BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, PTX: tl.constexpr):
     """The assignment (-1 for padded queries; position i for a head with valid <= slots) and the
     counts, then the member lists (increasing position within a cluster, -1 past the last)."""
     rows = tl.arange(0, BLOCK_N)
     index = tl.arange(0, C_PAD)
-    centroid_ones = tl.sum(centroid_bits.to(tl.int32), 1)
     counts = tl.zeros([C_PAD], dtype=tl.int32)
     for start in range(0, length, BLOCK_N):
         position = start + rows
         ok = position < valid
-        code_bits = _bit_matrix(tl.load(codes_ptr + position, mask=ok, other=0), BITS)
-        nearest = _nearest(code_bits, centroid_bits, centroid_ones, slots, C_PAD)
+        nearest = _nearest(tl.load(codes_ptr + position, mask=ok, other=0), centroids, slots, C_PAD, PTX)
         nearest = tl.where(valid > slots, nearest, position)
         tl.store(assignment_ptr + position, tl.where(ok, nearest, -1).to(tl.int64), mask=position < length)
         counts += tl.sum(((nearest[:, None] == index[None, :]) & ok[:, None]).to(tl.int32), 0)
@@ -181,7 +191,7 @@ def _final_assignment(codes_ptr, assignment_ptr, counts_ptr, offsets_ptr, member
 def cluster_queries_kernel(proj_ptr, plane_offsets_ptr, lengths_ptr, codes_ptr, order_ptr, assignment_ptr,
                            counts_ptr, offsets_ptr, members_ptr, centroids_ptr,
                            seed, heads, length, slots, bits, iterations,
-                           BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, BITS: tl.constexpr):
+                           BLOCK_N: tl.constexpr, C_PAD: tl.constexpr, BITS: tl.constexpr, PTX: tl.constexpr):
     """One program per (batch, head) g. Inputs: proj (G, N, bits) float32 projections, plane
     offsets (bits,), lengths (B,) int64. Scratch: codes (G, N) int64, order (G, N) int32.
     Outputs (int64): assignment (G, N), counts (G, slots), offsets (G, slots + 1), members (G, N),
@@ -196,19 +206,16 @@ def cluster_queries_kernel(proj_ptr, plane_offsets_ptr, lengths_ptr, codes_ptr, 
     _hash_codes(proj_ptr + g * length * bits, plane_offsets_ptr, codes_ptr, valid, bits, 32, BITS)
     tl.debug_barrier()
     centroids = _initial_centroids(codes_ptr, order_ptr, valid, slots, seed, b, h, BLOCK_N, C_PAD)
-    centroid_bits = _bit_matrix(centroids, BITS).to(tl.float16)   # exact: 0 and 1
     steps = tl.where(valid > slots, iterations, 0)
     step = 0
     changed = 1
     while (step < steps) & (changed > 0):   # a step that changes no centroid has converged
-        updated = _lloyd_step(codes_ptr, centroid_bits, valid, slots, BLOCK_N, C_PAD, BITS)
-        changed = tl.max(tl.max((updated != centroid_bits).to(tl.int32), 1), 0)
-        centroid_bits = updated
+        updated = _lloyd_step(codes_ptr, centroids, valid, slots, BLOCK_N, C_PAD, BITS, PTX)
+        changed = tl.max((updated != centroids).to(tl.int32), 0)
+        centroids = updated
         step += 1
     index = tl.arange(0, C_PAD)
-    shifts = tl.arange(0, BITS).to(tl.int64)
-    centroids = tl.where(valid > slots, tl.sum(centroid_bits.to(tl.int64) << shifts[None, :], 1), centroids)
     tl.store(centroids_ptr + g * slots + index, centroids, mask=index < slots)
     _final_assignment(codes_ptr, assignment_ptr + g * length, counts_ptr + g * slots,
-                      offsets_ptr + g * (slots + 1), members_ptr + g * length, centroid_bits,
-                      valid, slots, length, BLOCK_N, C_PAD, BITS)
+                      offsets_ptr + g * (slots + 1), members_ptr + g * length, centroids,
+                      valid, slots, length, BLOCK_N, C_PAD, PTX)
