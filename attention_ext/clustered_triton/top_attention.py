@@ -16,7 +16,9 @@ from torch.library import triton_op, wrap_triton
 
 from .top_attention_kernels import top_attention_backward_kernel, top_attention_forward_kernel
 
-MAX_SLOTS = 128     # top keys per cluster (K_T, V_T and their gradients sit in registers)
+# K_T, V_T and their gradients sit in registers: up to 64 top keys and head dim 128 the kernels spill
+# (almost) nothing to local memory (ptxas -v for sm_90); 128 keys spilled kilobytes in the backward.
+MAX_SLOTS = 64
 MAX_DIM = 128
 DTYPES = (torch.float32, torch.float16, torch.bfloat16)
 
@@ -26,11 +28,12 @@ def supports(q: torch.Tensor, topk: int) -> bool:
     return q.dtype in DTYPES and q.shape[-1] <= MAX_DIM and min(topk, q.shape[2]) <= MAX_SLOTS
 
 
-def _blocks(q: torch.Tensor, top: torch.Tensor) -> dict:
-    clusters, length = top.shape[2], q.shape[2]
-    return dict(BLOCK_M=16 if length <= 64 * clusters else 64,
-                S_PAD=max(16, triton.next_power_of_2(top.shape[-1])),
-                E_PAD=max(16, triton.next_power_of_2(q.shape[-1])), num_warps=4)
+def _blocks(q: torch.Tensor, top: torch.Tensor, backward: bool) -> dict:
+    """Members per block (64 where clusters are large, forward only), the padded key slots and head
+    dim, and the warps that keep these tiles in registers (ptxas -v for sm_90)."""
+    large = not backward and q.shape[2] > 64 * top.shape[2]
+    return dict(BLOCK_M=64 if large else 16, S_PAD=max(16, triton.next_power_of_2(top.shape[-1])),
+                E_PAD=max(16, triton.next_power_of_2(q.shape[-1])), num_warps=8 if large or backward else 4)
 
 
 @triton_op("attention_ext_triton::top_attention", mutates_args=())
@@ -45,7 +48,7 @@ def top_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention: 
         return out
     wrap_triton(top_attention_forward_kernel)[(batch * heads, clusters + 1)](
         q, k, v, attention, full, top, offsets.contiguous(), members.contiguous(), out,
-        clusters, length, dim, top.shape[-1], scale, IEEE=q.dtype == torch.float32, **_blocks(q, top))
+        clusters, length, dim, top.shape[-1], scale, IEEE=q.dtype == torch.float32, **_blocks(q, top, False))
     return out
 
 
@@ -67,7 +70,7 @@ def top_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
         wrap_triton(top_attention_backward_kernel)[(batch * heads, clusters + 1)](
             grad, q, k, v, attention, top, offsets.contiguous(), members.contiguous(),
             grad_q, grad_k, grad_v, grad_attention, grad_full,
-            clusters, length, dim, top.shape[-1], scale, **_blocks(q, top))
+            clusters, length, dim, top.shape[-1], scale, **_blocks(q, top, True))
     return grad_q, grad_k.to(k.dtype), grad_v.to(v.dtype), grad_attention, grad_full
 
 
