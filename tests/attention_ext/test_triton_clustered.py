@@ -161,13 +161,19 @@ def test_whole_attention_is_dense_math(device, triton_route, name):
         torch.testing.assert_close(value.cpu().double(), wanted, atol=1e-4, rtol=1e-4, msg=label)
 
 
+# (N, lengths, clusters, topk): K-Means with padding; fewer queries than clusters (a cluster per
+# query: full attention) with an empty sequence; topk beyond a sequence.
+ROUTE_CASES = [(120, [120, 77], 10, 8), (12, [12, 0], 20, 4), (40, [40, 9], 6, 16)]
+
+
 @pytest.mark.parametrize("name", ["clustered", "iclustered"])
-def test_routes_agree(device, name):
+@pytest.mark.parametrize("length, lengths, clusters, topk", ROUTE_CASES)
+def test_routes_agree(device, name, length, lengths, clusters, topk):
     """The triton route and the extension's route of the whole attention, same seed: the same
     clusters (so values and gradients equal within rounding)."""
-    q, k, v = on(device, *random_qkv((2, 3, 120, 16), torch.float32, seed=6))
-    lengths = torch.tensor([120, 77], device=device)
-    options = dict(clusters=10, iterations=5) | (dict(topk=8) if name == "iclustered" else {})
+    q, k, v = on(device, *random_qkv((2, 3, length, 16), torch.float32, seed=6))
+    lengths = torch.tensor(lengths, device=device)
+    options = dict(clusters=clusters, iterations=5) | (dict(topk=topk) if name == "iclustered" else {})
     results = {}
     for route in ("extension", "triton"):
         previous = set_kernel_route(device.type, route)
