@@ -5,11 +5,12 @@ top-key attention in one launch each way (top_attention.py). Triton is optional:
 attention_ext.clustered.set_kernel_route chooses between them.
 
 Why Triton and not more CUDA C++: a (batch, head)'s whole clustering as one program is a few dozen
-lines of tensor code here (the Hamming distances and the bit counts are products of 0/1 matrices,
-on tensor cores through tl.dot), torch.library.triton_op lets torch.compile see into the launches,
-and Triton's interpreter (TRITON_INTERPRET=1) runs the same kernels on the CPU, so CI tests them
-against the extension's kernels and dense math without a GPU. attention_ext/README.md, "The CUDA
-route of clustered and i-clustered", says more.
+lines of tensor code here (popcount distances, the members' bit counts as one product of 0/1
+matrices on tensor cores through tl.dot), and Triton's interpreter (TRITON_INTERPRET=1) runs the
+same kernels on the CPU, so CI tests them against the extension's kernels and dense math, and
+compiles the attentions with torch.compile, without a GPU. The launches sit in opaque custom
+operators, as the extension's kernels do. attention_ext/README.md, "The CUDA route of clustered and
+i-clustered", says more.
 """
 import importlib.util
 import os

@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import torch
 import triton
-from torch.library import triton_op, wrap_triton
 
 from .top_attention_kernels import top_attention_backward_kernel, top_attention_forward_kernel
 
@@ -36,7 +35,10 @@ def _blocks(q: torch.Tensor, top: torch.Tensor, backward: bool) -> dict:
                 E_PAD=max(16, triton.next_power_of_2(q.shape[-1])), num_warps=8 if large or backward else 4)
 
 
-@triton_op("attention_ext_triton::top_attention", mutates_args=())
+# Opaque custom operators (torch.library.custom_op), as the extension's: torch.compile and CUDA graphs
+# take them as they are. (torch.library.triton_op would let inductor see the launches, but under Triton's
+# interpreter it runs the kernels on fake tensors, so the compile tests could not run in CI.)
+@torch.library.custom_op("attention_ext_triton::top_attention", mutates_args=())
 def top_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention: torch.Tensor, full: torch.Tensor,
                   top: torch.Tensor, offsets: torch.Tensor, members: torch.Tensor, scale: float) -> torch.Tensor:
     """(B, H, N, E): eq. 15-17 for every query (see the module docstring)."""
@@ -46,13 +48,13 @@ def top_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, attention: 
     out = torch.empty_like(q)
     if out.numel() == 0:
         return out
-    wrap_triton(top_attention_forward_kernel)[(batch * heads, clusters + 1)](
+    top_attention_forward_kernel[(batch * heads, clusters + 1)](
         q, k, v, attention, full, top, offsets.contiguous(), members.contiguous(), out,
         clusters, length, dim, top.shape[-1], scale, IEEE=q.dtype == torch.float32, **_blocks(q, top, False))
     return out
 
 
-@triton_op("attention_ext_triton::top_attention_backward", mutates_args=())
+@torch.library.custom_op("attention_ext_triton::top_attention_backward", mutates_args=())
 def top_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                            attention: torch.Tensor, top: torch.Tensor, offsets: torch.Tensor, members: torch.Tensor,
                            scale: float) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor,
@@ -67,11 +69,22 @@ def top_attention_backward(grad: torch.Tensor, q: torch.Tensor, k: torch.Tensor,
     grad_attention = torch.zeros_like(attention)
     grad_full = q.new_empty(batch, heads, clusters, dim)
     if q.numel() > 0:
-        wrap_triton(top_attention_backward_kernel)[(batch * heads, clusters + 1)](
+        top_attention_backward_kernel[(batch * heads, clusters + 1)](
             grad, q, k, v, attention, top, offsets.contiguous(), members.contiguous(),
             grad_q, grad_k, grad_v, grad_attention, grad_full,
             clusters, length, dim, top.shape[-1], scale, **_blocks(q, top, True))
     return grad_q, grad_k.to(k.dtype), grad_v.to(v.dtype), grad_attention, grad_full
+
+
+@top_attention.register_fake
+def _(q, k, v, attention, full, top, offsets, members, scale):
+    return torch.empty_like(q)
+
+
+@top_attention_backward.register_fake
+def _(grad, q, k, v, attention, top, offsets, members, scale):
+    return (torch.empty_like(q), torch.empty_like(k), torch.empty_like(v), torch.empty_like(attention),
+            q.new_empty(q.shape[0], q.shape[1], top.shape[2], q.shape[3]))
 
 
 def _setup_context(ctx, inputs, output):

@@ -230,3 +230,19 @@ def test_profile_part_compares_the_kernel_routes(device, tmp_path):
     assert "| clustered-8 | 40 | float32 | triton |" in data["summary"]
     assert sorted(p.name for p in (tmp_path / "profiles").iterdir()) == [
         "profile_clustered-8_40_float32_extension.txt", "profile_clustered-8_40_float32_triton.txt"]
+
+
+@pytest.mark.parametrize("name", ["clustered", "iclustered"])
+def test_compiles_without_graph_breaks(device, triton_route, name):
+    """torch.compile(fullgraph=True) takes each attention on the triton route (its operators have
+    fake implementations), with the values and gradients of an eager call with the same seed."""
+    q, k, v = on(device, *random_qkv((2, 2, 50, 16), torch.float32, seed=9))
+    lengths = torch.tensor([50, 31], device=device)
+    attention = build_attention(name, clusters=6, **(dict(topk=5) if name == "iclustered" else {}))
+    results = []
+    for module in (torch.compile(attention, fullgraph=True, backend="aot_eager"), attention):
+        torch.manual_seed(2)
+        out = module(q, k, v, lengths)
+        results.append((out, *torch.autograd.grad(out.square().sum(), (q, k, v))))
+    for label, value, wanted in zip(("out", "q", "k", "v"), *results):
+        torch.testing.assert_close(value, wanted, atol=1e-6, rtol=1e-6, msg=label)
