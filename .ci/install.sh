@@ -122,6 +122,11 @@ fi
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 echo "torch==${installed_torch}" > "$constraints"
+# Triton (the test extra's): a CUDA torch requires its own build of it; beside a CPU torch, where only its
+# interpreter runs (the tests of attention_ext/clustered_triton), the version those tests pass with (3.6's
+# interpreter fails on loops with run-time bounds under NumPy 2.4). Triton depends on nothing, torch included.
+triton_pin=()
+if [ -z "${torch_cuda:-}" ]; then triton_pin=(triton==3.8.0); fi
 if ! python -c "import numpy" >/dev/null 2>&1; then
   step
   say_begin "[2/4] torch: installing numpy (torch uses it; the extension build imports torch)"
@@ -137,7 +142,7 @@ fi
 # the extension compiles against the torch installed above. pip builds the extension too.
 # Skipped while the inputs are those of the last successful install and the environment still
 # satisfies them (the project installed from this checkout, every requirement present).
-packages_key=$(fingerprint pyproject.toml "torch $installed_torch" "python $python_prefix")
+packages_key=$(fingerprint pyproject.toml "torch $installed_torch" "python $python_prefix" ${triton_pin[@]+"${triton_pin[@]}"})
 verify_packages='
 import importlib.metadata as metadata, json, os, sys, urllib.parse
 try:
@@ -174,7 +179,8 @@ else
   rm -f "$state_dir/python-packages"
   # --root-user-action=ignore: as root (CI, Docker) pip would warn mid-line, cutting the step line in two
   quietly pip-build-tools python -m pip install -q --root-user-action=ignore -c "$constraints" setuptools wheel ninja
-  quietly pip-project python -m pip install -q --root-user-action=ignore -c "$constraints" --no-build-isolation -e ".[asr,test]"
+  quietly pip-project python -m pip install -q --root-user-action=ignore -c "$constraints" --no-build-isolation \
+    ${triton_pin[@]+"${triton_pin[@]}"} -e ".[asr,test]"
   echo "$packages_key" > "$state_dir/python-packages"
   extension_built_by_pip=1
   say_done "installed"

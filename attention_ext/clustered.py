@@ -44,6 +44,7 @@ from typing import NamedTuple
 import torch
 
 from ._ops import ops
+from .clustered_triton import TRITON_AVAILABLE, triton_interpreted
 from .contract import (autocast_disabled, check_inputs, draw_seed, hashing_dtype, kernel_dtype,
                        valid_positions)
 from .registry import Option, register_attention
@@ -100,8 +101,50 @@ def cluster_queries(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bits:
     The tensors have min(clusters, N) cluster slots; a sequence with L <= clusters valid
     queries puts query i alone in cluster i.
     """
-    assignment, offsets, members = _cluster_queries_op(q.detach(), lengths, clusters, bits, iterations)
+    cluster_op = _cluster_queries_op
+    if resolved_kernel_route(q, clusters) == "triton":
+        from .clustered_triton import clustering   # imports triton: only where this route runs
+        cluster_op = clustering.cluster_queries_op
+    assignment, offsets, members = cluster_op(q.detach(), lengths, clusters, bits, iterations)
     return _query_clusters(assignment, offsets, members)
+
+
+# Which kernels clustered and i-clustered attention run, per device type: "triton", the Triton kernels of
+# attention_ext/clustered_triton (the clustering as one launch: the hash, every Lloyd step and the
+# member lists; i-clustered's top-key attention as one launch each way); "extension", the extension's
+# kernels (csrc/clustering and group_by_cluster: one launch per Lloyd step, about 50 for the clustering;
+# i-clustered's sparse products). Both give the same clusters for the same draws and the same values
+# within rounding. "auto", CUDA's default: "triton" where triton is installed and takes the call
+# (float32 or half precision, at most clustering.MAX_SLOTS cluster slots), else "extension". The CPU
+# keeps "extension"; "triton" runs there only under Triton's interpreter (TRITON_INTERPRET=1, the tests).
+KERNEL_ROUTES = ("triton", "extension", "auto")
+_kernel_routes = {"cpu": "extension", "cuda": "auto"}
+
+
+def set_kernel_route(device_type: str, route: str) -> str:
+    """Chooses the kernels of clustered and i-clustered attention on `device_type` ("cpu", "cuda");
+    returns the previous route."""
+    if route not in KERNEL_ROUTES:
+        raise ValueError(f"kernel route {route!r}: choose one of {', '.join(KERNEL_ROUTES)}")
+    if route == "triton" and not TRITON_AVAILABLE:
+        raise ValueError("the triton kernel route needs triton (pip install triton); choose extension or auto")
+    if route == "triton" and device_type == "cpu" and not triton_interpreted():
+        raise ValueError("the triton kernel route runs on the CPU only under TRITON_INTERPRET=1 "
+                         "(Triton's interpreter, for tests); choose extension")
+    previous = _kernel_routes.get(device_type, "extension")
+    _kernel_routes[device_type] = route
+    return previous
+
+
+def resolved_kernel_route(q: torch.Tensor, clusters: int) -> str:
+    """The kernel route a call with queries q takes: "triton" or "extension"."""
+    route = _kernel_routes.get(q.device.type, "extension")
+    if route == "auto":
+        route = "triton" if TRITON_AVAILABLE and q.device.type == "cuda" and not triton_interpreted() else "extension"
+    if route == "triton":
+        from .clustered_triton import clustering
+        return "triton" if clustering.supports(q, clusters) else "extension"
+    return route
 
 
 def cluster_slots(clusters: int, length):

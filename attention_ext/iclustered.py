@@ -34,7 +34,7 @@ import torch
 
 from ._ops import ops
 from .clustered import (CLUSTERING_OPTIONS, ClusterBroadcast, QueryClusters, centroid_attention,
-                        cluster_queries, empty_attention)
+                        cluster_queries, empty_attention, resolved_kernel_route)
 from .contract import autocast_disabled, check_inputs, kernel_dtype
 from .registry import Option, register_attention
 
@@ -218,15 +218,27 @@ class ImprovedClusteredAttention(torch.nn.Module):
         with autocast_disabled(q.device):
             return self._attend(q, k, v, lengths, padded)
 
+    def _triton_top_attention(self, q) -> bool:
+        """Whether the top-key part runs as clustered_triton's kernels (the triton kernel route)."""
+        if resolved_kernel_route(q, self.clusters) != "triton":
+            return False
+        from .clustered_triton import top_attention
+        return top_attention.supports(q, self.topk)
+
     def _attend(self, q, k, v, lengths, padded):
         dtype = kernel_dtype(q.dtype, q.device)
         q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
         clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        if q.device.type == "cpu":   # the (C, N) weights A^c are never needed whole
+        if q.device.type == "cpu" and resolved_kernel_route(q, self.clusters) == "extension":   # A^c never whole
             return ImprovedClusteredCPU.apply(q, k, v, lengths, clusters, scale, self.topk).to(input_dtype)
         attention = centroid_attention(q, k, lengths, clusters, padded)          # A^c, eq. 4
         topk = top_keys(attention, lengths, self.topk)                           # T
+        if self._triton_top_attention(q):   # eq. 9-11, 15-17 in one launch each way
+            from .clustered_triton.top_attention import top_attention
+            full = torch.matmul(attention, v)                                    # F = A^c V
+            out = top_attention(q, k, v, attention, full, topk, clusters.offsets, clusters.members, scale)
+            return out.to(input_dtype)
         mass, attention_rest = SplitTopMass.apply(attention, topk)               # m_j, eq. 9
         bottom_values = torch.matmul(attention_rest, v)                          # V^b_j, eq. 17
         dots = ClusteredSparseDot.apply(q, k, topk, clusters, scale)

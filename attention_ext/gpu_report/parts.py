@@ -165,7 +165,8 @@ PARTS = (
                       "--attentions", "full", "lsh-1", "lsh-4", "--lengths", "1024", "4096", "16384", "65536",
                       "--max-length", "full=16384", "--repeats", "3", "--out", str(out / "csv" / "lsh_memory")],
          read_lsh_memory),
-    Part("profiles", "torch.profiler: clustered-100 at N=4096, i-clustered-100 at N=65,536 (kernels against gaps)", 25,
+    Part("profiles", "torch.profiler, bfloat16: clustered-100 and i-clustered-100 at N=4096, i-clustered-100 at "
+         "N=65,536, extension kernels against Triton kernels (kernels per pass, GPU busy share)", 45,
          lambda out: [PYTHON, "-m", "attention_ext.gpu_report.measure", "profiles", "--out", str(out)], read_json_part),
     Part("centroid_routes", "Clustered attention's centroid part on CUDA: route unfused (torch operators) against sdpa", 20,
          lambda out: [PYTHON, "-m", "attention_ext.gpu_report.measure", "centroid_routes", "--out", str(out)],
