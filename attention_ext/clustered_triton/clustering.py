@@ -4,8 +4,8 @@
 draws in the same order (planes, plane offsets, then one seed), so a seeded call clusters alike on
 either route (up to a projection within rounding of its threshold).
 
-Launches per call: the projections' cast and matrix product (cuBLAS, float32 as the extension's
-route), one copy of the planes to the device, and the kernel.
+Launches per call: the two draws of the planes and offsets, the projections' cast and matrix product
+(cuBLAS, float32 as the extension's route), and the kernel.
 """
 from __future__ import annotations
 
@@ -70,12 +70,11 @@ def cluster_queries_op(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bi
                        iterations: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(assignment, offsets, members) of attention_ext.clustered.cluster_queries, for q without gradient."""
     dtype = hashing_dtype(q.dtype)
-    # Drawn on the CPU in the extension route's order (planes, offsets, seed); one copy to the device.
-    planes = torch.randn(bits, q.shape[-1], dtype=dtype)
-    plane_offsets = torch.randn(bits, dtype=dtype)
-    draws = torch.cat([planes.flatten(), plane_offsets]).to(q.device, non_blocking=True)
+    # Drawn as the extension's route draws them (clustered._cluster_queries_op): where q is, from that
+    # device's generator (graph-safe on CUDA: a replay draws new planes), planes, offsets, then the seed.
+    planes = torch.randn(bits, q.shape[-1], dtype=dtype, device=q.device)
+    plane_offsets = torch.randn(bits, dtype=dtype, device=q.device)
     seed = draw_seed()
-    planes, plane_offsets = draws[:-bits].view(bits, -1), draws[-bits:]
     return cluster_with_draws(q, lengths, clusters, iterations, planes, plane_offsets, seed)[:3]
 
 

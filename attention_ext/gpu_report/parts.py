@@ -6,7 +6,7 @@ file says it finished is not run again (report.py). A part's budget is the most 
 what it took on an H200 on 2026-11-27 (attention_ext/RESULTS.md, "GPU report"), estimates for the
 parts added since (training_graphed: as training_eager; steps_demo and steps_wsj: about 10 s of
 steps per mode and model, and one compilation per model, ~30 s, in compiled mode; not yet run).
-The default parts' budgets add up to less than 10 minutes; a part that does not fit in what is
+The default parts' budgets add up to at most 10 minutes; a part that does not fit in what is
 left of them is left for the next run of the command (resumable).
 
 training_compiled's budget problem (H200, 2026-11-27): its first attempt failed in inductor (the
@@ -153,12 +153,12 @@ def _training(mode: str) -> Callable[[Path], list[str]]:
 
 
 PARTS = (
-    Part("cuda_tests", "The CUDA test cases of tests/attention_ext", 60,
+    Part("cuda_tests", "The CUDA test cases of tests/attention_ext", 90,
          lambda out: [PYTHON, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/attention_ext", "-k", "cuda",
                       "--maxfail=50"], read_pytest),
     Part("benchmark_bfloat16", "Benchmark in bfloat16 (paper and ASR shapes), overtaking points against SDPA", 40,
          _benchmark("bfloat16"), read_benchmark),
-    Part("benchmark_float32", "Benchmark in float32 (paper and ASR shapes), overtaking points against SDPA", 40,
+    Part("benchmark_float32", "Benchmark in float32 (paper and ASR shapes), overtaking points against SDPA", 25,
          _benchmark("float32"), read_benchmark),
     Part("lsh_memory", "LSH's peak memory per element up to N=65,536 (float32)", 15,
          lambda out: [PYTHON, "-m", "attention_ext.benchmark", "--device", "cuda", "--shapes", "paper",
@@ -166,9 +166,9 @@ PARTS = (
                       "--max-length", "full=16384", "--repeats", "3", "--out", str(out / "csv" / "lsh_memory")],
          read_lsh_memory),
     Part("profiles", "torch.profiler, bfloat16: clustered-100 and i-clustered-100 at N=4096, i-clustered-100 at "
-         "N=65,536, extension kernels against Triton kernels (kernels per pass, GPU busy share)", 45,
+         "N=65,536, extension kernels against Triton kernels (kernels per pass, GPU busy share)", 40,
          lambda out: [PYTHON, "-m", "attention_ext.gpu_report.measure", "profiles", "--out", str(out)], read_json_part),
-    Part("centroid_routes", "Clustered attention's centroid part on CUDA: route unfused (torch operators) against sdpa", 20,
+    Part("centroid_routes", "Clustered attention's centroid part on CUDA: route unfused (torch operators) against sdpa", 15,
          lambda out: [PYTHON, "-m", "attention_ext.gpu_report.measure", "centroid_routes", "--out", str(out)],
          read_json_part),
     Part("training_eager", "200 training steps of the demo preset (synth_iclustered), eager; generates its corpus first", 75,
@@ -180,7 +180,7 @@ PARTS = (
          step_benchmark_command("steps_demo", "demo", ("eager", "graphed", "compiled")),
          reader("steps_demo", demo_aim=True)),
     Part("steps_wsj", "Training steps of the WSJ preset's model (paper size, 780 positions) at a GPU-filling batch, "
-         "eager, graphed and compiled, against the plain SDPA model in the same mode", 165,
+         "eager, graphed and compiled, against the plain SDPA model in the same mode", 150,
          step_benchmark_command("steps_wsj", "wsj", ("eager", "graphed", "compiled")), reader("steps_wsj", demo_aim=False)),
     # Not in the default run (--parts training_compiled): steps_demo and steps_wsj time compiled
     # steps, and with them this part's compilations do not fit in the report's 10 minutes.
