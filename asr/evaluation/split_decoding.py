@@ -77,7 +77,6 @@ def _collect_lexicon_words(pending: list, rates: dict, parallel_decoder, progres
     return out_of_vocabulary_report(references, parallel_decoder.local)
 
 
-@torch.no_grad()
 def _utterance_records(ids: list[str], hypotheses: dict, references: dict) -> list[dict]:
     """One record per utterance: its id, and per head its hypothesis (and reference where scored)."""
     return [{"id": utterance_id, **{
@@ -92,6 +91,7 @@ def _warn_of_missing_words(missing_words: dict[str, int]) -> None:
                     "them): %s", len(missing_words), shown)
 
 
+@torch.no_grad()
 def decode_split(model: SpeechRecognizer, data: EvaluationData, decoder: str = "greedy", beam_size: int = 8,
                  seed: int = EVALUATION_SEED, limit: int | None = None, progress: bool = True,
                  word_decoder=None, reference_lexicon: dict | None = None) -> EvaluationResult:
