@@ -98,7 +98,7 @@ def model_emissions(config: BenchmarkConfig):
                 out.extend(scores[i, :int(n)] for i, n in enumerate(lengths))
         references.extend(batch["texts"])
     text = (model.tokenizers[text_head], text_rows) if text_head else None
-    return rows, references, model.tokenizers[head], forward, corpus_root(data.datamodule.cfg.root), text
+    return rows, references, model.tokenizers[head], forward, data.datamodule.corpus.root, text
 
 
 def run(config: BenchmarkConfig) -> list[dict]:
