@@ -15,7 +15,7 @@ import torch
 
 from kernel_devices import CUDA_AVAILABLE, requires_cuda
 
-if not CUDA_AVAILABLE:
+if not CUDA_AVAILABLE:   # tests/conftest.py sets it before anything imports triton; alone, this file does too
     os.environ.setdefault("TRITON_INTERPRET", "1")
 pytest.importorskip("triton")
 
