@@ -73,11 +73,12 @@ RUN --mount=type=cache,target=/root/.cache/pip \
 FROM ${BASE_IMAGE} AS runtime
 ARG DEBIAN_FRONTEND=noninteractive
 # tini is PID 1 so that `docker stop` (SIGTERM) reaches the trainer and DataLoader workers are
-# reaped; gcc and python3-dev stay for Triton and torch.compile, which compile small C launchers
-# when first used (no nvcc: the CUDA code is compiled ahead of time, PTX JIT is the driver's).
+# reaped; g++ and python3-dev stay for torch.compile (inductor's CPU code is C++) and Triton (it
+# compiles a small C launcher when first used), and for the kernel tests that build the extension
+# (no nvcc: the CUDA code is compiled ahead of time, PTX for newer GPUs is the driver's to JIT).
 # hadolint ignore=DL3008
 RUN apt-get update -qq \
- && apt-get install -y -qq --no-install-recommends python3 python3-dev gcc libgomp1 tini ca-certificates \
+ && apt-get install -y -qq --no-install-recommends python3 python3-dev g++ libgomp1 tini ca-certificates \
  && rm -rf /var/lib/apt/lists/*
 ENV VIRTUAL_ENV=/opt/venv \
     PATH=/opt/venv/bin:$PATH \

@@ -83,6 +83,9 @@ pip_conf="$STORE/pip.conf"
   ca=${PIP_CERT:-${REQUESTS_CA_BUNDLE:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}}
   if [ -f "$ca" ]; then echo "cert = /etc/pip-host-ca.crt"; volumes+=(-v "$ca:/etc/pip-host-ca.crt:ro"); fi
   for key in index-url extra-index-url find-links timeout default-timeout; do
+    # A find-links folder may hold this machine's CPU torch (torch-2.13.0+cpu): pip takes it for
+    # torch==2.13.0 (a local version matches), and the CUDA build would stop on a CPU torch.
+    if [ "$variant" = cuda ] && [ "$key" = find-links ]; then continue; fi
     value=$(python3 -m pip config list 2>/dev/null | sed -n -E "s/^[^=]*\.$key='(.*)'$/\1/p" \
             | tr ' ' '\n' | sort -u | tr '\n' ' ')
     [ -n "${value// /}" ] || continue
