@@ -46,7 +46,8 @@ if args[:1] == ["-c"]:
         sys.exit(1)   # import torch fails
     torch = json.load(open(state))
     if "version.cuda" in script:   # the probe: torch, its CUDA, the environment, Python
-        print(torch["version"], torch["cuda"], "/stub/prefix", "3.11.0", sep="\n")
+        print(torch["version"], torch["cuda"], "/stub/prefix", "3.11.0", torch.get("distribution", torch["version"]),
+              sep="\n")
     else:
         print(torch["version"])
 elif args[:3] == ["-m", "pip", "install"]:
@@ -161,6 +162,14 @@ def test_install_script_keeps_an_installed_torch_and_pins_it(install_sandbox):
     calls = pip_calls(entries)
     assert not [call for call in calls if "-c" not in call["pip"]]   # no unpinned (torch) install
     assert {call["constraints"] for call in calls} == {"torch==2.13.0+cpu"}
+
+
+def test_install_script_pins_the_distribution_version_not_torch_version(install_sandbox):
+    # PyPI's CUDA torch: torch.__version__ is 2.13.0+cu130, the distribution pip knows is 2.13.0
+    result, entries = install_sandbox(torch={"version": "2.13.0+cu130", "cuda": "13.0", "distribution": "2.13.0"})
+    assert result.returncode == 0, result.stderr
+    assert {call["constraints"] for call in pip_calls(entries)} == {"torch==2.13.0"}
+    assert "keeping the installed 2.13.0+cu130 (CUDA 13.0) (" in result.stdout
 
 
 def test_install_script_first_image_step_stops_before_the_project(install_sandbox):
