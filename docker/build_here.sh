@@ -77,7 +77,7 @@ fi
 # ---- 2. pip's configuration for the build: the host's indexes and find-links; local folders are
 # mounted read-only at the same paths; the host's CA bundle at /etc/pip-host-ca.crt.
 volumes=()
-pip_conf="$STORE/pip.conf"
+pip_conf="$STORE/pip-$variant.conf"   # one per variant: two builds may run at once
 {
   echo "[global]"
   ca=${PIP_CERT:-${REQUESTS_CA_BUNDLE:-${SSL_CERT_FILE:-/etc/ssl/certs/ca-certificates.crt}}}
