@@ -162,6 +162,22 @@ def trains_on_cpu(trainer: Any) -> bool:
     return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
 
 
+def gpu_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def gpu_absence() -> str:
+    """Why torch sees no GPU, and what to do (a CPU torch, or a container started without GPUs)."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU build"
+    return (f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but finds no device; in Docker "
+            "start the container with --gpus all on a host with the NVIDIA driver and Container Toolkit")
+
+
 def validate_config(cfg: Any) -> ValidatedAttention:
     """Checks ranges and combinations; raises ConfigError / AttentionConfigError with the fix.
 
@@ -210,6 +226,9 @@ def validate_config(cfg: Any) -> ValidatedAttention:
              trainer.precision, f"float16 mixed precision needs a GPU, and this run trains on the CPU "
              f"(trainer.accelerator={trainer.accelerator}); use trainer.precision=bf16-mixed (bfloat16 "
              "autocast, which CPUs support) or 32-true")
+    # Lightning would stop later, after the data is loaded, with a traceback ("No supported gpu backend")
+    _require(str(trainer.accelerator).lower() not in ("gpu", "cuda") or gpu_visible(), "trainer.accelerator",
+             trainer.accelerator, f"no CUDA GPU is visible ({gpu_absence()}); use trainer.accelerator=auto or cpu")
     # torch.use_deterministic_algorithms refuses CTC's backward on CUDA: the first training step
     # would stop with a RuntimeError from inside the loss
     _require(not (trainer.deterministic and not trains_on_cpu(trainer)), "trainer.deterministic",
