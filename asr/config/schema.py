@@ -226,9 +226,6 @@ def validate_config(cfg: Any) -> ValidatedAttention:
              trainer.precision, f"float16 mixed precision needs a GPU, and this run trains on the CPU "
              f"(trainer.accelerator={trainer.accelerator}); use trainer.precision=bf16-mixed (bfloat16 "
              "autocast, which CPUs support) or 32-true")
-    # Lightning would stop later, after the data is loaded, with a traceback ("No supported gpu backend")
-    _require(str(trainer.accelerator).lower() not in ("gpu", "cuda") or gpu_visible(), "trainer.accelerator",
-             trainer.accelerator, f"no CUDA GPU is visible ({gpu_absence()}); use trainer.accelerator=auto or cpu")
     # torch.use_deterministic_algorithms refuses CTC's backward on CUDA: the first training step
     # would stop with a RuntimeError from inside the loss
     _require(not (trainer.deterministic and not trains_on_cpu(trainer)), "trainer.deterministic",
@@ -236,6 +233,9 @@ def validate_config(cfg: Any) -> ValidatedAttention:
              f"trains on one (trainer.accelerator={trainer.accelerator}); use trainer.deterministic=false "
              "(the run is still seeded, but not bit-for-bit repeatable on a GPU) or train on the CPU "
              "(trainer.accelerator=cpu)")
+    # Lightning would stop later, after the data is loaded, with a traceback ("No supported gpu backend")
+    _require(str(trainer.accelerator).lower() not in ("gpu", "cuda") or gpu_visible(), "trainer.accelerator",
+             trainer.accelerator, f"no CUDA GPU is visible ({gpu_absence()}); use trainer.accelerator=auto or cpu")
     _require(trainer.diagnostics_every_n_steps is None or trainer.diagnostics_every_n_steps >= 1,
              "trainer.diagnostics_every_n_steps", trainer.diagnostics_every_n_steps, "must be >= 1 or null (off)")
     _require(trainer.keep_checkpoints_every_n_steps is None or trainer.keep_checkpoints_every_n_steps >= 1,
