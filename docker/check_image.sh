@@ -9,7 +9,8 @@
 #      from host folders of a non-root user and --user that user: the synthetic corpus is generated
 #      into the data folder, the run folder lands in the runs folder, owned by that user
 #   3. SIGTERM (podman stop, through tini) during training: the run leaves checkpoints/last.ckpt,
-#      and the same command with ckpt_path=last resumes from its step and finishes
+#      and the same command with ckpt_path=last resumes from its step and trains 10 more (test=false:
+#      check 2 tested a run already)
 #   4. a GPU asked for where there is none: the runtime's --device request, and
 #      trainer.accelerator=gpu inside the container, each fail with one line
 #
@@ -74,7 +75,7 @@ checkpoint="$work/runs/stopped/checkpoints/last.ckpt"
 saved_step=$(grep -o -E 'SIGTERM: saved .* at step [0-9]+' "$work/logs/sigterm.log" | grep -o -E '[0-9]+$' || true)
 [ -n "$saved_step" ] || failed "the stopped run did not log its SIGTERM checkpoint (log: $work/logs/sigterm.log)"
 run_image --rm "$image" python -m asr.train conf=synth_iclustered run_dir=$stopped ckpt_path=last \
-  trainer.max_steps=$((saved_step + 10)) > "$work/logs/resume.log" 2>&1 \
+  trainer.max_steps=$((saved_step + 10)) test=false > "$work/logs/resume.log" 2>&1 \
   || { tail -n 30 "$work/logs/resume.log"; failed "the resumed run (log: $work/logs/resume.log)"; }
 resumed=$(grep -o -E 'resuming from [^ ]+ \(epoch [0-9]+, step [0-9]+\)' "$work/logs/resume.log" | head -n 1)
 [ -n "$resumed" ] || failed "the resumed run did not say where it resumed from (log: $work/logs/resume.log)"
