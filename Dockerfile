@@ -101,8 +101,10 @@ RUN if id ubuntu >/dev/null 2>&1; then userdel --remove ubuntu; fi \
  && mkdir -p /data /runs && chown asr:asr /data /runs \
  && ln -sT /runs runs && ln -sT /data data
 VOLUME ["/data", "/runs"]
-# Matplotlib wants a writable config folder; `docker run --user UID:GID` may have no home.
-ENV MPLCONFIGDIR=/tmp/matplotlib
+# `docker run --user UID:GID` runs as a user without a home (Docker's HOME is then /): the caches
+# under HOME (Triton's ~/.triton, lhotse's ~/.lhotse, torch's ~/.cache) and matplotlib's config go to /tmp.
+ENV HOME=/tmp \
+    MPLCONFIGDIR=/tmp/matplotlib
 # Numeric, so that a runtime can verify it is not root (e.g. Kubernetes' runAsNonRoot).
 USER 1000:1000
 
