@@ -90,13 +90,19 @@ fi
 # NumPy comes with it: torch imports it if present, and importing torch without it (the extension
 # build does) prints "Failed to initialize NumPy".
 # One python start that imports torch (seconds on its own): torch, its CUDA, the environment, Python.
-torch_probe='import sys, torch; print(torch.__version__, torch.version.cuda or "", sys.prefix, sys.version.split()[0], sep="\n")'
+# The pin (last line) is the distribution's version, which pip compares: PyPI's CUDA torch calls
+# itself 2.13.0+cu130 (torch.__version__) but is the distribution 2.13.0, so a pin of
+# torch==2.13.0+cu130 would match nothing and pip would find the project's requirements impossible.
+torch_probe='import sys, torch, importlib.metadata as metadata; print(torch.__version__, torch.version.cuda or "", sys.prefix, sys.version.split()[0], metadata.version("torch"), sep="\n")'
 probe_torch() {
   local facts
   facts=$(python -c "$torch_probe" 2>/dev/null) || facts=""
   installed_torch=$(sed -n 1p <<<"$facts"); torch_cuda=$(sed -n 2p <<<"$facts")
   python_prefix=$(sed -n 3p <<<"$facts"); python_version=$(sed -n 4p <<<"$facts")
+  torch_distribution=$(sed -n 5p <<<"$facts")
 }
+# "CUDA 13.0" or "a CPU build", for the step lines
+torch_kind() { if [ -n "${torch_cuda:-}" ]; then echo "CUDA $torch_cuda"; else echo "a CPU build"; fi; }
 step
 probe_torch
 if [ -z "${installed_torch:-}" ]; then
@@ -110,9 +116,9 @@ if [ -z "${installed_torch:-}" ]; then
   if [ -z "${installed_torch:-}" ]; then
     fail "torch does not import after installing $torch_spec (pip's output: $state_dir/pip-torch.log)"
   fi
-  say_done "installed $installed_torch (${torch_cuda:+CUDA $torch_cuda}${torch_cuda:-a CPU build})"
+  say_done "installed $installed_torch ($(torch_kind))"
 else
-  say_step "[2/4] torch: keeping the installed $installed_torch (${torch_cuda:+CUDA $torch_cuda}${torch_cuda:-a CPU build})"
+  say_step "[2/4] torch: keeping the installed $installed_torch ($(torch_kind))"
 fi
 if [ "${REQUIRE_CUDA_TORCH:-0}" = "1" ] && [ -z "${torch_cuda:-}" ]; then
   echo "install.sh: REQUIRE_CUDA_TORCH=1 but torch $installed_torch is a CPU build; set TORCH_SPEC" \
@@ -121,7 +127,7 @@ if [ "${REQUIRE_CUDA_TORCH:-0}" = "1" ] && [ -z "${torch_cuda:-}" ]; then
 fi
 constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
-echo "torch==${installed_torch}" > "$constraints"
+echo "torch==${torch_distribution:-$installed_torch}" > "$constraints"
 # Triton (the test extra's): a CUDA torch requires its own build of it; beside a CPU torch, where only its
 # interpreter runs (the tests of attention_ext/clustered_triton), the version those tests pass with (3.6's
 # interpreter fails on loops with run-time bounds under NumPy 2.4). Triton depends on nothing, torch included.

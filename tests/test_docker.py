@@ -1,20 +1,18 @@
-"""The GPU image's recipe, checked without a Docker daemon (CI has none).
+"""The training image's recipe, checked without a Docker daemon (CI has none; the image is built
+and run by docker/build_here.sh and docker/check_image.sh, with buildah and podman).
 
 The Dockerfile and .dockerignore are parsed here by their documented rules (logical lines with
-backslash continuations; Docker's ignore patterns: last match wins, `**` spans folders, a match
-on a folder excludes everything in it), and .ci/install.sh, which CI and the image share, is run
-for real against stub `python`, `dpkg`, `apt-get` and `id` commands that record what it asks for.
+backslash continuations, stages; Docker's ignore patterns: last match wins, `**` spans folders, a
+match on a folder excludes everything in it). The Dockerfile, docker/build_here.sh and the docker
+commands of the docs must agree: build arguments, base image, paths, entry point.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 import shlex
 import shutil
-import stat
 import subprocess
-import sys
 from pathlib import Path, PurePosixPath
 
 import pytest
@@ -43,6 +41,18 @@ def dockerfile_instructions(path: Path) -> list[tuple[str, str]]:
     return instructions
 
 
+def stages(instructions: list[tuple[str, str]]) -> dict[str, list[tuple[str, str]]]:
+    """The instructions of each stage (`FROM image AS name`), by name; the ARGs before the first
+    FROM under the name ""."""
+    named, current = {"": []}, ""
+    for keyword, arguments in instructions:
+        if keyword == "FROM":
+            current = arguments.split()[-1] if " AS " in arguments.upper() else arguments
+            named[current] = []
+        named[current].append((keyword, arguments))
+    return named
+
+
 def build_settings(instructions: list[tuple[str, str]]) -> dict[str, str]:
     """ARG defaults and ENV values as a build without --build-arg sees them (later wins)."""
     settings: dict[str, str] = {}
@@ -65,76 +75,119 @@ def dockerfile() -> list[tuple[str, str]]:
     return dockerfile_instructions(ROOT / "Dockerfile")
 
 
+@pytest.fixture(scope="module")
+def build(dockerfile):
+    return stages(dockerfile)["build"]
+
+
+@pytest.fixture(scope="module")
+def runtime(dockerfile):
+    return stages(dockerfile)["runtime"]
+
+
 def runs_install_script(command: str) -> bool:
     return re.search(r"(^|[\s;&|])bash\s+\.ci/install\.sh(\s|$)", command) is not None
 
 
-def test_ci_and_the_image_install_with_the_same_script(dockerfile):
+def index_of(steps, keyword: str, test) -> list[int]:
+    return [index for index, (key, arguments) in enumerate(steps) if key == keyword and test(arguments)]
+
+
+def test_two_stages_from_the_base_image_and_the_runtime_last(dockerfile):
+    froms = [arguments for keyword, arguments in dockerfile if keyword == "FROM"]
+    assert froms == ["${BASE_IMAGE} AS build", "${BASE_IMAGE} AS runtime"]
+    assert list(stages(dockerfile))[-1] == "runtime"   # what `docker build` tags
+
+
+def test_ci_and_the_image_install_with_the_same_script(dockerfile, build, runtime):
     ci_commands = [line for line in (ROOT / ".ci" / "run").read_text().splitlines()
                    if not line.lstrip().startswith("#")]
     assert any(runs_install_script(line) for line in ci_commands), ".ci/run no longer runs .ci/install.sh"
+    # No pip install of its own: torch and the project go through install.sh, nvcc's wheels
+    # through docker/cuda_home.sh.
+    assert not [arguments for keyword, arguments in dockerfile
+                if keyword == "RUN" and re.search(r"\bpip3?\s+install\b", arguments)]
 
-    steps = [(keyword, arguments) for keyword, arguments in dockerfile]
-    runs = [(index, shell_form_commands(arguments)) for index, (keyword, arguments) in enumerate(steps)
-            if keyword == "RUN"]
-    # No install step of its own: every pip install of the image happens inside install.sh.
-    assert not [command for _, command in runs if re.search(r"\bpip3?\s+install\b", command)]
+    copy_source = index_of(build, "COPY", lambda arguments: arguments.split()[-2:] == [".", "."])
+    assert len(copy_source) == 1, "the build stage should copy the whole (filtered) context once"
+    early = index_of(build, "RUN", lambda a: runs_install_script(a) and "INSTALL_PROJECT=0" in a)
+    full = index_of(build, "RUN", lambda a: runs_install_script(a) and "INSTALL_PROJECT=0" not in a)
+    copied_script = index_of(build, "COPY", lambda arguments: arguments.split()[0] == ".ci/install.sh")
+    assert copied_script[0] < early[0] < copy_source[0] < full[0]
 
-    copy_source = [index for index, (keyword, arguments) in enumerate(steps)
-                   if keyword == "COPY" and arguments.split()[-2:] == [".", "."]]
-    assert len(copy_source) == 1, "the Dockerfile should copy the whole (filtered) context once"
-    full_installs = [index for index, command in runs
-                     if runs_install_script(command) and "INSTALL_PROJECT=0" not in command]
-    assert full_installs and min(full_installs) > copy_source[0], \
-        "the project is installed by .ci/install.sh after the source is copied"
-
-    # The cached first step (Debian packages and torch) runs the same script, before the source.
-    early = [(index, command) for index, command in runs
-             if runs_install_script(command) and "INSTALL_PROJECT=0" in command]
-    assert early and early[0][0] < copy_source[0]
-    assert "REQUIRE_CUDA_TORCH=1" in early[0][1], "the image must refuse a CPU torch"
-    copied_script = [index for index, (keyword, arguments) in enumerate(steps)
-                     if keyword == "COPY" and arguments.split()[0] == ".ci/install.sh"]
-    assert copied_script and copied_script[0] < early[0][0]
+    # The runtime installs the recipes' Debian packages with the same script, after the venv is
+    # copied in (install.sh then keeps its torch instead of downloading one).
+    venv = index_of(runtime, "COPY", lambda arguments: arguments.split() == ["--from=build", "/opt/venv", "/opt/venv"])
+    packages = index_of(runtime, "RUN", lambda a: runs_install_script(a) and "INSTALL_PROJECT=0" in a)
+    assert venv and packages and venv[0] < packages[0]
+    assert "SKIP_APT=1" not in runtime[packages[0]][1]
 
 
-def test_extension_is_built_for_ampere_and_hopper_and_a_portable_cpu(dockerfile):
-    settings = build_settings(dockerfile)
-    architectures = {entry.removesuffix("+PTX") for entry in re.split(r"[;\s]+", settings["TORCH_CUDA_ARCH_LIST"])
-                     if entry}
-    assert {"8.0", "9.0"} <= architectures, architectures   # A100, H100
+def run_with_stub_install_script(command: str, tmp_path: Path, **environment) -> dict[str, str]:
+    """Runs a RUN step's shell command with `bash` replaced by a stub that records the settings
+    install.sh would see."""
+    stub = tmp_path / "bash"
+    stub.write_text('#!/bin/sh\nenv | grep -E "^(REQUIRE_CUDA_TORCH|INSTALL_PROJECT|SKIP_APT|TORCH_[A-Z_]+)=" '
+                    '> "$STUB_OUT"\n')
+    stub.chmod(0o755)
+    out = tmp_path / "seen"
+    env = {"PATH": f"{tmp_path}:/usr/bin:/bin", "STUB_OUT": str(out), **environment}
+    subprocess.run(["/bin/sh", "-c", shell_form_commands(command)], env=env, check=True, timeout=30)
+    return dict(line.split("=", 1) for line in out.read_text().splitlines())
+
+
+def test_a_cuda_build_refuses_a_cpu_torch_and_the_cpu_variant_skips_nvcc(build, tmp_path):
+    settings = build_settings(build)
+    early = next(arguments for keyword, arguments in build
+                 if keyword == "RUN" and runs_install_script(arguments) and "INSTALL_PROJECT=0" in arguments)
+    seen = run_with_stub_install_script(early, tmp_path, CUDA_COMPILER=settings["CUDA_COMPILER"],
+                                        TORCH_SPEC=settings["TORCH_SPEC"], TORCH_INDEX_URL="")
+    assert seen["REQUIRE_CUDA_TORCH"] == "1" and seen["INSTALL_PROJECT"] == "0" and seen["SKIP_APT"] == "1"
+    assert seen["TORCH_SPEC"] == "torch==2.13.0"
+    seen = run_with_stub_install_script(early, tmp_path, CUDA_COMPILER="", TORCH_SPEC="torch==2.13.0+cpu")
+    assert seen["REQUIRE_CUDA_TORCH"] == "0" and seen["TORCH_SPEC"] == "torch==2.13.0+cpu"
+
+    compiler = next(arguments for keyword, arguments in build
+                    if keyword == "RUN" and "docker/cuda_home.sh install" in arguments)
+    assert 'if [ -n "$CUDA_COMPILER" ]' in compiler   # the CPU variant (empty) installs no nvcc
+    # torch 2.13.0 (PyPI, Linux x86_64) requires cuda-toolkit==13.0.3: nvcc of the same release
+    assert re.fullmatch(r"cuda-toolkit\[[\w,]*\bnvcc\b[\w,]*\]==13\.0\.3", settings["CUDA_COMPILER"])
+    assert re.fullmatch(r"torch==\d+\.\d+\.\d+", settings["TORCH_SPEC"]), "pin one torch release"
+
+
+def test_the_runtime_stage_has_no_compiler_wheels_and_no_build_products(build, runtime):
+    full = next(arguments for keyword, arguments in build
+                if keyword == "RUN" and runs_install_script(arguments) and "INSTALL_PROJECT=0" not in arguments)
+    # nvcc's wheels are removed in the step that used them (a later step would keep them in a layer)
+    assert "CUDA_HOME=$(bash docker/cuda_home.sh path)" in full and "docker/cuda_home.sh remove" in full
+    copies = [arguments.split() for keyword, arguments in runtime if keyword == "COPY" and "--from=build" in arguments]
+    assert {tuple(words[1:]) for words in copies} == {("/opt/venv", "/opt/venv"),
+                                                       ("/opt/clustered-asr", "/opt/clustered-asr")}
+    workdir = [arguments for keyword, arguments in build if keyword == "WORKDIR"][-1]
+    assert workdir == "/opt/clustered-asr"
+
+
+def test_extension_is_built_for_ampere_hopper_blackwell_and_a_portable_cpu(build):
+    settings = build_settings(build)
+    entries = [entry for entry in re.split(r"[;\s]+", settings["TORCH_CUDA_ARCH_LIST"]) if entry]
+    assert {entry.removesuffix("+PTX") for entry in entries} >= {"8.0", "8.6", "9.0", "10.0"}
+    assert entries[-1].endswith("+PTX")   # PTX of the newest target, for later GPUs
     assert settings["ATTENTION_EXT_CPU_ARCH"] not in ("", "native")
     # ENV (not only ARG) before the build, so setup.py and torch's builder see them.
-    env_index = max(index for index, (keyword, arguments) in enumerate(dockerfile)
-                    if keyword == "ENV" and "TORCH_CUDA_ARCH_LIST" in arguments
-                    and "ATTENTION_EXT_CPU_ARCH" in arguments)
-    first_install = min(index for index, (keyword, arguments) in enumerate(dockerfile)
-                        if keyword == "RUN" and runs_install_script(arguments))
-    assert env_index < first_install
+    env_index = max(index_of(build, "ENV", lambda a: "TORCH_CUDA_ARCH_LIST" in a and "ATTENTION_EXT_CPU_ARCH" in a))
+    assert env_index < min(index_of(build, "RUN", runs_install_script))
 
 
-def test_base_is_a_cuda_devel_image_paired_with_the_torch_index(dockerfile):
-    settings = build_settings(dockerfile)
-    base = next(arguments for keyword, arguments in dockerfile if keyword == "FROM")
-    base = re.sub(r"\$\{(\w+)\}", lambda m: settings[m.group(1)], base)
-    match = re.fullmatch(r"nvidia/cuda:(\d+)\.(\d+)\.\d+-(?:cudnn-)?devel-ubuntu[\d.]+", base)
-    assert match, f"{base}: nvcc comes with a CUDA *devel* image"
-    assert re.fullmatch(r"torch==\d+\.\d+\.\d+", settings["TORCH_SPEC"]), "pin one torch release"
-    index = settings.get("TORCH_INDEX_URL", "")
-    if index:   # a PyTorch wheel index names its CUDA: cu130 = CUDA 13.0
-        assert index.rstrip("/").endswith(f"/cu{match.group(1)}{match.group(2)}")
-
-
-def test_runs_as_a_non_root_user_with_data_and_runs_on_volumes(dockerfile):
-    users = [arguments for keyword, arguments in dockerfile if keyword == "USER"]
+def test_runs_as_a_non_root_user_with_data_and_runs_on_volumes(runtime):
+    users = [arguments for keyword, arguments in runtime if keyword == "USER"]
     assert users and users[-1].split(":")[0] not in ("root", "0")
-    volumes = set(yaml.safe_load(next(arguments for keyword, arguments in dockerfile if keyword == "VOLUME")))
+    volumes = set(yaml.safe_load(next(arguments for keyword, arguments in runtime if keyword == "VOLUME")))
     assert {"/data", "/runs"} <= volumes
 
     # The relative defaults of the configs land in the volumes through links in the code folder.
-    workdir = PurePosixPath([arguments for keyword, arguments in dockerfile if keyword == "WORKDIR"][-1])
+    workdir = PurePosixPath([arguments for keyword, arguments in runtime if keyword == "WORKDIR"][-1])
     links = {}
-    for keyword, arguments in dockerfile:
+    for keyword, arguments in runtime:
         if keyword == "RUN":
             for target, name in re.findall(r"\bln\s+-sT?\s+(\S+)\s+(\S+)", arguments):
                 links[workdir / name] = PurePosixPath(target)
@@ -153,46 +206,14 @@ def test_runs_as_a_non_root_user_with_data_and_runs_on_volumes(dockerfile):
     assert in_image(synth_root).parts[:2] == ("/", "data"), in_image(synth_root)
 
 
-def test_docker_run_image_python_m_asr_train_runs_the_trainer(dockerfile):
-    entrypoint = yaml.safe_load([arguments for keyword, arguments in dockerfile if keyword == "ENTRYPOINT"][-1])
-    command = yaml.safe_load([arguments for keyword, arguments in dockerfile if keyword == "CMD"][-1])
+def test_docker_run_image_python_m_asr_train_runs_the_trainer_under_tini(runtime):
+    entrypoint = yaml.safe_load([arguments for keyword, arguments in runtime if keyword == "ENTRYPOINT"][-1])
+    command = yaml.safe_load([arguments for keyword, arguments in runtime if keyword == "CMD"][-1])
     # An init that execs whatever follows `--`, so `docker run IMAGE python -m asr.train ...` runs as given.
-    assert Path(entrypoint[0]).name == "tini" and entrypoint[-1] == "--"
+    assert entrypoint == ["/usr/bin/tini", "--"]     # where Debian's and Ubuntu's tini package puts it
+    assert any(keyword == "RUN" and re.search(r"apt-get install .*\btini\b", arguments)
+               for keyword, arguments in runtime)
     assert command[:3] == ["python", "-m", "asr.train"]
-
-
-# ---- .dockerignore -------------------------------------------------------------------------------
-def ignore_pattern_regex(pattern: str) -> re.Pattern:
-    """Docker's pattern syntax: `**` any number of folders, `*` and `?` within one name."""
-    if "[" in pattern or "\\" in pattern:
-        raise ValueError(f"{pattern!r}: character classes and escapes are not handled by this test")
-    regex, position = "", 0
-    while position < len(pattern):
-        if pattern.startswith("**/", position):
-            regex, position = regex + "(?:.*/)?", position + 3
-        elif pattern.startswith("**", position):
-            regex, position = regex + ".*", position + 2
-        elif pattern[position] == "*":
-            regex, position = regex + "[^/]*", position + 1
-        elif pattern[position] == "?":
-            regex, position = regex + "[^/]", position + 1
-        else:
-            regex, position = regex + re.escape(pattern[position]), position + 1
-    return re.compile(regex)
-
-
-def dockerignore_excludes(patterns: list[str], path: str) -> bool:
-    """Whether `path` stays out of the build context: the last pattern that matches the path or
-    one of its parent folders decides; `!pattern` puts it back."""
-    parts = path.split("/")
-    candidates = ["/".join(parts[:end]) for end in range(1, len(parts) + 1)]
-    excluded = False
-    for pattern in patterns:
-        negated = pattern.startswith("!")
-        regex = ignore_pattern_regex(os.path.normpath(pattern.lstrip("!")).lstrip("/"))
-        if any(regex.fullmatch(candidate) for candidate in candidates):
-            excluded = not negated
-    return excluded
 
 
 # ---- hadolint -------------------------------------------------------------------------------------
@@ -226,297 +247,163 @@ def test_hadolint_reports_what_it_is_meant_to_catch(tmp_path):
     assert {"DL3006", "DL3008", "DL3015", "DL3009"} <= set(re.findall(r"DL\d{4}", done.stdout))
 
 
-@pytest.fixture(scope="module")
-def ignore_patterns() -> list[str]:
-    lines = (ROOT / ".dockerignore").read_text().splitlines()
-    return [line.strip() for line in lines if line.strip() and not line.lstrip().startswith("#")]
+# ---- the Dockerfile, docker/build_here.sh, docker/check_image.sh and the docs agree --------------
+DOCS = [ROOT / "asr" / "docs" / "install.md", ROOT / "README.md"]
+# docker run's options that take no value (all others used here take one)
+RUN_FLAGS = {"--rm", "-d", "--detach", "-i", "-t", "-it", "--init", "--privileged"}
 
 
-def test_the_pattern_rules_of_this_test():
-    assert dockerignore_excludes(["runs"], "runs/a/b.ckpt")
-    assert not dockerignore_excludes(["runs"], "recipes/runs/x")      # top level only
-    assert dockerignore_excludes(["**/*.so"], "a.so") and dockerignore_excludes(["**/*.so"], "x/y/a.so")
-    assert not dockerignore_excludes(["*.so"], "x/a.so")
-    assert not dockerignore_excludes(["data", "!data/keep"], "data/keep/f")
+def docker_commands(text: str, prefix: str = "    ") -> list[list[str]]:
+    """The `docker build` and `docker run` commands of a document's code lines (those starting with
+    `prefix`), continuation lines joined, as shell words."""
+    commands, pending = [], None
+    for line in text.splitlines():
+        if pending is not None:
+            pending += " " + line.strip().removeprefix(prefix.strip()).strip()
+        elif line.startswith(prefix) and re.match(r"docker (build|run)\b", line[len(prefix):].strip()):
+            pending = line[len(prefix):].strip()
+        else:
+            continue
+        if pending.endswith("\\"):
+            pending = pending[:-1]
+        else:
+            commands.append(shlex.split(pending))
+            pending = None
+    return commands
 
 
-@pytest.mark.parametrize("path", [
-    "runs/wsj_iclustered/2026-01-01_00-00-00/checkpoints/last.ckpt",
-    "data/wsj/features/train/0001.npy",
-    "data/synth/synth_cuts_train.jsonl.gz",
-    "outputs/2026-01-01/train.log",
-    "benchmark_results/benchmark_cpu.csv",
-    "build/temp.linux-x86_64-cpython-311/attention_ext/csrc/clustering.o",
-    "attention_ext/_C.cpython-311-x86_64-linux-gnu.so",
-    "asr/__pycache__/train.cpython-311.pyc",
-    "tests/asr/__pycache__/test_train.cpython-311-pytest-8.0.0.pyc",
-    "clustered_asr.egg-info/PKG-INFO",
-    ".git/HEAD",
-    ".pytest_cache/v/cache/nodeids",
-    "lightning_logs/version_0/metrics.csv",
-])
-def test_dockerignore_keeps_heavy_and_host_built_files_out(ignore_patterns, path):
-    assert dockerignore_excludes(ignore_patterns, path)
+def all_docker_commands() -> list[list[str]]:
+    commands = [command for path in DOCS for command in docker_commands(path.read_text())]
+    return commands + docker_commands((ROOT / "Dockerfile").read_text(), prefix="#   ")
 
 
-def test_dockerignore_keeps_every_source_file_the_install_needs(ignore_patterns):
-    needed = [ROOT / name for name in ("pyproject.toml", "setup.py", "README.md", ".ci/install.sh")]
-    for package in ("asr", "attention_ext", "recipes", "conf"):
-        needed += [path for path in (ROOT / package).rglob("*") if path.is_file()
-                   and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".so")
-                   and path.name != "_C.build-hash"]   # install.sh's record of a host build
-    assert len(needed) > 50
-    dropped = [str(path.relative_to(ROOT)) for path in needed
-               if dockerignore_excludes(ignore_patterns, path.relative_to(ROOT).as_posix())]
-    assert not dropped
+def dockerfile_arguments(dockerfile) -> dict[str, str]:
+    """Every build argument the Dockerfile declares, with its default."""
+    return {name: value for name, value in build_settings([step for step in dockerfile if step[0] == "ARG"]).items()}
 
 
-# ---- .ci/install.sh against recording stubs -------------------------------------------------------
-STUB_PYTHON = r'''#!{python} -S
-"""Stands in for python: a fake torch (a state file), a pip that logs what it is asked and marks
-what it installed, a setup.py build that logs and leaves a library behind."""
-import json, os, sys
-state, log, marks = os.environ["STUB_TORCH_STATE"], os.environ["STUB_LOG"], os.environ["STUB_MARKS"]
-def record(entry):
-    with open(log, "a") as f:
-        f.write(json.dumps(entry) + "\n")
-def mark(name):
-    open(os.path.join(marks, name), "w").close()
-def marked(name):
-    return os.path.exists(os.path.join(marks, name))
-args = sys.argv[1:]
-if args[:1] == ["-c"]:
-    script = args[1]
-    if "attention_ext._C" in script:
-        record({{"imported": "attention_ext._C"}})
-        if not any(name.startswith("_C") and name.endswith(".so") for name in os.listdir("attention_ext")):
-            sys.exit("No module named 'attention_ext._C'")
-    elif "clustered-asr" in script:   # the check that the installed project is complete and ours
-        sys.exit(0 if marked("project") else "the project is not installed")
-    elif script == "import numpy":
-        sys.exit(0 if marked("numpy") else 1)
-    if not os.path.exists(state):
-        sys.exit(1)   # import torch fails
-    torch = json.load(open(state))
-    if "version.cuda" in script:   # the probe: torch, its CUDA, the environment, Python
-        print(torch["version"], torch["cuda"], "/stub/prefix", "3.11.0", sep="\n")
-    else:
-        print(torch["version"])
-elif args[:3] == ["-m", "pip", "install"]:
-    pip = args[3:]
-    entry = {{"pip": pip}}
-    if "-c" in pip:
-        entry["constraints"] = open(pip[pip.index("-c") + 1]).read().strip()
-    record(entry)
-    specs = [a for a in pip if a.startswith("torch")]
-    if specs and "-c" not in pip:
-        json.dump({{"version": specs[0].split("==")[-1], "cuda": os.environ.get("STUB_NEW_TORCH_CUDA", "")}},
-                  open(state, "w"))
-    if "numpy" in pip:
-        mark("numpy")
-    if "-e" in pip:   # an editable install builds the extension in place, as pip does
-        mark("project")
-        open("attention_ext/_C.stub.so", "w").close()
-elif args[:3] == ["setup.py", "build_ext", "--inplace"]:
-    record({{"build_ext": True}})
-    open("attention_ext/_C.stub.so", "w").close()
-else:
-    sys.exit(f"stub python: unexpected {{args}}")
-'''
+def build_options(command: list[str]) -> tuple[dict[str, str], str]:
+    """(the --build-arg values, the -t tag) of a `docker build` command."""
+    arguments, tag = {}, None
+    for option, value in zip(command, command[1:]):
+        if option == "--build-arg":
+            name, _, arguments[name] = value.partition("=")
+        elif option == "-t":
+            tag = value
+    return arguments, tag
 
 
-# The Debian packages install.sh installs (its apt_packages line), so these tests follow the list.
-APT_PACKAGES = re.search(r"^apt_packages=\(([^)]*)\)", (ROOT / ".ci" / "install.sh").read_text(), re.M).group(1).split()
+def run_parts(command: list[str]) -> tuple[list[tuple[str, str]], str, list[str]]:
+    """(the options with their values, the image, the command after it) of a `docker run`."""
+    options, position = [], 2
+    while command[position].startswith("-"):
+        option = command[position]
+        if option in RUN_FLAGS or "=" in option:
+            options.append((option, "")); position += 1
+        else:
+            options.append((option, command[position + 1])); position += 2
+    return options, command[position], command[position + 1:]
 
 
-@pytest.fixture
-def install_sandbox(tmp_path):
-    """A copy of .ci/install.sh in a small project folder (the files whose fingerprints decide what
-    a second run skips), with stub commands first on PATH."""
-    (tmp_path / ".ci").mkdir()
-    shutil.copy(ROOT / ".ci" / "install.sh", tmp_path / ".ci" / "install.sh")
-    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'clustered-asr'\n")
-    (tmp_path / "setup.py").write_text("# builds attention_ext._C\n")
-    (tmp_path / "attention_ext" / "csrc").mkdir(parents=True)
-    (tmp_path / "attention_ext" / "csrc" / "clustering.cpp").write_text("// kernels\n")
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    stubs = {
-        "python": STUB_PYTHON.format(python=sys.executable),
-        # dpkg -s PKG succeeds for the packages listed in STUB_DPKG_INSTALLED
-        "dpkg": '#!/bin/sh\ncase " $STUB_DPKG_INSTALLED " in *" $2 "*) exit 0;; esac\nexit 1\n',
-        "apt-get": '#!/bin/sh\necho "{\\"apt-get\\": \\"$*\\"}" >> "$STUB_LOG"\n',
-        "sudo": '#!/bin/sh\necho "{\\"sudo\\": \\"$1\\"}" >> "$STUB_LOG"\n"$@"\n',
-        "id": '#!/bin/sh\necho "$STUB_UID"\n',
-    }
-    for name, text in stubs.items():
-        (bin_dir / name).write_text(text)
-        (bin_dir / name).chmod(stat.S_IRWXU)
-
-    def run(torch: dict | None = None, fresh: bool = True, numpy: bool = True,
-            **environment) -> tuple[subprocess.CompletedProcess, list[dict]]:
-        """One run of install.sh; `fresh` starts from a machine where nothing of the project is
-        installed or built (else the previous run's installs and build stay)."""
-        state, log, marks = tmp_path / "torch.json", tmp_path / "log.jsonl", tmp_path / "marks"
-        log.unlink(missing_ok=True)
-        if fresh:
-            state.unlink(missing_ok=True)
-            shutil.rmtree(marks, ignore_errors=True)
-            shutil.rmtree(tmp_path / "build", ignore_errors=True)
-            for built in (tmp_path / "attention_ext").glob("_C*"):
-                built.unlink()
-        marks.mkdir(exist_ok=True)
-        if numpy:
-            (marks / "numpy").touch()
-        if torch is not None:
-            state.write_text(json.dumps(torch))
-        env = {"PATH": f"{bin_dir}:/usr/bin:/bin", "HOME": str(tmp_path), "STUB_TORCH_STATE": str(state),
-               "STUB_LOG": str(log), "STUB_MARKS": str(marks),
-               "STUB_DPKG_INSTALLED": " ".join(APT_PACKAGES), "STUB_UID": "0", **environment}
-        result = subprocess.run(["bash", str(tmp_path / ".ci" / "install.sh")], env=env,
-                                capture_output=True, text=True, timeout=60)
-        entries = [json.loads(line) for line in log.read_text().splitlines()] if log.exists() else []
-        return result, entries
-
-    run.root = tmp_path
-    return run
+def test_the_docs_build_only_arguments_the_dockerfile_declares(dockerfile):
+    declared = dockerfile_arguments(dockerfile)
+    builds = [command for command in all_docker_commands() if command[1] == "build"]
+    assert len(builds) >= 3     # the Dockerfile's, the guide's (CUDA and CPU) and README's
+    for command in builds:
+        arguments, tag = build_options(command)
+        assert set(arguments) <= set(declared), command
+        assert tag in ("clustered-asr", "clustered-asr:cpu") and command[-1] == ".", command
 
 
-def pip_calls(entries):
-    return [entry for entry in entries if "pip" in entry]
+def test_the_docs_table_lists_every_build_argument_with_its_default(dockerfile):
+    declared = dockerfile_arguments(dockerfile)
+    declared.pop("DEBIAN_FRONTEND")   # the stages' own setting, not an option
+    rows = re.findall(r"^\| `(\w+)` \| ([^|]*) \|", (ROOT / "asr" / "docs" / "install.md").read_text(), re.M)
+    table = {name: default.strip().strip("`") for name, default in rows}
+    assert set(table) == set(declared)
+    for name, default in declared.items():
+        assert table[name] == (default or "(PyPI)"), name
 
 
-def test_install_script_default_installs_the_pinned_torch_from_pips_own_index(install_sandbox):
-    result, entries = install_sandbox()
-    assert result.returncode == 0, result.stderr
-    calls = pip_calls(entries)
-    assert calls[0]["pip"] == ["-q", "torch==2.13.0", "numpy"]
-    project = [call for call in calls if "-e" in call["pip"]]
-    assert project and project[0]["pip"][-1] == ".[asr,test]" and "--no-build-isolation" in project[0]["pip"]
-    assert project[0]["constraints"] == "torch==2.13.0"
-    assert {"imported": "attention_ext._C"} in entries
-    assert not [entry for entry in entries if "apt-get" in entry]    # all packages present
+def test_the_docs_run_images_they_build_with_the_volumes_and_modules_that_exist(runtime):
+    volumes = set(yaml.safe_load(next(arguments for keyword, arguments in runtime if keyword == "VOLUME")))
+    runs = [command for command in all_docker_commands() if command[1] == "run"]
+    assert len(runs) >= 3
+    for command in runs:
+        options, image, rest = run_parts(command)
+        assert image == "clustered-asr", command
+        for option, value in options:
+            if option == "-v":
+                target, *mode = value.split(":")[1:]
+                # outputs go to the volumes; anything else is an input, mounted read-only
+                assert any(target == volume or target.startswith(volume + "/") for volume in volumes) \
+                    or mode == ["ro"], value
+        assert rest[:2] == ["python", "-m"], command
+        module = ROOT.joinpath(*rest[2].split("."))
+        assert module.with_suffix(".py").is_file() or (module / "__main__.py").is_file(), rest[2]
 
 
-def test_install_script_takes_torch_spec_and_index_url_from_the_environment(install_sandbox):
-    result, entries = install_sandbox(TORCH_SPEC="torch==2.13.0", STUB_NEW_TORCH_CUDA="13.0",
-                                      TORCH_INDEX_URL="https://download.pytorch.org/whl/cu130")
-    assert result.returncode == 0, result.stderr
-    assert pip_calls(entries)[0]["pip"] == ["-q", "--index-url", "https://download.pytorch.org/whl/cu130",
-                                            "torch==2.13.0", "numpy"]
-    assert "CUDA 13.0" in result.stdout
+def script_text(name: str) -> str:
+    return (ROOT / "docker" / name).read_text()
 
 
-def test_install_script_keeps_an_installed_torch_and_pins_it(install_sandbox):
-    result, entries = install_sandbox(torch={"version": "2.13.0+cpu", "cuda": ""},
-                                      TORCH_INDEX_URL="https://download.pytorch.org/whl/cu130")
-    assert result.returncode == 0, result.stderr
-    calls = pip_calls(entries)
-    assert not [call for call in calls if "-c" not in call["pip"]]   # no unpinned (torch) install
-    assert {call["constraints"] for call in calls} == {"torch==2.13.0+cpu"}
+def test_build_here_imports_the_base_under_the_dockerfiles_default_name(dockerfile):
+    base = re.search(r"^base=(\S+)$", script_text("build_here.sh"), re.M).group(1)
+    default = dockerfile_arguments(dockerfile)["BASE_IMAGE"]   # Docker's short name of the same image
+    name, _, tag = default.partition(":")
+    assert base == f"docker.io/library/{name}:{tag}"
+    assert "--pull=never" in script_text("build_here.sh")   # the imported base, never a registry's
 
 
-def test_install_script_first_image_step_stops_before_the_project(install_sandbox):
-    result, entries = install_sandbox(INSTALL_PROJECT="0", REQUIRE_CUDA_TORCH="1", STUB_NEW_TORCH_CUDA="13.0")
-    assert result.returncode == 0, result.stderr
-    assert [call["pip"] for call in pip_calls(entries)] == [["-q", "torch==2.13.0", "numpy"]]
-    assert {"imported": "attention_ext._C"} not in entries
+def test_build_here_cpu_variant_is_the_docs_cpu_build(dockerfile):
+    script = script_text("build_here.sh")
+    cpu_block = re.search(r'if \[ "\$variant" = cpu \]; then\n(.*?)\nfi', script, re.S).group(1)
+    script_arguments = dict(re.findall(r'--build-arg "?(\w+)=([^"\s)]*)', cpu_block))
+    script_arguments["TORCH_INDEX_URL"] = re.search(r"TORCH_CPU_INDEX_URL-([^}]+)\}", cpu_block).group(1)
+    assert set(script_arguments) <= set(dockerfile_arguments(dockerfile))
+    docs_cpu = [build_options(command) for command in docker_commands((ROOT / "asr/docs/install.md").read_text())
+                if command[1] == "build" and build_options(command)[1] == "clustered-asr:cpu"]
+    assert docs_cpu == [(script_arguments, "clustered-asr:cpu")]
+    assert "tag=clustered-asr:cpu" in script and "tag=clustered-asr\n" in script.replace(";", "\n")
 
 
-def test_install_script_refuses_a_cpu_torch_when_cuda_is_required(install_sandbox):
-    result, entries = install_sandbox(torch={"version": "2.13.0+cpu", "cuda": ""}, REQUIRE_CUDA_TORCH="1")
-    assert result.returncode == 1
-    assert "2.13.0+cpu is a CPU build" in result.stderr and "TORCH_INDEX_URL" in result.stderr
-    assert not pip_calls(entries)
+def test_the_docs_name_the_scripts_with_options_they_take():
+    guide = (ROOT / "asr" / "docs" / "install.md").read_text()
+    accepted = set(re.findall(r"^\s+(--[\w-]+)\)", script_text("build_here.sh"), re.M))
+    for script, options in re.findall(r"docker/(build_here\.sh|check_image\.sh)((?: --[\w-]+)*)", guide):
+        assert (ROOT / "docker" / script).is_file()
+        if script == "build_here.sh":
+            assert set(options.split()) <= accepted, options
+    # check_image.sh's default image is the CPU variant build_here.sh --cpu tags
+    assert "image=${1:-clustered-asr:cpu}" in script_text("check_image.sh")
 
 
-def test_install_script_apt_as_root_without_sudo_and_skipped_when_asked(install_sandbox):
-    result, entries = install_sandbox(torch={"version": "2.13.0", "cuda": "13.0"},
-                                      STUB_DPKG_INSTALLED="sox", STUB_UID="0")
-    assert result.returncode == 0, result.stderr
-    apt = [entry["apt-get"] for entry in entries if "apt-get" in entry]
-    assert apt[0] == "update -qq" and apt[1].split()[-len(APT_PACKAGES) + 1:] == [p for p in APT_PACKAGES if p != "sox"]
-    assert not [entry for entry in entries if "sudo" in entry]
-
-    result, entries = install_sandbox(torch={"version": "2.13.0", "cuda": "13.0"},
-                                      STUB_DPKG_INSTALLED="sox", STUB_UID="1000")
-    assert result.returncode == 0, result.stderr
-    # sudo resets the environment: DEBIAN_FRONTEND reaches apt-get through env, after sudo
-    assert [entry["sudo"] for entry in entries if "sudo" in entry] == ["apt-get", "env"]
-
-    result, entries = install_sandbox(torch={"version": "2.13.0", "cuda": "13.0"},
-                                      STUB_DPKG_INSTALLED="", SKIP_APT="1")
-    assert result.returncode == 0, result.stderr
-    assert not [entry for entry in entries if "apt-get" in entry]
+def test_check_image_mounts_the_volumes_and_runs_the_issue_commands(runtime):
+    volumes = set(yaml.safe_load(next(arguments for keyword, arguments in runtime if keyword == "VOLUME")))
+    script = script_text("check_image.sh")
+    assert set(re.findall(r'-v "\$work/\w+:(/\w+)"', script)) == volumes
+    assert "python -m pytest tests/attention_ext -q" in script
+    assert "python -m asr.train conf=synth_iclustered trainer.max_steps=20" in script
+    assert "podman stop" in script and "ckpt_path=last" in script
 
 
-def build_calls(entries):
-    return [entry for entry in entries if "build_ext" in entry]
+def test_cuda_home_finds_the_wheels_folder_of_torchs_cuda_major(tmp_path):
+    """docker/cuda_home.sh path, against a stand-in torch (CUDA 13.0) and NVIDIA's wheel layout."""
+    site = tmp_path / "site"
+    (site / "torch").mkdir(parents=True)
+    (site / "torch" / "__init__.py").write_text("class version:\n    cuda = '13.0'\n")
+    for major in ("12", "13"):
+        (site / "nvidia" / f"cu{major}" / "bin").mkdir(parents=True)
+    env = dict(os.environ, PYTHONPATH=str(site))
 
+    def path() -> str:
+        done = subprocess.run(["bash", str(ROOT / "docker" / "cuda_home.sh"), "path"], env=env,
+                              capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        return done.stdout.strip()
 
-def test_install_script_prints_one_line_per_step_with_its_duration(install_sandbox):
-    for fresh in (True, False):   # steps that work (pip, the build) and steps that find all done
-        result, _ = install_sandbox(torch={"version": "2.13.0+cpu", "cuda": ""}, fresh=fresh)
-        assert result.returncode == 0, result.stderr
-        lines = result.stdout.splitlines()
-        steps = [re.fullmatch(r"install\.sh: \[(\d)/4\] .* \(\d+\.\d s\)", line) for line in lines[:-1]]
-        assert all(steps), lines
-        assert [int(step.group(1)) for step in steps] == [1, 2, 3, 4]
-        assert re.fullmatch(r"install\.sh: done in \d+\.\d s", lines[-1])
-    assert "[3/4] Python packages: up to date" in lines[2]
-
-
-def test_install_script_second_run_skips_pip_and_the_build_until_an_input_changes(install_sandbox):
-    kept_torch = {"version": "2.13.0+cpu", "cuda": ""}
-    result, entries = install_sandbox(torch=kept_torch)
-    assert result.returncode == 0, result.stderr
-    assert [call for call in pip_calls(entries) if "-e" in call["pip"]]
-    assert not build_calls(entries)                 # pip's editable install built the extension
-    assert (install_sandbox.root / "attention_ext" / "_C.build-hash").is_file()
-
-    def run_again(**environment):
-        result, entries = install_sandbox(torch=kept_torch, fresh=False, **environment)
-        assert result.returncode == 0, result.stderr
-        return result, len(pip_calls(entries)), len(build_calls(entries))
-
-    result, pips, builds = run_again()
-    assert (pips, builds) == (0, 0)
-    assert "[3/4] Python packages: up to date" in result.stdout
-    assert "[4/4] attention_ext: up to date" in result.stdout
-
-    source = install_sandbox.root / "attention_ext" / "csrc" / "clustering.cpp"
-    source.write_text("// kernels, edited\n")
-    assert run_again()[1:] == (0, 1)                # the extension only
-    assert run_again()[1:] == (0, 0)
-    (source.parent / "lsh.cpp").write_text("// a new file\n")
-    assert run_again()[1:] == (0, 1)
-    assert run_again(ATTENTION_EXT_CPU_ARCH="x86-64-v3")[1:] == (0, 1)   # a build setting
-    assert run_again(ATTENTION_EXT_CPU_ARCH="x86-64-v3")[1:] == (0, 0)
-
-    (install_sandbox.root / "pyproject.toml").write_text("[project]\nname = 'clustered-asr'\n# new dep\n")
-    _, pips, builds = run_again(ATTENTION_EXT_CPU_ARCH="x86-64-v3")
-    assert pips == 2 and builds == 0                # setuptools/ninja, then the project (builds too)
-
-    # The fingerprint matches, but the environment lost the project (another venv, pip uninstall).
-    (install_sandbox.root / "marks" / "project").unlink()
-    result, pips, builds = run_again(ATTENTION_EXT_CPU_ARCH="x86-64-v3")
-    assert pips == 2 and "pip install -e" in result.stdout
-
-    # Another torch: both again.
-    result, entries = install_sandbox(torch={"version": "2.13.1+cpu", "cuda": ""}, fresh=False,
-                                      ATTENTION_EXT_CPU_ARCH="x86-64-v3")
-    assert [call for call in pip_calls(entries) if "-e" in call["pip"]]
-    (install_sandbox.root / "attention_ext" / "_C.stub.so").unlink()   # a lost library is rebuilt
-    result, entries = install_sandbox(torch={"version": "2.13.1+cpu", "cuda": ""}, fresh=False,
-                                      ATTENTION_EXT_CPU_ARCH="x86-64-v3")
-    assert len(build_calls(entries)) == 1 and not pip_calls(entries)
-
-
-def test_install_script_installs_numpy_before_anything_imports_torch_without_it(install_sandbox):
-    # A kept torch without NumPy: the extension build would print "Failed to initialize NumPy".
-    result, entries = install_sandbox(torch={"version": "2.13.0+cpu", "cuda": ""}, numpy=False)
-    assert result.returncode == 0, result.stderr
-    calls = [call["pip"] for call in pip_calls(entries)]
-    numpy_call = calls.index(["-q", "-c", calls[0][2], "numpy"])
-    project_call = next(index for index, call in enumerate(calls) if "-e" in call)
-    assert numpy_call < project_call
+    assert path() == ""                       # no nvcc installed: no CUDA_HOME (a CPU build)
+    (site / "nvidia" / "cu12" / "bin" / "nvcc").write_text("")
+    assert path() == ""                       # another CUDA's nvcc is not torch's
+    (site / "nvidia" / "cu13" / "bin" / "nvcc").write_text("")
+    assert path() == str(site / "nvidia" / "cu13")

@@ -165,6 +165,22 @@ def trains_on_cpu(trainer: Any) -> bool:
     return accelerator == "cpu" or (accelerator == "auto" and not torch.cuda.is_available())
 
 
+def gpu_visible() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def gpu_absence() -> str:
+    """Why torch sees no GPU, and what to do (a CPU torch, or a container started without GPUs)."""
+    import torch
+
+    if torch.version.cuda is None:
+        return f"torch {torch.__version__} is a CPU build"
+    return (f"torch {torch.__version__} is built for CUDA {torch.version.cuda} but finds no device; in Docker "
+            "start the container with --gpus all on a host with the NVIDIA driver and Container Toolkit")
+
+
 def validate_config(cfg: Any) -> ValidatedAttention:
     """Checks ranges and combinations; raises ConfigError / AttentionConfigError with the fix.
 
@@ -239,6 +255,9 @@ def _check_trainer_section(trainer: Any) -> None:
              f"trains on one (trainer.accelerator={trainer.accelerator}); use trainer.deterministic=false "
              "(the run is still seeded, but not bit-for-bit repeatable on a GPU) or train on the CPU "
              "(trainer.accelerator=cpu)")
+    # Lightning would stop later, after the data is loaded, with a traceback ("No supported gpu backend")
+    _require(str(trainer.accelerator).lower() not in ("gpu", "cuda") or gpu_visible(), "trainer.accelerator",
+             trainer.accelerator, f"no CUDA GPU is visible ({gpu_absence()}); use trainer.accelerator=auto or cpu")
     _require(trainer.diagnostics_every_n_steps is None or trainer.diagnostics_every_n_steps >= 1,
              "trainer.diagnostics_every_n_steps", trainer.diagnostics_every_n_steps, "must be >= 1 or null (off)")
     _require(trainer.keep_checkpoints_every_n_steps is None or trainer.keep_checkpoints_every_n_steps >= 1,

@@ -43,6 +43,7 @@ from asr.model.run_folder import check_launch_shares_run_folder, one_process_at_
 from asr.training.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, StepCheckpoint, ValidateAtStepBudget
 from asr.training.distributed import CollectiveTimeoutLine, apply_collective_timeout, check_launch_matches_trainer
 from asr.training.progress import EpochProgressBar, StepBudgetEstimate
+from asr.training.stop_checkpoint import CheckpointOnSigterm
 
 log = logging.getLogger("asr.train")
 # train.log only (asr.train's train_log_keeps_the_console): what the console gets by print,
@@ -101,7 +102,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
     # newest epoch, rewritten at the end of every epoch (what ckpt_path=last resumes).
     latest = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="last", save_top_k=1,
                              enable_version_counter=False)
-    callbacks: list[Callback] = [best, latest, timer, CollectiveTimeoutLine()]
+    callbacks: list[Callback] = [best, latest, timer, CollectiveTimeoutLine(),
+                                 CheckpointOnSigterm(run_dir / "checkpoints")]   # docker stop, preemption
     if t.keep_epoch_checkpoints:   # for asr.average: each epoch's weights, with its validation rates
         callbacks.append(EpochCheckpoint(dirpath=run_dir / "checkpoints", filename="epoch-{epoch:03d}",
                                          save_top_k=-1, auto_insert_metric_name=False,

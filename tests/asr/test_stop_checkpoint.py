@@ -1,0 +1,80 @@
+"""asr.training.stop_checkpoint: SIGTERM during fit (docker stop through tini, a preemption) leaves
+checkpoints/last.ckpt at the step it stopped, and a fit resumed from it goes on from that step."""
+from __future__ import annotations
+
+import os
+import signal
+
+import lightning as L
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+
+from asr.training.stop_checkpoint import CheckpointOnSigterm
+
+
+class Regression(L.LightningModule):
+    def __init__(self):
+        super().__init__()
+        self.layer = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch, batch_index):
+        inputs, targets = batch
+        return torch.nn.functional.mse_loss(self.layer(inputs), targets)
+
+    def configure_optimizers(self):
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    def train_dataloader(self):
+        generator = torch.Generator().manual_seed(0)
+        inputs = torch.randn(64, 4, generator=generator)
+        dataset = torch.utils.data.TensorDataset(inputs, inputs.sum(dim=1, keepdim=True))
+        return torch.utils.data.DataLoader(dataset, batch_size=4)   # 16 steps an epoch
+
+
+class SigtermAtStep(Callback):
+    """Sends this process SIGTERM after the given optimiser step, as `docker stop` would."""
+
+    def __init__(self, step: int):
+        self.step = step
+
+    def on_train_batch_end(self, trainer, *args):
+        if trainer.global_step == self.step:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+
+def trainer(tmp_path, *callbacks, max_steps=12):
+    return L.Trainer(default_root_dir=tmp_path, max_steps=max_steps, logger=False, enable_checkpointing=False,
+                     enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
+                     callbacks=[CheckpointOnSigterm(tmp_path / "checkpoints"), *callbacks])
+
+
+def test_sigterm_mid_epoch_saves_last_ckpt_and_the_resumed_fit_goes_on_from_its_step(tmp_path):
+    before = signal.getsignal(signal.SIGTERM)
+    stopped = trainer(tmp_path, SigtermAtStep(5))
+    with pytest.raises(SystemExit):   # Lightning's SIGTERMException, after the running step
+        stopped.fit(Regression())
+    assert signal.getsignal(signal.SIGTERM) == before   # Lightning put the handler back
+    saved = torch.load(tmp_path / "checkpoints" / "last.ckpt", weights_only=False)
+    assert saved["global_step"] == 5 and saved["epoch"] == 0   # mid-epoch: no epoch-end checkpoint yet
+    assert torch.equal(saved["state_dict"]["layer.weight"], stopped.lightning_module.layer.weight.detach())
+
+    steps_seen = []
+
+    class FirstStep(Callback):
+        def on_train_batch_start(self, trainer, *args):
+            steps_seen.append(trainer.global_step)
+
+    resumed = trainer(tmp_path, FirstStep())
+    resumed.fit(Regression(), ckpt_path=tmp_path / "checkpoints" / "last.ckpt")
+    assert steps_seen[0] == 5 and resumed.global_step == 12
+
+
+def test_an_error_other_than_sigterm_writes_nothing(tmp_path):
+    class Broken(Regression):
+        def training_step(self, batch, batch_index):
+            raise ValueError("broken step")
+
+    with pytest.raises(ValueError):
+        trainer(tmp_path).fit(Broken())
+    assert not (tmp_path / "checkpoints").exists()
