@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
+from asr.config import schema
 from asr.config.schema import validate_config
 from asr.core.errors import ConfigError
 from asr.model.graphed_encoder import GraphedForward, graph_encoder
@@ -26,18 +27,20 @@ requires_cuda = pytest.mark.skipif(not torch.cuda.is_available(),
     (["trainer.cuda_graphs=true", "data.fixed_batch_shapes=true", "trainer.accelerator=gpu",
       "trainer.diagnostics_every_n_steps=10"], "forward hooks, which a replayed graph does not call"),
 ])
-def test_cuda_graphs_that_cannot_work_are_refused_with_the_fix(overrides, message):
+def test_cuda_graphs_that_cannot_work_are_refused_with_the_fix(monkeypatch, overrides, message):
+    monkeypatch.setattr(schema, "gpu_visible", lambda: True)   # as on a GPU machine: accelerator=gpu passes
     with pytest.raises(ConfigError, match=message):
         validate_config(compose_config(*overrides))
 
 
-def test_the_gpu80_trainer_preset_sets_graphs_fixed_shapes_and_big_batches_on_any_corpus():
+def test_the_gpu80_trainer_preset_sets_graphs_fixed_shapes_and_big_batches_on_any_corpus(monkeypatch):
+    monkeypatch.setattr(schema, "gpu_visible", lambda: True)   # as on a GPU machine
     for preset, corpus in (("wsj_iclustered", "wsj"), ("synth_iclustered", "synth")):
         cfg = compose_config(f"conf={preset}", "trainer=gpu80")
         assert cfg.data.corpus == corpus and cfg.attention.name == "iclustered"
         assert cfg.trainer.cuda_graphs and cfg.data.fixed_batch_shapes and cfg.trainer.accelerator == "gpu"
         assert cfg.trainer.precision == "bf16-mixed" and cfg.data.max_duration == 2400.0
-        validate_config(cfg)   # the GPU is Lightning's to find; nothing here refuses the preset
+        validate_config(cfg)   # where a GPU is visible, nothing refuses the preset
     # fixed shapes alone are for any device
     validate_config(compose_config("data.fixed_batch_shapes=true", "trainer.accelerator=cpu"))
 
