@@ -45,8 +45,7 @@ import torch
 
 from ._ops import ops
 from .clustered_triton import TRITON_AVAILABLE, triton_interpreted
-from .contract import (autocast_disabled, check_inputs, draw_seed, hashing_dtype, kernel_dtype,
-                       valid_positions)
+from .contract import autocast_disabled, check_inputs, draw_clustering, kernel_dtype, valid_positions
 from .registry import Option, register_attention
 
 CLUSTERING_OPTIONS = (
@@ -163,13 +162,7 @@ def _cluster_queries_op(q: torch.Tensor, lengths: torch.Tensor, clusters: int, b
                         iterations: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(assignment, offsets, members) of `cluster_queries`, for q without gradient."""
     slots = cluster_slots(clusters, q.shape[2])
-    # Drawn where q is, from torch's generator of that device: on CUDA a copy from the host could
-    # not be held by a CUDA graph, whose replays now draw new planes (the CUDA generator is
-    # graph-safe). The K-Means seed stays a host number: a captured graph keeps the one of its
-    # capture (tests/attention_ext/test_cuda_graphs.py).
-    planes = torch.randn(bits, q.shape[-1], dtype=hashing_dtype(q.dtype), device=q.device)
-    plane_offsets = torch.randn(bits, dtype=hashing_dtype(q.dtype), device=q.device)
-    seed = draw_seed()
+    planes, plane_offsets, seed = draw_clustering(q, bits)
     codes = hash_queries(q, lengths, planes, plane_offsets)
     initial = ops.hamming_kmeans_init(codes, lengths, slots, seed)
     assignment, _ = ops.hamming_kmeans(codes, lengths, initial, iterations, bits)

@@ -168,6 +168,18 @@ def autocast_disabled(device: torch.device):
     return torch.autocast(device_type=device.type, enabled=False)
 
 
+def draw_clustering(q: torch.Tensor, bits: int) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """The random draws of one query clustering, in this order on every kernel route: `bits` hash
+    planes (bits, E), their offsets (bits,), then the K-Means seed. The planes and offsets are drawn
+    where q is, from that device's generator: on CUDA a copy from the host could not be held by a
+    CUDA graph, whose replays draw new planes (the CUDA generator is graph-safe). The seed stays a
+    host number: a captured graph keeps the one of its capture (tests/attention_ext/test_cuda_graphs.py)."""
+    dtype = hashing_dtype(q.dtype)
+    planes = torch.randn(bits, q.shape[-1], dtype=dtype, device=q.device)
+    plane_offsets = torch.randn(bits, dtype=dtype, device=q.device)
+    return planes, plane_offsets, draw_seed()
+
+
 def draw_seed() -> int:
     """One 62-bit seed from torch's default CPU generator.
 

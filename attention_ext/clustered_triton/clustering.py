@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..contract import draw_seed, hashing_dtype
+from ..contract import draw_clustering
 from . import triton_interpreted
 from .clustering_kernel import cluster_queries_kernel
 
@@ -69,12 +69,7 @@ def cluster_with_draws(q: torch.Tensor, lengths: torch.Tensor, clusters: int, it
 def cluster_queries_op(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bits: int,
                        iterations: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(assignment, offsets, members) of attention_ext.clustered.cluster_queries, for q without gradient."""
-    dtype = hashing_dtype(q.dtype)
-    # Drawn as the extension's route draws them (clustered._cluster_queries_op): where q is, from that
-    # device's generator (graph-safe on CUDA: a replay draws new planes), planes, offsets, then the seed.
-    planes = torch.randn(bits, q.shape[-1], dtype=dtype, device=q.device)
-    plane_offsets = torch.randn(bits, dtype=dtype, device=q.device)
-    seed = draw_seed()
+    planes, plane_offsets, seed = draw_clustering(q, bits)   # as the extension's route draws them
     return cluster_with_draws(q, lengths, clusters, iterations, planes, plane_offsets, seed)[:3]
 
 
