@@ -91,6 +91,9 @@ class TrainerConfig:
     # Keep the checkpoint of every N-th optimiser step too (checkpoints/step-NNNNNN.ckpt), e.g. for the
     # attention-sharpening curve (recipes/synth/sharpening.py); a resumed run keeps the schedule. None: off.
     keep_checkpoints_every_n_steps: Optional[int] = None
+    # Rewrite checkpoints/last.ckpt every N optimiser steps too, not only at the end of an epoch: what a
+    # long (streamed) epoch needs so that a killed run resumes mid-epoch (ckpt_path=last). None: off.
+    checkpoint_every_n_steps: Optional[int] = None
     # torch.compile the encoder (fullgraph: any attention traces as one graph; the first batches of
     # each new shape compile, for a minute or more). Checkpoints are the same as without it.
     compile: bool = False
@@ -260,6 +263,8 @@ def _check_trainer_section(trainer: Any) -> None:
              trainer.accelerator, f"no CUDA GPU is visible ({gpu_absence()}); use trainer.accelerator=auto or cpu")
     _require(trainer.diagnostics_every_n_steps is None or trainer.diagnostics_every_n_steps >= 1,
              "trainer.diagnostics_every_n_steps", trainer.diagnostics_every_n_steps, "must be >= 1 or null (off)")
+    _require(trainer.checkpoint_every_n_steps is None or trainer.checkpoint_every_n_steps >= 1,
+             "trainer.checkpoint_every_n_steps", trainer.checkpoint_every_n_steps, "must be >= 1 or null (off)")
     _require(trainer.keep_checkpoints_every_n_steps is None or trainer.keep_checkpoints_every_n_steps >= 1,
              "trainer.keep_checkpoints_every_n_steps", trainer.keep_checkpoints_every_n_steps,
              "must be a number of optimiser steps >= 1, or null (off)")

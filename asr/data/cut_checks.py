@@ -88,6 +88,10 @@ class SplitData:
     def hours(self) -> float:
         return sum(cut.duration for cut in self.cuts) / 3600.0
 
+    @property
+    def utterances(self) -> int:
+        return len(self.cuts)
+
     def drop(self, cut_ids: set[str], reason: str) -> None:
         """Leave `cut_ids` out, counted under `reason`; ManifestError if no utterance is left."""
         if not cut_ids:

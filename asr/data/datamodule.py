@@ -44,7 +44,7 @@ import lightning
 import torch
 
 from asr.data.augmentation import SpecAugment
-from asr.data.batching import duration_bucketing_sampler
+from asr.data.batching import FixedBatchShapes, duration_bucketing_sampler
 from asr.data.cut_checks import (SplitData, drop_bad_audio, drop_ctc_infeasible, drop_unusable_cuts,
                                  note_ctc_candidate)
 from asr.data.dataset import SpeechBatchDataset
@@ -53,12 +53,20 @@ from asr.data.feature_stats import FeatureStats, global_feature_stats, statistic
 from asr.data.features import FilterBank
 from asr.data.corpus import Corpus
 from asr.data.manifests import load_cuts
+from asr.data.stream_sampler import StreamingBucketSampler, plan_buckets
+from asr.data.stream_shards import MAX_SHARD_CUTS, StreamIndex, stream_folder
+from asr.data.streamed_split import (StreamedSplit, check_stream_transcripts, manifest_bytes, open_streamed_split,
+                                     stream_tokenizers)
 from asr.data.tokenizers import (SENTENCEPIECE_TYPES, TOKENIZER_KINDS, Tokenizer, build_tokenizers,
                                  check_transcripts, tokenizer_from_state_dict)
 from asr.data.waveform_augmentation import (AugmentConfig, WaveformAugmenter, augment_config_from, speed_factors,
                                             transforms_on_the_fly, validate_augment_config, with_speed_copies)
 
 log = logging.getLogger(__name__)
+
+# data.streaming=auto streams a corpus whose training manifest is larger (~500 h of lhotse cuts): from
+# there the eager path's start-up and memory grow past what the streaming one needs (asr/RESULTS.md, "Scale")
+AUTO_STREAMING_BYTES = 50 * 1024 ** 2
 
 
 @dataclass
@@ -94,6 +102,12 @@ class DataConfig:
     num_workers: int = 0                  # DataLoader workers (0 is fastest with precomputed features)
     max_train_utterances: Optional[int] = None  # use only the first N training cuts (quick runs)
     skip_bad_audio: bool = False          # false: missing/corrupt audio is an error listing every cut
+    # The streaming data path for large corpora (asr/data/stream_sampler.py, asr/docs/data.md): every
+    # split read from shards prepared once, memory and start-up flat in the corpus's size. true | false |
+    # auto: streams when the training manifest is over 50 MB (about 500 h of cuts) or its shards exist
+    streaming: Any = "auto"
+    stream_shard_cuts: int = 1000         # utterances per shard when a split's shards are written
+    stream_window_shards: int = 8         # shards batched together: the shuffle's reach, the memory held
     progress: bool = True                 # progress bars for feature computation
     # a real-speech corpus asr.train also scores at the end (PER, lexicon + LM WER), prepared beside data.root: asterisk; null: none
     real_speech_test: Optional[str] = None
@@ -160,6 +174,11 @@ def validate_data_config(cfg: DataConfig) -> None:
     if cfg.num_workers < 0 or cfg.feature_jobs < 1:
         raise ValueError(f"data.num_workers={cfg.num_workers} must be >= 0 and data.feature_jobs="
                          f"{cfg.feature_jobs} >= 1")
+    if cfg.streaming not in (True, False, "auto"):
+        raise ValueError(f"data.streaming={cfg.streaming!r}; choose true, false or auto")
+    if not 1 <= cfg.stream_shard_cuts <= MAX_SHARD_CUTS or cfg.stream_window_shards < 1:
+        raise ValueError(f"data.stream_shard_cuts={cfg.stream_shard_cuts} must lie in [1, {MAX_SHARD_CUTS}] and "
+                         f"data.stream_window_shards={cfg.stream_window_shards} be >= 1")
     if cfg.max_train_utterances is not None and cfg.max_train_utterances < 1:
         raise ValueError(f"data.max_train_utterances={cfg.max_train_utterances} must be >= 1 or null")
     SpecAugment(cfg.freq_masks, cfg.freq_mask_width, cfg.time_masks, cfg.time_mask_width,
@@ -206,6 +225,8 @@ class SpeechDataModule(lightning.LightningDataModule):
         self._start_epoch = 0            # the first training epoch of this fit (restored from a checkpoint)
         self._train_sampler = None
         self._training_originals: list = []   # the training cuts before speed copies: babble's talkers
+        self._streaming: bool | None = None   # data.streaming, resolved on first use
+        self._stream_position: dict | None = None   # where a resumed streamed epoch goes on (state_dict)
 
     # ----- a split's way: manifest -> checked cuts -> targets -> features -> dataset -> sampler -----
     def setup(self, stage: str | None = None) -> None:
@@ -221,6 +242,8 @@ class SpeechDataModule(lightning.LightningDataModule):
         """The split `name` ready to batch: steps 1-4 of the module doc, each one call into the module
         that owns it. What they give is kept, so each runs once per split; `features=False` stops
         before step 4 (setup() checks every split of its stage that way first)."""
+        if self.streaming:
+            return self._streamed_split(name)
         cfg = self.cfg
         data = self._splits.get(name)
         if data is None:
@@ -253,6 +276,59 @@ class SpeechDataModule(lightning.LightningDataModule):
                      f"; dropped {data.dropped}" if data.dropped else "")
         return data
 
+    @property
+    def streaming(self) -> bool:
+        """Whether the splits are read from streaming shards (data.streaming; auto: see DataConfig)."""
+        if self._streaming is None:
+            cfg = self.cfg
+            streaming = cfg.streaming
+            if streaming == "auto":
+                train = self.corpus.cuts_path(cfg.train_split)
+                streaming = manifest_bytes(train) > AUTO_STREAMING_BYTES or StreamIndex.open(
+                    stream_folder(self.feature_directory / cfg.train_split), train) is not None
+            if streaming:
+                unsupported = [f"{key}={value}" for key, value in (
+                    ("data.max_train_utterances", cfg.max_train_utterances),
+                    ("data.augment.speed", list(speed_factors(cfg.augment)) if len(speed_factors(cfg.augment)) > 1 else None),
+                    ("data.augment (waveform transforms)", "on" if transforms_on_the_fly(cfg.augment) else None),
+                    ("data.precompute_features", False if not cfg.precompute_features else None)) if value is not None]
+                if unsupported:
+                    raise ValueError(f"the streaming data path (data.streaming={cfg.streaming}) reads features from "
+                                     f"prepared shards and does not take {', '.join(unsupported)}: leave "
+                                     "these at their defaults, or set data.streaming=false")
+            self._streaming = bool(streaming)
+        return self._streaming
+
+    def _streamed_split(self, name: str) -> StreamedSplit:
+        """A split from its streaming shards, prepared now if they are missing (asr.data.streamed_split)."""
+        cfg = self.cfg
+        data = self._splits.get(name)
+        if data is None:
+            if self._tokenizers is None and name != cfg.train_split:
+                self._streamed_split(cfg.train_split)   # the tokenizers come from the training split's index
+            data = open_streamed_split(name, self.corpus.cuts_path(name), self.corpus.root,
+                                       stream_folder(self.feature_directory / name), self.filterbank,
+                                       cfg.stream_shard_cuts, cfg.feature_jobs, cfg.progress, cfg.skip_bad_audio,
+                                       self.cache_lock)
+            if self._tokenizers is None:
+                self._tokenizers = stream_tokenizers(cfg.targets, data.index, name, cfg.sentencepiece_vocab,
+                                                     cfg.sentencepiece_type)
+            check_stream_transcripts(data.index, self._tokenizers, name)
+            self._splits[name] = data
+            log.info("%s %s: %d utterances, %.2f h in %d shards (streamed)", cfg.corpus, name, data.utterances,
+                     data.hours, data.index.shards)
+        return data
+
+    def _stream_sampler(self, data: StreamedSplit, train: bool) -> StreamingBucketSampler:
+        cfg = self.cfg
+        buckets = plan_buckets(data.index, cfg.num_buckets, cfg.max_duration)
+        fixed = FixedBatchShapes(buckets.bounds, cfg.max_duration, 1000.0 / self.filterbank.frame_shift_ms) \
+            if train and cfg.fixed_batch_shapes else None
+        rank, world_size = self.process_rank()
+        return StreamingBucketSampler(data.index, buckets, shuffle=train, seed=self.seed, rank=rank,
+                                      world_size=world_size, window_shards=cfg.stream_window_shards,
+                                      fixed_shapes=fixed)
+
     def dataloader(self, split_name: str, train: bool = False) -> torch.utils.data.DataLoader:
         """Batches of any split (steps 5-6 of the module doc on `split()`); `train=True` shuffles and
         applies SpecAugment (if configured).
@@ -268,14 +344,20 @@ class SpeechDataModule(lightning.LightningDataModule):
                                   cfg.time_mask_max_fraction) if train and cfg.specaugment else None
         augmenter = WaveformAugmenter(cfg.augment, self.seed, self.filterbank, self._training_originals) \
             if train and transforms_on_the_fly(cfg.augment) else None
+        # a streamed training split finds the utterances CTC cannot align per batch (asr.data.streamed_split)
+        ctc_check = self.frame_subsampling if train and self.streaming else None
         dataset = SpeechBatchDataset(self._tokenizers, data.features, specaugment,
-                                     self.feature_mean if specaugment is not None else None, self.seed, augmenter)
+                                     self.feature_mean if specaugment is not None else None, self.seed, augmenter,
+                                     ctc_check)
         # 6. build the sampler
-        rank, world_size = self.process_rank()
-        frame_rate = 1000.0 / self.filterbank.frame_shift_ms if train and cfg.fixed_batch_shapes else None
-        sampler = duration_bucketing_sampler(data.cuts, cfg.max_duration, cfg.num_buckets, shuffle=train,
-                                             seed=self.seed, rank=rank, world_size=world_size,
-                                             fixed_shapes_frames_per_second=frame_rate)
+        if self.streaming:
+            sampler = self._stream_sampler(data, train)
+        else:
+            rank, world_size = self.process_rank()
+            frame_rate = 1000.0 / self.filterbank.frame_shift_ms if train and cfg.fixed_batch_shapes else None
+            sampler = duration_bucketing_sampler(data.cuts, cfg.max_duration, cfg.num_buckets, shuffle=train,
+                                                 seed=self.seed, rank=rank, world_size=world_size,
+                                                 fixed_shapes_frames_per_second=frame_rate)
         return torch.utils.data.DataLoader(
             dataset, sampler=sampler, batch_size=None, num_workers=cfg.num_workers,
             persistent_workers=cfg.num_workers > 0,
@@ -295,7 +377,7 @@ class SpeechDataModule(lightning.LightningDataModule):
 
     def report(self) -> dict[str, dict]:
         """Per prepared split: utterances kept, hours, dropped by reason, CTC-infeasible kept."""
-        return {name: {"utterances": len(d.cuts), "hours": d.hours, "dropped": dict(d.dropped),
+        return {name: {"utterances": d.utterances, "hours": d.hours, "dropped": dict(d.dropped),
                        "ctc_infeasible_kept": d.ctc_infeasible_kept}
                 for name, d in self._splits.items() if d.features is not None}
 
@@ -333,6 +415,8 @@ class SpeechDataModule(lightning.LightningDataModule):
     def feature_stats(self) -> FeatureStats:
         """Mean/std over all frames of the kept training utterances, or of an even sample of them in a
         large split (module doc); computed once, cached on disk."""
+        if self._stats is None and self.streaming:   # over every frame, summed when the shards were written
+            self._stats = self.split(self.cfg.train_split).index.feature_stats
         if self._stats is None:
             train = self.split(self.cfg.train_split)
             store = train.features.store if isinstance(train.features, StoredFeatures) else None
@@ -371,16 +455,27 @@ class SpeechDataModule(lightning.LightningDataModule):
         # a fit, and lhotse fixes an epoch's order at iter(): a resumed run would replay epoch 0's
         # order. So the epoch to start with travels in the checkpoint (state_dict) and is set here.
         loader.sampler.set_epoch(self._start_epoch)
+        if self._stream_position is not None and self._stream_position["epoch"] == self._start_epoch:
+            loader.sampler.resume_at(self._stream_position)   # mid-epoch: every batch done stays done
         self._train_sampler = loader.sampler
         return loader
 
     def state_dict(self) -> dict:
-        """Saved in Lightning checkpoints: the training epoch a resumed run starts with."""
+        """Saved in Lightning checkpoints: the training epoch a resumed run starts with, and for a
+        streamed split the position in it (asr.data.stream_sampler: the same on every process)."""
         sampler = self._train_sampler
+        if isinstance(sampler, StreamingBucketSampler):
+            # the steps trained, not the batches drawn: the loader draws ahead of training
+            trainer = getattr(self, "trainer", None)
+            steps = trainer.fit_loop.epoch_loop.batch_progress.current.processed if trainer is not None else 0
+            position = sampler.position_after(steps)
+            return {"next_train_epoch": sampler.epoch if position is not None else sampler.epoch + 1,
+                    "stream_position": position}
         return {"next_train_epoch": sampler.next_epoch if sampler is not None else self._start_epoch}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._start_epoch = int(state_dict.get("next_train_epoch", 0))
+        self._stream_position = state_dict.get("stream_position")
 
     def val_dataloader(self):
         return self.dataloader(self.cfg.dev_split)

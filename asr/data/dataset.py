@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import logging
 from typing import TypedDict
 
 import torch
@@ -11,10 +12,14 @@ from lhotse import CutSet
 
 from asr.data.augmentation import SpecAugment
 from asr.data.batching import EpochBatch, pad_to_shape
+from asr.data.cut_checks import ctc_min_frames
 from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures, single_torch_thread
-from asr.data.manifests import transcript
+from asr.data.manifests import listing, transcript
+from asr.data.stream_shards import StreamedFeatures
 from asr.data.tokenizers import Tokenizer, encode_transcripts
 from asr.data.waveform_augmentation import WaveformAugmenter
+
+log = logging.getLogger(__name__)
 
 
 class Batch(TypedDict):
@@ -57,13 +62,17 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
     global feature mean). Its random draws are seeded from (seed, epoch, the batch's cut ids), so a run is repeatable - with any number of
     workers, and after resuming from a checkpoint - and every epoch draws fresh masks.
 
-    The index is an `EpochBatch` (what `asr.data.batching`'s sampler yields) or a plain CutSet/list
-    of cuts (taken as epoch 0).
+    The index is an `EpochBatch` (what `asr.data.batching`'s and `asr.data.stream_sampler`'s samplers
+    yield) or a plain CutSet/list of cuts (taken as epoch 0); a streamed split's cuts are StreamCuts.
+
+    `ctc_frame_subsampling` (a streamed training split): utterances whose targets need more encoder
+    frames than they have are left out of their batch and logged - what the eager path does once per
+    split (asr.data.cut_checks.drop_ctc_infeasible); a batch left empty becomes a padding batch.
     """
 
-    def __init__(self, tokenizers: dict[str, Tokenizer], features: StoredFeatures | OnTheFlyFeatures,
+    def __init__(self, tokenizers: dict[str, Tokenizer], features: StoredFeatures | OnTheFlyFeatures | StreamedFeatures,
                  specaugment: SpecAugment | None = None, fill: torch.Tensor | None = None, seed: int = 0,
-                 augmenter: WaveformAugmenter | None = None):
+                 augmenter: WaveformAugmenter | None = None, ctc_frame_subsampling: int | None = None):
         if specaugment is not None and fill is None:
             raise ValueError("SpecAugment needs the fill value (the global feature mean)")
         self.tokenizers = tokenizers
@@ -72,18 +81,33 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
         self.fill = fill
         self.seed = seed
         self.augmenter = augmenter
+        self.ctc_frame_subsampling = ctc_frame_subsampling
 
     def __getitem__(self, item: EpochBatch | CutSet | list) -> Batch:
         epoch, cuts, padding, shape = (item.epoch, item.cuts, item.padding, item.shape) \
             if isinstance(item, EpochBatch) else (0, item, False, None)
         # Batch building is many small tensor ops: intra-op threads only add overhead (15x slower measured
         # with num_workers=0 on a busy 2-core machine), so it runs on one thread, restored afterwards.
+        cuts = list(cuts)
+        if self.ctc_frame_subsampling is not None and not padding:
+            feasible = [cut for cut in cuts if self._ctc_feasible(cut)]
+            if not feasible:   # nothing left to learn from: the step is still taken (DDP), as a padding batch
+                padding = True
+            else:
+                cuts = feasible
         with single_torch_thread():
-            batch = self._build(list(cuts), epoch)
+            batch = self._build(cuts, epoch)
             if shape is not None:   # its bucket's fixed shape (data.fixed_batch_shapes), after SpecAugment's draws
                 batch["features"], batch["feature_lengths"] = pad_to_shape(batch["features"], batch["feature_lengths"],
                                                                            shape)
             return Batch(**batch, padding=padding)
+
+    def _ctc_feasible(self, cut) -> bool:
+        frames = self.features.num_frames(cut) // self.ctc_frame_subsampling
+        too_many = [kind for kind, ids in encode_transcripts(cut, self.tokenizers).items() if ctc_min_frames(ids) > frames]
+        if too_many:
+            log.warning("leaving out %s: more %s targets than its %d encoder frames", cut.id, listing(too_many), frames)
+        return not too_many
 
     def _build(self, cuts: list, epoch: int) -> dict:
         if self.augmenter is None:
@@ -112,3 +136,4 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
             "texts": [transcript(cut, "text") for cut in cuts],
             "phones": [transcript(cut, "phones") for cut in cuts],
         }
+

@@ -210,7 +210,7 @@ def write_atomic(path: Path, write) -> None:
     os.replace(temporary, path)
 
 
-def _filterbank_options(filterbank: FilterBank) -> dict:
+def filterbank_worker_options(filterbank: FilterBank) -> dict:
     return {"num_mel_bins": filterbank.num_mel_bins, "sampling_rate": filterbank.sampling_rate,
             "frame_length_ms": filterbank.frame_length_ms, "frame_shift_ms": filterbank.frame_shift_ms,
             "low_freq": filterbank.low_freq, "high_freq": filterbank.high_freq,
@@ -222,7 +222,7 @@ def run_chunks(chunks: list[list], filterbank: FilterBank, shard_paths: list[str
     """Yield `_compute_chunk` results for each chunk, in `jobs` processes when there is more than one chunk."""
     from tqdm.auto import tqdm
 
-    options = _filterbank_options(filterbank)
+    options = filterbank_worker_options(filterbank)
     total = sum(len(chunk) for chunk in chunks)
     with tqdm(total=total, desc=description, unit="utt", disable=not progress or total == 0) as bar:
         if jobs <= 1 or len(chunks) <= 1:

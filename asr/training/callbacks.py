@@ -76,6 +76,16 @@ class StepCheckpoint(ModelCheckpoint):
                          save_top_k=-1, auto_insert_metric_name=False, enable_version_counter=False)
 
 
+class LatestStepCheckpoint(ModelCheckpoint):
+    """trainer.checkpoint_every_n_steps=N: rewrites checkpoints/last.ckpt after every N-th optimiser
+    step (the epoch-end `latest` checkpoint still rewrites it at each epoch's end). Its own class so
+    Lightning keeps its state apart from the other checkpoints'."""
+
+    def __init__(self, dirpath, every_n_steps: int):
+        super().__init__(dirpath=dirpath, filename="last", every_n_train_steps=every_n_steps, save_top_k=1,
+                         enable_version_counter=False)
+
+
 class ValidateAtStepBudget(Callback):
     """Validates when trainer.max_steps is reached inside an epoch, so the steps after the last
     epoch's end count: Lightning (2.6) ends fit there without validating, so those steps never

@@ -40,7 +40,8 @@ from asr.model.encoder import compile_encoder
 from asr.model.graphed_encoder import graph_encoder
 from asr.model.recognizer import SpeechRecognizer, check_state_dict_fits
 from asr.model.run_folder import check_launch_shares_run_folder, one_process_at_a_time, resolve_checkpoint
-from asr.training.callbacks import BatchRecorder, EpochCheckpoint, EpochTimer, StepCheckpoint, ValidateAtStepBudget
+from asr.training.callbacks import (BatchRecorder, EpochCheckpoint, EpochTimer, LatestStepCheckpoint, StepCheckpoint,
+                                   ValidateAtStepBudget)
 from asr.training.distributed import CollectiveTimeoutLine, apply_collective_timeout, check_launch_matches_trainer
 from asr.training.progress import EpochProgressBar, StepBudgetEstimate
 from asr.training.stop_checkpoint import CheckpointOnSigterm
@@ -108,6 +109,8 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
         callbacks.append(EpochCheckpoint(dirpath=run_dir / "checkpoints", filename="epoch-{epoch:03d}",
                                          save_top_k=-1, auto_insert_metric_name=False,
                                          enable_version_counter=False))
+    if t.checkpoint_every_n_steps:   # mid-epoch resumes of long epochs
+        callbacks.append(LatestStepCheckpoint(run_dir / "checkpoints", t.checkpoint_every_n_steps))
     if t.keep_checkpoints_every_n_steps:   # fixed steps, e.g. for recipes.synth.sharpening
         callbacks.append(StepCheckpoint(run_dir / "checkpoints", t.keep_checkpoints_every_n_steps))
     if t.enable_progress_bar:   # k/N with an ETA, and the time budget left (asr.training.progress)
