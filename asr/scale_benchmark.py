@@ -43,7 +43,8 @@ from pathlib import Path
 from asr.core.exit_status import run_command
 
 CORPUS = "scale"    # manifests {folder}/scale_cuts_{train,dev}.jsonl.gz
-MODES = ("precomputed", "on_the_fly")
+MODES = ("precomputed", "on_the_fly", "streaming")
+EAGER_MODES = ("precomputed", "on_the_fly")
 
 
 class BadArguments(ValueError):
@@ -58,8 +59,8 @@ def data_config(folder: Path, mode: str, max_duration: float):
     from asr.data.datamodule import DataConfig
 
     return DataConfig(corpus=CORPUS, root=str(folder), targets=["phones", "chars"],
-                      precompute_features=mode == "precomputed", cache_dir=str(folder / "features"),
-                      max_duration=max_duration, num_workers=0, progress=False)
+                      precompute_features=mode != "on_the_fly", cache_dir=str(folder / "features"),
+                      max_duration=max_duration, num_workers=0, progress=False, streaming=mode == "streaming")
 
 
 def measure(folder: Path, mode: str, max_duration: float, batches: int, seconds: float) -> dict:
@@ -95,7 +96,7 @@ def measure(folder: Path, mode: str, max_duration: float, batches: int, seconds:
     rate = drawn / elapsed if drawn else float("nan")
     per_epoch = loader.sampler.estimated_batches()
     train = module.split(module.cfg.train_split)
-    return {"mode": mode, "utterances": len(train.cuts), "hours": train.hours, "startup_s": startup, **phases,
+    return {"mode": mode, "utterances": train.utterances, "hours": train.hours, "startup_s": startup, **phases,
             "peak_rss_mb": peak_rss_mb(), "baseline_rss_mb": baseline, "data_rss_mb": peak_rss_mb() - baseline,
             "batches_per_s": rate, "batches_per_epoch": per_epoch,
             "epoch_s": elapsed if exhausted else per_epoch / rate, "epoch_measured": exhausted}
@@ -169,6 +170,55 @@ def prepare_size(hours: float, source: Path, scratch: Path, base: dict) -> dict:
     return prepared
 
 
+def prepare_stream_base(source: Path, scratch: Path, shard_cuts: int) -> dict:
+    """The source's training and dev splits prepared as streams once (timed: the preparation rate)."""
+    from asr.data.feature_cache import feature_directory
+    from asr.data.features import FilterBank
+    from asr.data.manifests import cuts_path
+    from asr.data.stream_shards import prepare_stream, stream_folder
+
+    done = scratch / "base" / f"stream-{shard_cuts}.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    cache = feature_directory(scratch / "base" / f"stream-{shard_cuts}", FilterBank(40))
+    start = time.perf_counter()
+    train = prepare_stream(cuts_path(source, "synth", "train"), source.resolve(), stream_folder(cache / "train"),
+                           FilterBank(40), shard_cuts, description="shards train")
+    seconds = time.perf_counter() - start
+    prepare_stream(cuts_path(source, "synth", "dev"), source.resolve(), stream_folder(cache / "dev"), FilterBank(40),
+                   shard_cuts, progress=False)
+    base = {"cache": str(cache), "prepare_seconds": seconds, "prepare_seconds_per_hour": seconds / train.hours}
+    done.write_text(json.dumps(base))
+    return base
+
+
+def prepare_stream_size(hours: float, scratch: Path, base: dict, shard_cuts: int) -> dict:
+    """A streamed corpus of `hours` (asr.data.scaled_corpus.replicate_stream), in a folder of its own
+    without manifests (so the streaming path reads only its shards); reused when already written."""
+    from asr.data.scaled_corpus import replicate_stream
+    from asr.data.stream_shards import stream_folder
+
+    folder = scratch / f"{hours:g}h-stream-{shard_cuts}"
+    done = folder / "prepared.json"
+    if done.is_file():
+        return json.loads(done.read_text())
+    key = Path(base["cache"]).name
+    cache = folder / "features" / key
+    start = time.perf_counter()
+    index = replicate_stream(stream_folder(Path(base["cache"]) / "train"), stream_folder(cache / "train"), hours)
+    seconds = time.perf_counter() - start
+    replicate_stream(stream_folder(Path(base["cache"]) / "dev"), stream_folder(cache / "dev"), 1e-9)
+    (cache / "options.json").write_text((Path(base["cache"]) / "options.json").read_text())
+    shards = stream_folder(cache / "train")
+    frames_bytes = sum(p.stat().st_size for p in shards.glob("shard-*.lilcom"))   # counted per copy, linked or not
+    records_bytes = sum(p.stat().st_size for p in shards.glob("shard-*.cuts.jsonl.gz"))
+    prepared = {"hours": hours, "folder": str(folder), "utterances": index["cuts"], "audio_hours": index["seconds"] / 3600,
+                "shards": index["shards"], "shards_gb": (frames_bytes + records_bytes) / 2**30,
+                "records_gb": records_bytes / 2**30, "replicate_s": seconds}
+    done.write_text(json.dumps(prepared))
+    return prepared
+
+
 def prepare_base(source: Path, scratch: Path) -> dict:
     """The source's features computed once into `scratch/base` (timed: the cache build rate)."""
     from asr.data.feature_cache import feature_directory, precompute_features
@@ -202,34 +252,47 @@ def prepare_base(source: Path, scratch: Path) -> dict:
 COLUMNS = [("hours", "hours", "{:g}"), ("utterances", "utterances", "{:,}"),
            ("startup_s", "start-up s", "{:.1f}"), ("data_rss_mb", "data MB", "{:.0f}"),
            ("peak_rss_mb", "peak MB", "{:.0f}"), ("batches_per_s", "batches/s", "{:.1f}"),
-           ("epoch_s", "epoch s", "{:.0f}")]
+           ("ahead_of_model", "x model", "{:.0f}"), ("epoch_s", "epoch s", "{:.0f}")]
+MODE_TITLES = {"precomputed": "eager, precomputed features", "on_the_fly": "eager, features on the fly",
+               "streaming": "streaming (data.streaming=true), features in the shards"}
 
 
-def table(rows: list[dict]) -> str:
+def table(rows: list[dict], model_step_s: float) -> str:
     lines = []
     for mode in MODES:
-        lines.append(f"\n{mode.replace('_', ' ')} features")
+        lines.append(f"\n{MODE_TITLES[mode]}")
         lines.append("  ".join(f"{label:>11s}" for _, label, _ in COLUMNS))
         for row in rows:
             result = row[mode]
             if "stopped" in result:
-                lines.append(f"{row['hours']:>11g}  stopped: {result['stopped']}")
+                lines.append(f"{row['hours']:>11g}  {result['stopped']}")
                 continue
-            values = {**row, **result}
+            values = {**row, **result, "ahead_of_model": result["batches_per_s"] * model_step_s}
             cells = [fmt.format(values[key]) + ("*" if key == "epoch_s" and not values["epoch_measured"] else "")
                      for key, _, fmt in COLUMNS]
             lines.append("  ".join(f"{cell:>11s}" for cell in cells))
-    lines.append("\nfeature cache          size GB   build s (extrap.)   manifest MB")
-    for row in rows:
-        lines.append(f"  {row['hours']:>8g} h  {row['cache_gb']:14.2f}  {row['cache_build_s']:18.0f}  "
-                     f"{row['manifest_mb']:12.1f}")
+    lines.append(f"x model: batches/s x the demo model's step ({model_step_s:g} s, --model-step-s): how far the "
+                 "loader is ahead of training")
     lines.append("* epoch s: batches per epoch / batches per s (extrapolated from the batches drawn)")
+    eager = [row for row in rows if "cache_gb" in row]
+    if eager:
+        lines.append("\neager feature cache    size GB   build s (extrap.)   manifest MB")
+        for row in eager:
+            lines.append(f"  {row['hours']:>8g} h  {row['cache_gb']:14.2f}  {row['cache_build_s']:18.0f}  "
+                         f"{row['manifest_mb']:12.1f}")
+    streamed = [row for row in rows if "stream" in row]
+    if streamed:
+        lines.append("\nstreaming shards       shards   size GB (records GB)   preparation s (extrap.)")
+        for row in streamed:
+            stream = row["stream"]
+            lines.append(f"  {row['hours']:>8g} h  {stream['shards']:9,d}  {stream['shards_gb']:9.2f} "
+                         f"({stream['records_gb']:.2f})  {stream['prepare_s']:22.0f}")
     return "\n".join(lines)
 
 
 def write_outputs(rows: list[dict], out: Path) -> None:
-    flat = [{"hours": row["hours"], "mode": mode, "utterances": row["utterances"], "cache_gb": row["cache_gb"],
-             "cache_build_s": row["cache_build_s"], **row[mode]} for row in rows for mode in MODES]
+    flat = [{"hours": row["hours"], "mode": mode, "utterances": row.get("utterances"), "cache_gb": row.get("cache_gb"),
+             "cache_build_s": row.get("cache_build_s"), **row[mode]} for row in rows for mode in MODES]
     (out / "scale.json").write_text(json.dumps(rows, indent=1))
     keys = sorted({key for record in flat for key in record}, key=lambda k: (k != "hours", k != "mode", k))
     with open(out / "scale.csv", "w", newline="") as f:
@@ -279,23 +342,34 @@ def benchmark(args: argparse.Namespace) -> None:
     base = prepare_base(source, scratch)
     print(f"source: {len(base['train_ids'])} training utterances, {base['train_hours']:.2f} h; its feature cache "
           f"took {base['cache_seconds']:.1f} s ({base['cache_seconds_per_hour']:.1f} s per hour of audio)", flush=True)
+    stream_base = prepare_stream_base(source, scratch, args.shard_cuts) if "streaming" in args.modes else None
     rows = []
     for hours in args.hours:
-        row = prepare_size(hours, source, scratch, base)
+        eager = hours <= args.eager_max_hours and any(mode in EAGER_MODES for mode in args.modes)
+        row = prepare_size(hours, source, scratch, base) if eager else {"hours": hours}
+        if eager:
+            row["cache_build_s"] = base["cache_seconds_per_hour"] * row["audio_hours"]   # extrapolated by hours
+        if stream_base is not None:
+            row["stream"] = prepare_stream_size(hours, scratch, stream_base, args.shard_cuts)
+            row["stream"]["prepare_s"] = stream_base["prepare_seconds_per_hour"] * row["stream"]["audio_hours"]
+            row.setdefault("utterances", row["stream"]["utterances"])
         if args.prepare_only:
-            print(f"  {hours:g} h prepared in {row['folder']}", flush=True)
+            print(f"  {hours:g} h prepared", flush=True)
             continue
-        row["cache_build_s"] = base["cache_seconds_per_hour"] * row["audio_hours"]   # extrapolated by hours
         for mode in MODES:
             if mode not in args.modes:
                 row[mode] = {"mode": mode, "stopped": "not asked for (--modes)"}
-                continue
-            row[mode] = run_measurement(Path(row["folder"]), mode, args)
-            print(f"  {hours:g} h {mode}: {json.dumps(row[mode])}", flush=True)
+            elif mode in EAGER_MODES and not eager:
+                row[mode] = {"mode": mode, "stopped": f"not run above --eager-max-hours {args.eager_max_hours:g} "
+                                                      "(its memory grows linearly with the hours)"}
+            else:
+                folder = Path(row["stream"]["folder"] if mode == "streaming" else row["folder"])
+                row[mode] = run_measurement(folder, mode, args)
+                print(f"  {hours:g} h {mode}: {json.dumps(row[mode])}", flush=True)
         rows.append(row)
         write_outputs(rows, out)
     if rows:
-        print(table(rows))
+        print(table(rows, args.model_step_s))
     print(f"\nwritten: {out / 'scale.csv'}, {out / 'scale.json'}, {out / 'scale.png'}")
 
 
@@ -311,6 +385,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--memory-limit-gb", type=float, default=12.0)
     parser.add_argument("--time-limit", type=float, default=1800.0, help="seconds a size and mode may take")
     parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--eager-max-hours", type=float, default=10000,
+                        help="the eager modes only up to this size (100,000 h would need ~125 GB)")
+    parser.add_argument("--shard-cuts", type=int, default=1000, help="data.stream_shard_cuts of the streamed sizes")
+    parser.add_argument("--model-step-s", type=float, default=0.38,
+                        help="the demo model's training step in seconds, for the 'x model' column (asr/RESULTS.md)")
     parser.add_argument("--prepare-only", action="store_true", help="write the manifests and caches, measure nothing")
     parser.add_argument("--measure", default=None, help=argparse.SUPPRESS)   # a child: one size, one mode
     parser.add_argument("--mode", choices=MODES, default="precomputed", help=argparse.SUPPRESS)

@@ -289,11 +289,11 @@ class SpeechDataModule(lightning.LightningDataModule):
             if streaming:
                 unsupported = [f"{key}={value}" for key, value in (
                     ("data.max_train_utterances", cfg.max_train_utterances),
-                    ("data.augment.speed", list(speed_factors(cfg.augment)) if len(speed_factors(cfg.augment)) > 1 else None),
+                    ("data.augment.speed", list(cfg.augment.speed) if speed_factors(cfg.augment) else None),
                     ("data.augment (waveform transforms)", "on" if transforms_on_the_fly(cfg.augment) else None),
                     ("data.precompute_features", False if not cfg.precompute_features else None)) if value is not None]
                 if unsupported:
-                    raise ValueError(f"the streaming data path (data.streaming={cfg.streaming}) reads features from "
+                    raise ValueError(f"the streaming data path (data.streaming={str(cfg.streaming).lower()}) reads features from "
                                      f"prepared shards and does not take {', '.join(unsupported)}: leave "
                                      "these at their defaults, or set data.streaming=false")
             self._streaming = bool(streaming)

@@ -9,6 +9,7 @@ every check, tokenizer and feature of the copies equals the source's.
 `replicate_feature_cache` gives the copies the feature cache they would get by computing their
 features (identical audio gives identical frames and fingerprints): each source shard once per copy,
 its index re-keyed, the frames hard-linked (`link=True`, no disk used) or copied.
+`replicate_stream` does the same for a streamed split (asr.data.stream_shards).
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+
+import numpy as np
 
 from asr.data.feature_cache import SHARD_SUFFIX
 from asr.data.manifests import ManifestError
@@ -106,3 +109,50 @@ def replicate_feature_cache(source_directory: Path, destination: Path, scaled: S
             name.with_suffix(".json").write_text(json.dumps(renamed))
             total += frames.stat().st_size
     return total
+
+
+def replicate_stream(source: Path, destination: Path, hours: float, link: bool = True) -> dict:
+    """A streamed split of at least `hours` in `destination` made of copies of the finished stream in
+    `source` (asr.data.stream_shards), as `write_scaled_cuts` makes a manifest: copy c of a cut has
+    the id `copy_id(id, c)`; its frames are the source shard's, hard-linked (`link=True`, no disk
+    used) or copied; its cut records are rewritten with the new ids. Whole shards are copied, so the
+    split holds up to one shard more than `hours`. Resumable: shards already written are kept.
+    The index's statistics are the source's (the copies' frames are the source's frames).
+    Returns the index."""
+    from asr.data.stream_shards import FORMAT, read_records, shard_name, source_key
+
+    source, destination = Path(source), Path(destination)
+    index = json.loads((source / "index.json").read_text())
+    if index.get("format") != FORMAT:
+        raise ManifestError(f"{source} holds no finished stream of format {FORMAT}")
+    destination.mkdir(parents=True, exist_ok=True)
+    per_shard_seconds = [json.loads((source / f"{shard_name(s)}.json").read_text())["seconds"]
+                         for s in range(index["shards"])]
+    shards, seconds = 0, 0.0
+    while seconds < hours * 3600.0:
+        seconds += per_shard_seconds[shards % index["shards"]]
+        shards += 1
+    records = [read_records(source, s) for s in range(index["shards"])]
+    for shard in range(shards):
+        copy, original = divmod(shard, index["shards"])
+        name = destination / shard_name(shard)
+        if name.with_suffix(".json").is_file():
+            continue
+        frames = name.with_suffix(SHARD_SUFFIX)
+        frames.unlink(missing_ok=True)
+        (os.link if link else shutil.copyfile)(source / f"{shard_name(original)}{SHARD_SUFFIX}", frames)
+        lines = "".join(json.dumps([copy_id(r[0], copy), *r[1:]], ensure_ascii=False) + "\n" for r in records[original])
+        with open(name.with_suffix(".cuts.jsonl.gz"), "wb") as f:
+            f.write(gzip.compress(lines.encode(), compresslevel=1))
+        summary = json.loads((source / f"{shard_name(original)}.json").read_text())
+        name.with_suffix(".json").write_text(json.dumps({**summary, "shard": shard}))
+    copies = -(-shards // index["shards"])
+    histograms = np.load(source / "histograms.npy")
+    np.save(destination / "histograms.npy", np.tile(histograms, (copies, 1))[:shards])
+    shutil.copyfile(source / "texts.txt.gz", destination / "texts.txt.gz")
+    cuts = sum(len(records[s % index["shards"]]) for s in range(shards))
+    scale = cuts / index["cuts"]
+    index.update(shards=shards, cuts=cuts, seconds=seconds, frames=int(index["frames"] * scale),
+                 manifest=str(destination / "(scaled copies)"), source=source_key(source / "index.json"))
+    (destination / "index.json").write_text(json.dumps(index, indent=1))
+    return index
