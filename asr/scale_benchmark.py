@@ -1,7 +1,16 @@
-"""How the data side grows with the data: start-up, memory, feature cache and batch rate from 10 h to 10,000 h.
+"""How the data side grows with the data: start-up, memory, feature cache and batch rate from 10 h to 100,000 h.
 
     python -m asr.scale_benchmark [--source data/synth] [--scratch runs/scale_benchmark]
                                   [--hours 10 100 1000 10000] [--batches 200] [--memory-limit-gb 12]
+                                  [--modes precomputed on_the_fly streaming] [--eager-max-hours 10000]
+
+Three modes: the eager path with precomputed features and with features on the fly, and the
+streaming path (`data.streaming=true`, asr/data/stream_sampler.py). For the streaming mode each size
+is a stream of its own (asr.data.scaled_corpus.replicate_stream: the source's shards, prepared once
+into `--scratch/base` and timed, repeated under new ids with their frames hard-linked and their
+records rewritten; no manifest beside it, so only the shards are read); 100,000 h takes ~9 GB of
+records and ~45,700 shards. The eager modes run only up to --eager-max-hours (their memory grows
+linearly: 12.5 GB at 10,000 h). "x model" is batches/s times --model-step-s, the demo model's step.
 
 For each size it writes, under `--scratch/<hours>h/`, a training manifest of that many hours made
 of the source corpus's training cuts under new ids (asr.data.scaled_corpus: no audio is written)

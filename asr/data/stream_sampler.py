@@ -13,9 +13,10 @@ window), put in their buckets, each bucket cut into batches of rows_i, the batch
 window has exactly sum_i ceil(n_i / rows_i) batches, known from the histograms alone (n_i: the
 window's cuts in bucket i), and the same batches whatever the number of processes. The memory
 held is one window's cuts (8 shards of 1,000 cuts: ~8 MB), whatever the corpus's size. The price
-of windows: up to one partly filled batch per bucket per window (~1-3 % more batches than
-batching the whole split at once, measured in tests/asr/data/test_stream_sampler.py); without
-shuffling (dev, test) the shards and batches keep their order.
+of windows: up to one partly filled batch per bucket per window, 0.3 % more batches than bucketing
+the whole split at once (the synth corpus's durations scaled to 100-10,000 h, data.max_duration=60,
+10 buckets, 8 shards of 1,000 cuts a window). Without shuffling (dev, test) the shards and batches
+keep their order.
 
 **Processes** (DDP): the windows not yet finished are dealt out in turn, process r taking the r-th,
 (r + world_size)-th, ... of them; every process reads only its windows' shards. All take the same
@@ -118,12 +119,10 @@ class StreamingBucketSampler:
             shards = self.index.shards
             order = np.random.default_rng((self.seed, epoch)).permutation(shards) if self.shuffle else np.arange(shards)
             windows = [order[i:i + self.window_shards] for i in range(0, shards, self.window_shards)]
-            per_shard = self.buckets.shard_counts[order]
-            padded = np.zeros((len(windows) * self.window_shards, per_shard.shape[1]), dtype=np.int64)
-            padded[:shards] = per_shard
-            cuts = padded.reshape(len(windows), self.window_shards, -1).sum(axis=1)
-            rows = np.asarray(self.buckets.rows, dtype=np.int64)
-            self._plan = (epoch, windows, (-(-cuts // rows)).sum(axis=1))
+            # cuts per window and bucket: sums of the window's shards' rows (int32: 45,700 shards at 100,000 h)
+            cuts = np.add.reduceat(self.buckets.shard_counts[order], np.arange(0, shards, self.window_shards), axis=0)
+            rows = np.asarray(self.buckets.rows, dtype=np.int32)
+            self._plan = (epoch, windows, (-(-cuts // rows)).sum(axis=1, dtype=np.int64))
         return self._plan[1], self._plan[2]
 
     def _consumed(self, counts: np.ndarray) -> np.ndarray:

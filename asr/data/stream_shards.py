@@ -365,7 +365,7 @@ class StreamIndex:
             total += rows.sum(axis=0, dtype=np.int64)
         return total
 
-    def histogram_rows(self, chunk: int = 4096):
+    def histogram_rows(self, chunk: int = 1024):
         """The per-shard histograms in chunks of rows, read from the file (not mapped: mapped pages
         would count as this process's memory)."""
         with open(self.folder / "histograms.npy", "rb") as f:
