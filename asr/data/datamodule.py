@@ -26,6 +26,11 @@ each loader (they depend on `train`, this process's rank and the epoch). `setup(
 split of its stage through steps 1-3 before any split's features are computed, so bad input is
 reported before minutes are spent; features already computed are kept on disk whatever fails later.
 
+A corpus too large for this (data.streaming, by default from 50 MB of training manifest) takes the
+streaming path instead: `split()` opens the split's shards, prepared once with steps 1-4 done
+(asr.data.streamed_split), and step 6 is asr.data.stream_sampler's sampler; nothing per cut is
+kept in memory (asr/docs/data.md, "Large corpora").
+
 The global mean/std (`feature_mean`, `feature_std`) are over all frames of the kept training
 utterances, or of `feature_stats.STATS_SAMPLE_CUTS` of them evenly spread where the split has more;
 they are computed on first use and cached next to the features.
@@ -54,8 +59,8 @@ from asr.data.features import FilterBank
 from asr.data.corpus import Corpus
 from asr.data.manifests import load_cuts
 from asr.data.stream_sampler import StreamingBucketSampler, plan_buckets
-from asr.data.stream_shards import MAX_SHARD_CUTS, StreamIndex, stream_folder
-from asr.data.streamed_split import (StreamedSplit, check_stream_transcripts, manifest_bytes, open_streamed_split,
+from asr.data.stream_shards import MAX_SHARD_CUTS, stream_folder
+from asr.data.streamed_split import (StreamedSplit, check_stream_transcripts, choose_streaming, open_streamed_split,
                                      stream_tokenizers)
 from asr.data.tokenizers import (SENTENCEPIECE_TYPES, TOKENIZER_KINDS, Tokenizer, build_tokenizers,
                                  check_transcripts, tokenizer_from_state_dict)
@@ -280,23 +285,9 @@ class SpeechDataModule(lightning.LightningDataModule):
     def streaming(self) -> bool:
         """Whether the splits are read from streaming shards (data.streaming; auto: see DataConfig)."""
         if self._streaming is None:
-            cfg = self.cfg
-            streaming = cfg.streaming
-            if streaming == "auto":
-                train = self.corpus.cuts_path(cfg.train_split)
-                streaming = manifest_bytes(train) > AUTO_STREAMING_BYTES or StreamIndex.open(
-                    stream_folder(self.feature_directory / cfg.train_split), train) is not None
-            if streaming:
-                unsupported = [f"{key}={value}" for key, value in (
-                    ("data.max_train_utterances", cfg.max_train_utterances),
-                    ("data.augment.speed", list(cfg.augment.speed) if speed_factors(cfg.augment) else None),
-                    ("data.augment (waveform transforms)", "on" if transforms_on_the_fly(cfg.augment) else None),
-                    ("data.precompute_features", False if not cfg.precompute_features else None)) if value is not None]
-                if unsupported:
-                    raise ValueError(f"the streaming data path (data.streaming={str(cfg.streaming).lower()}) reads features from "
-                                     f"prepared shards and does not take {', '.join(unsupported)}: leave "
-                                     "these at their defaults, or set data.streaming=false")
-            self._streaming = bool(streaming)
+            train = self.cfg.train_split
+            self._streaming = choose_streaming(self.cfg, self.corpus.cuts_path(train),
+                                               stream_folder(self.feature_directory / train), AUTO_STREAMING_BYTES)
         return self._streaming
 
     def _streamed_split(self, name: str) -> StreamedSplit:

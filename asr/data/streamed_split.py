@@ -22,6 +22,7 @@ from asr.data.features import FilterBank
 from asr.data.manifests import ManifestError
 from asr.data.stream_shards import StreamedFeatures, StreamIndex, prepare_stream
 from asr.data.tokenizers import Tokenizer, UnknownTokenError, build_tokenizer
+from asr.data.waveform_augmentation import speed_factors, transforms_on_the_fly
 from asr.text.phones import DEFAULT_PHONE_SET, PHONE_SETS
 
 log = logging.getLogger(__name__)
@@ -115,8 +116,22 @@ def check_stream_transcripts(index: StreamIndex, tokenizers: dict[str, Tokenizer
                                 f"{', '.join(map(repr, error.tokens))}; {error.advice}") from None
 
 
-def manifest_bytes(path: Path) -> int:
-    try:
-        return os.path.getsize(path)
-    except OSError:
-        return 0
+def choose_streaming(cfg, train_manifest: Path, train_stream: Path, auto_bytes: int) -> bool:
+    """data.streaming resolved: true, false, or auto - a training manifest over `auto_bytes`, or
+    shards of it already prepared in `train_stream`. ValueError naming the data options the
+    streaming path cannot take (they need the audio per batch, asr/docs/data.md)."""
+    streaming = cfg.streaming
+    if streaming == "auto":
+        size = os.path.getsize(train_manifest) if os.path.isfile(train_manifest) else 0
+        streaming = size > auto_bytes or StreamIndex.open(train_stream, train_manifest) is not None
+    if streaming:
+        unsupported = [f"{key}={value}" for key, value in (
+            ("data.max_train_utterances", cfg.max_train_utterances),
+            ("data.augment.speed", list(cfg.augment.speed) if speed_factors(cfg.augment) else None),
+            ("data.augment (waveform transforms)", "on" if transforms_on_the_fly(cfg.augment) else None),
+            ("data.precompute_features", None if cfg.precompute_features else False)) if value is not None]
+        if unsupported:
+            raise ValueError(f"the streaming data path (data.streaming={str(cfg.streaming).lower()}) reads features "
+                             f"from prepared shards and does not take {', '.join(unsupported)}: leave these at "
+                             "their defaults, or set data.streaming=false")
+    return bool(streaming)
