@@ -180,9 +180,10 @@ def _source_chunks(manifest: Path, shard_cuts: int):
 
 def _finished_summary(folder: Path, shard: int, source: str) -> dict | None:
     path = folder / f"{shard_name(shard)}.json"
-    if not path.is_file():
+    try:
+        summary = json.loads(path.read_text())
+    except (OSError, ValueError):   # missing, or damaged by something else: the shard is written again
         return None
-    summary = json.loads(path.read_text())
     return summary if summary.get("source") == source and summary.get("format") == FORMAT else None
 
 
@@ -306,8 +307,14 @@ def _write_text_sample(folder: Path, shards: int, cuts: int) -> None:
 
 # ----- reading ---------------------------------------------------------------------------------------
 def read_records(folder: Path, shard: int) -> list[list]:
-    with gzip.open(Path(folder) / f"{shard_name(shard)}.cuts.jsonl.gz", "rt", encoding="utf-8") as f:
-        return [json.loads(line) for line in f]
+    path = Path(folder) / f"{shard_name(shard)}.cuts.jsonl.gz"
+    try:
+        with gzip.open(path, "rt", encoding="utf-8") as f:
+            return [json.loads(line) for line in f]
+    except (OSError, EOFError, ValueError) as error:
+        raise ManifestError(f"cannot read the records of {path} ({type(error).__name__}: {error}); delete "
+                            f"{path.with_name(shard_name(shard) + '.json')} and run python -m asr.prepare_shards "
+                            "again to write that shard anew") from None
 
 
 def read_shard_cuts(folder: Path, shard: int) -> list[StreamCut]:
@@ -325,9 +332,10 @@ class StreamIndex:
     def open(folder: Path, manifest: Path | None = None) -> "StreamIndex | None":
         """The finished stream in `folder`, or None if there is none or it is not of `manifest` as it is now."""
         path = Path(folder) / "index.json"
-        if not path.is_file():
+        try:
+            index = json.loads(path.read_text())
+        except (OSError, ValueError):   # none yet, or damaged: written again from the shards' summaries
             return None
-        index = json.loads(path.read_text())
         if index.get("format") != FORMAT:
             return None
         if manifest is not None and (not Path(manifest).is_file() or index["source"] != source_key(manifest)):

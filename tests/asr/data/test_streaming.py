@@ -280,3 +280,17 @@ def test_the_command_prepares_every_split_and_says_what_it_wrote(corpus, tmp_pat
     with gzip.open(cuts_path(corpus, "tiny", "train"), "rt") as f:
         assert sum(1 for _ in f) == 43
     assert json.loads((next(cache.glob("*/train/stream")) / "index.json").read_text())["shards"] == 9
+
+
+def test_a_damaged_shard_is_named_with_what_to_do_and_its_summary_removed_redoes_it(tmp_path):
+    corpus = write_corpus(tmp_path / "tiny", {"train": make_utterances(12, 1, "tr")})
+    folder = tmp_path / "stream"
+    index = prepared(corpus, folder=folder)
+    records = folder / f"{shard_name(1)}.cuts.jsonl.gz"
+    records.write_bytes(records.read_bytes()[:40])
+    with pytest.raises(ManifestError, match=r"cannot read the records of .*shard-000001.cuts.jsonl.gz.*delete "
+                                            r".*shard-000001.json and run python -m asr.prepare_shards"):
+        list(sampler(index))
+    (folder / f"{shard_name(1)}.json").unlink()
+    (folder / "index.json").write_text("{ damaged")
+    assert sorted(real_ids(sampler(prepared(corpus, folder=folder)))) == [f"tr{i:04d}" for i in range(12)]
