@@ -14,6 +14,7 @@ from asr.data.batching import EpochBatch, pad_to_shape
 from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures, single_torch_thread
 from asr.data.manifests import transcript
 from asr.data.tokenizers import Tokenizer, encode_transcripts
+from asr.data.vtlp import VocalTractLengthPerturbation
 from asr.data.waveform_augmentation import WaveformAugmenter
 
 
@@ -53,7 +54,8 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
     transcript was checked once when the split was loaded: `tokenizers.check_transcripts`).
     `augmenter` (training only) transforms the audio of the utterances it draws a transform for
     (their features are then computed from it; asr.data.waveform_augmentation), seeded per
-    utterance from (seed, epoch, cut id). `specaugment` (training only) masks with `fill` (the
+    utterance from (seed, epoch, cut id); `vtlp` (training only) then warps the frequency axis of
+    the utterances it draws a warp for, seeded the same way. `specaugment` (training only) masks with `fill` (the
     global feature mean). Its random draws are seeded from (seed, epoch, the batch's cut ids), so a run is repeatable - with any number of
     workers, and after resuming from a checkpoint - and every epoch draws fresh masks.
 
@@ -63,7 +65,7 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
 
     def __init__(self, tokenizers: dict[str, Tokenizer], features: StoredFeatures | OnTheFlyFeatures,
                  specaugment: SpecAugment | None = None, fill: torch.Tensor | None = None, seed: int = 0,
-                 augmenter: WaveformAugmenter | None = None):
+                 augmenter: WaveformAugmenter | None = None, vtlp: VocalTractLengthPerturbation | None = None):
         if specaugment is not None and fill is None:
             raise ValueError("SpecAugment needs the fill value (the global feature mean)")
         self.tokenizers = tokenizers
@@ -72,6 +74,7 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
         self.fill = fill
         self.seed = seed
         self.augmenter = augmenter
+        self.vtlp = vtlp   # training only: warps the features' frequency axis per utterance (asr/data/vtlp.py)
 
     def __getitem__(self, item: EpochBatch | CutSet | list) -> Batch:
         epoch, cuts, padding, shape = (item.epoch, item.cuts, item.padding, item.shape) \
@@ -93,6 +96,8 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
         feature_lengths = torch.tensor([len(f) for f in features], dtype=torch.int64)
         padded = pad_sequences(features)
         ids = [cut.id for cut in cuts]
+        if self.vtlp is not None:
+            padded = self.vtlp(padded, feature_lengths, ids, epoch)
         if self.specaugment is not None:
             key = f"{self.seed}:{epoch}:{','.join(ids)}".encode()
             generator = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:15], 16))
