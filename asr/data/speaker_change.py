@@ -19,17 +19,21 @@ Decisions:
   loosely related, and a pairing the voice engines never made is what adds speakers.
 - The median F0 comes from Praat's autocorrelation pitch tracker (75-600 Hz, Change gender's own
   defaults) and the same Pitch object is handed to Change gender ("Sound & Pitch: Change gender"),
-  so the pitch is tracked once (about 40% of the cost). The new median is kept within 70-350 Hz
+  so the pitch is tracked once, not twice. The new median is kept within 70-350 Hz
   (adult to child speech), so a high voice raised further stays a voice.
 - An utterance without voiced frames (whisper, noise) gets the formant shift only (Praat's new
   pitch median 0: keep the pitch); one too short for the tracker (3 periods of 75 Hz, 40 ms) is
   left as it is.
-- The output keeps the input's sample count exactly (Praat's may differ by a sample).
+- The output keeps the input's sample count exactly (cut, or padded with zeros, should Praat's
+  differ; it matched on every utterance tried).
+- r < 1 leaves the band above r x Nyquist nearly empty (nothing above Nyquist to move down), as a
+  band limit of the channel transform does.
 - Praat's overlap-add draws random numbers (the same call gives another waveform each time), so its
   generator is seeded from the utterance's stream before the call (Praat's
   `random_initializeWithSeedUnsafelyButPredictably`) and made unpredictable again after it.
 
-Cost: 100-300 ms per utterance of 4-11 s on one core (measured on synth utterances; asr/docs/data.md).
+Cost: 40-100 ms per synth training utterance of 4.5-11 s (mean 59 ms at 6.9 s) on one core, decoding
+and filter bank included (10 ms without the change); measured under load (asr/docs/data.md).
 The draws of an utterance come from a stream seeded with (the run's seed, the epoch, the utterance
 id), of its own: the other transforms draw what they drew before whether this is on or off.
 """

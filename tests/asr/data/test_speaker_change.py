@@ -182,3 +182,22 @@ def test_bad_speaker_values_are_refused_naming_the_key_and_the_allowed_range(opt
     with pytest.raises(ValueError) as error:
         validate_augment_config(AugmentConfig(**options))
     assert message in str(error.value)
+
+
+def test_training_batches_with_speakers_repeat_with_workers_and_evaluation_batches_are_untouched(tiny_corpus):
+    from asr.data.datamodule import DataConfig, SpeechDataModule
+
+    def batches(loader_of, **overrides):
+        cfg = DataConfig(corpus="tiny", root=str(tiny_corpus), max_duration=8.0, progress=False, feature_jobs=1,
+                         targets=["phones"], specaugment=False, **overrides)
+        module = SpeechDataModule(cfg, seed=7)
+        module.setup("fit")
+        return [b["features"] for b in getattr(module, loader_of)()]
+
+    speakers = AugmentConfig(speaker_prob=0.5)
+    plain, changed = batches("train_dataloader"), batches("train_dataloader", augment=speakers)
+    assert [x.shape for x in plain] == [x.shape for x in changed]
+    assert any(not torch.equal(x, y) for x, y in zip(plain, changed))
+    in_workers = batches("train_dataloader", augment=speakers, num_workers=2)   # fresh Praat in each process
+    assert all(torch.equal(x, y) for x, y in zip(changed, in_workers))
+    assert all(torch.equal(x, y) for x, y in zip(batches("val_dataloader"), batches("val_dataloader", augment=speakers)))
