@@ -64,6 +64,7 @@ from asr.data.streamed_split import (StreamedSplit, check_stream_transcripts, ch
                                      stream_tokenizers)
 from asr.data.tokenizers import (SENTENCEPIECE_TYPES, TOKENIZER_KINDS, Tokenizer, build_tokenizers,
                                  check_transcripts, tokenizer_from_state_dict)
+from asr.data.vtlp import VocalTractLengthPerturbation
 from asr.data.waveform_augmentation import (AugmentConfig, WaveformAugmenter, augment_config_from, speed_factors,
                                             transforms_on_the_fly, validate_augment_config, with_speed_copies)
 
@@ -335,10 +336,12 @@ class SpeechDataModule(lightning.LightningDataModule):
                                   cfg.time_mask_max_fraction) if train and cfg.specaugment else None
         augmenter = WaveformAugmenter(cfg.augment, self.seed, self.filterbank, self._training_originals) \
             if train and transforms_on_the_fly(cfg.augment) else None
+        vtlp = VocalTractLengthPerturbation(cfg.augment.vtlp_prob, cfg.augment.vtlp_warp_range, self.seed,
+                                            self.filterbank) if train and cfg.augment.vtlp_prob > 0 else None
         # a streamed training split finds the utterances CTC cannot align per batch (asr.data.streamed_split)
         ctc_check = self.frame_subsampling if train and self.streaming else None
         dataset = SpeechBatchDataset(self._tokenizers, data.features, specaugment,
-                                     self.feature_mean if specaugment is not None else None, self.seed, augmenter,
+                                     self.feature_mean if specaugment is not None else None, self.seed, augmenter, vtlp,
                                      ctc_check)
         # 6. build the sampler
         if self.streaming:

@@ -17,6 +17,7 @@ from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures, single_torc
 from asr.data.manifests import listing, transcript
 from asr.data.stream_shards import StreamedFeatures
 from asr.data.tokenizers import Tokenizer, encode_transcripts
+from asr.data.vtlp import VocalTractLengthPerturbation
 from asr.data.waveform_augmentation import WaveformAugmenter
 
 log = logging.getLogger(__name__)
@@ -58,7 +59,8 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
     transcript was checked once when the split was loaded: `tokenizers.check_transcripts`).
     `augmenter` (training only) transforms the audio of the utterances it draws a transform for
     (their features are then computed from it; asr.data.waveform_augmentation), seeded per
-    utterance from (seed, epoch, cut id). `specaugment` (training only) masks with `fill` (the
+    utterance from (seed, epoch, cut id); `vtlp` (training only) then warps the frequency axis of
+    the utterances it draws a warp for, seeded the same way. `specaugment` (training only) masks with `fill` (the
     global feature mean). Its random draws are seeded from (seed, epoch, the batch's cut ids), so a run is repeatable - with any number of
     workers, and after resuming from a checkpoint - and every epoch draws fresh masks.
 
@@ -72,7 +74,8 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
 
     def __init__(self, tokenizers: dict[str, Tokenizer], features: StoredFeatures | OnTheFlyFeatures | StreamedFeatures,
                  specaugment: SpecAugment | None = None, fill: torch.Tensor | None = None, seed: int = 0,
-                 augmenter: WaveformAugmenter | None = None, ctc_frame_subsampling: int | None = None):
+                 augmenter: WaveformAugmenter | None = None, vtlp: VocalTractLengthPerturbation | None = None,
+                 ctc_frame_subsampling: int | None = None):
         if specaugment is not None and fill is None:
             raise ValueError("SpecAugment needs the fill value (the global feature mean)")
         self.tokenizers = tokenizers
@@ -81,6 +84,7 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
         self.fill = fill
         self.seed = seed
         self.augmenter = augmenter
+        self.vtlp = vtlp   # training only: warps the features' frequency axis per utterance (asr/data/vtlp.py)
         self.ctc_frame_subsampling = ctc_frame_subsampling
 
     def __getitem__(self, item: EpochBatch | CutSet | list) -> Batch:
@@ -117,6 +121,8 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
         feature_lengths = torch.tensor([len(f) for f in features], dtype=torch.int64)
         padded = pad_sequences(features)
         ids = [cut.id for cut in cuts]
+        if self.vtlp is not None:
+            padded = self.vtlp(padded, feature_lengths, ids, epoch)
         if self.specaugment is not None:
             key = f"{self.seed}:{epoch}:{','.join(ids)}".encode()
             generator = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:15], 16))

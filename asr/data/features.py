@@ -34,8 +34,26 @@ FLT_EPSILON = float(np.finfo(np.float32).eps)
 INT16_SCALE = 32768.0
 
 
-def _mel(frequency_hz: np.ndarray | float) -> np.ndarray | float:
+def mel_scale(frequency_hz: np.ndarray | float) -> np.ndarray | float:
+    """Kaldi's mel scale: 1127 ln(1 + f / 700)."""
     return 1127.0 * np.log(1.0 + np.asarray(frequency_hz, dtype=np.float64) / 700.0)
+
+
+def inverse_mel_scale(mel: np.ndarray | float) -> np.ndarray | float:
+    """The frequency in Hz of a mel value: 700 (exp(mel / 1127) - 1)."""
+    return 700.0 * (np.exp(np.asarray(mel, dtype=np.float64) / 1127.0) - 1.0)
+
+
+def mel_filter_range(sampling_rate: float, low_freq: float, high_freq: float) -> tuple[float, float]:
+    """(lowest, highest) frequency in Hz the mel filters span: as Kaldi, `high_freq <= 0` means
+    Nyquist + high_freq."""
+    nyquist = 0.5 * sampling_rate
+    if high_freq <= 0.0:
+        high_freq = nyquist + high_freq
+    if not 0.0 <= low_freq < high_freq <= nyquist:
+        raise ValueError(f"mel filter range low_freq={low_freq} .. high_freq={high_freq} must lie in "
+                         f"[0, {nyquist}] with low_freq < high_freq")
+    return float(low_freq), float(high_freq)
 
 
 def kaldi_mel_banks(num_mel_bins: int, fft_size: int, sampling_rate: float,
@@ -44,16 +62,11 @@ def kaldi_mel_banks(num_mel_bins: int, fft_size: int, sampling_rate: float,
 
     As in Kaldi's MelBanks, the Nyquist bin gets weight 0 and `high_freq <= 0` means Nyquist + high_freq.
     """
-    nyquist = 0.5 * sampling_rate
-    if high_freq <= 0.0:
-        high_freq = nyquist + high_freq
-    if not 0.0 <= low_freq < high_freq <= nyquist:
-        raise ValueError(f"mel filter range low_freq={low_freq} .. high_freq={high_freq} must lie in "
-                         f"[0, {nyquist}] with low_freq < high_freq")
+    low_freq, high_freq = mel_filter_range(sampling_rate, low_freq, high_freq)
     num_fft_bins = fft_size // 2
-    mel_low, mel_high = _mel(low_freq), _mel(high_freq)
+    mel_low, mel_high = mel_scale(low_freq), mel_scale(high_freq)
     mel_delta = (mel_high - mel_low) / (num_mel_bins + 1)
-    bin_mel = _mel(np.arange(num_fft_bins) * (sampling_rate / fft_size))  # (num_fft_bins,)
+    bin_mel = mel_scale(np.arange(num_fft_bins) * (sampling_rate / fft_size))  # (num_fft_bins,)
     left = mel_low + mel_delta * np.arange(num_mel_bins)[:, None]
     center, right = left + mel_delta, left + 2.0 * mel_delta
     rising = (bin_mel - left) / (center - left)

@@ -9,6 +9,9 @@ with lhotse's own cut methods (lhotse 1.33), to training utterances only:
              do; the copies' features are precomputed into the feature cache like the originals
              (the first run computes them, about 60 ms of resampling per utterance), and an epoch
              has len(speed) times as many utterances.
+    speaker  with probability `speaker_prob`, another speaker: formants times r and the median
+             pitch times p (Praat's Change gender through praat-parselmouth;
+             asr/data/speaker_change.py says how they are drawn).
     reverb   `cut.reverb_rir(rir)` (lhotse's ReverbWithImpulseResponse) with probability
              `reverb_prob`: a room response from `rir_source`, or a simulated room (see below).
     noise    `cut.mix(noise, snr)` with probability `noise_prob`, the SNR uniform in `noise_snr`
@@ -22,8 +25,9 @@ with lhotse's own cut methods (lhotse 1.33), to training utterances only:
              utterance here, five times vorbis, and is left out).
     volume   `cut.perturb_volume(g)` with probability `volume_prob`, g log-uniform in `volume_range`.
 
-They apply in that order (speed, room, noise in the room's output, then the line or codec, then
-the level). SpecAugment (asr/data/augmentation.py) comes after, on the features.
+They apply in that order (speed, speaker, room, noise in the room's output, then the line or codec,
+then the level). Vocal tract length perturbation (asr/data/vtlp.py, `vtlp_prob`) and SpecAugment
+(asr/data/augmentation.py) come after, on the features of the batch.
 
 Decisions where lhotse does not serve us:
 - Simulated rooms: lhotse's `FastRandomRIRGenerator` needs torchaudio (`highpass_biquad`), which
@@ -39,7 +43,7 @@ the epoch, the utterance id), so a batch is the same whatever the batch size, th
 workers or a resume from a checkpoint (the fault suite checks bit-exact resume with augmentation),
 and each epoch draws afresh.
 
-Cost: an utterance any of reverb/noise/channel/volume touches has its features computed from its
+Cost: an utterance any of speaker/reverb/noise/channel/volume touches has its features computed from its
 audio (decode, transforms, fbank) when its batch is built; the others are read from the cache.
 recipes/asterisk/RESULTS.md gives the seconds per training step each costs.
 """
@@ -60,6 +64,7 @@ from lhotse import CutSet, MonoCut, Recording, RecordingSet, load_manifest
 
 from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures, load_waveform, single_torch_thread
 from asr.data.features import SAMPLING_RATE, FilterBank
+from asr.data.speaker_change import change_speaker, draw_speaker_change, require_parselmouth
 
 GENERATED_NOISES = ("white", "pink", "brown", "babble")
 BABBLE_TALKERS = 3
@@ -71,6 +76,9 @@ CHANNELS = ("band_limit", "telephone", "codec")
 T60_SECONDS = (0.2, 0.8)
 DIRECT_TO_REVERBERANT_DB = (0.0, 12.0)
 NOISE_AUDIO_SUFFIXES = (".wav", ".flac", ".ogg", ".mp3", ".opus", ".sph")
+# the factors a speaker change or a VTLP warp may draw from: beyond them no human voice is left
+FACTOR_RANGE_LIMITS = {"speaker_formant_range": (0.5, 2.0), "speaker_pitch_range": (0.25, 4.0),
+                       "speaker_intonation_range": (0.25, 4.0), "vtlp_warp_range": (0.5, 2.0)}
 
 
 @dataclass
@@ -88,6 +96,14 @@ class AugmentConfig:
     channel_prob: float = 0.0                # probability of a channel effect: a band limit, a telephone line (8 kHz GSM) or a lossy codec (mp3, vorbis)
     volume_prob: float = 0.0                 # probability of a level change
     volume_range: List[float] = field(default_factory=lambda: [0.125, 2.0])  # [low, high] gain factor, drawn log-uniformly
+    # probability an utterance is given to another speaker: formant and pitch shifts (Praat's Change gender; asr/data/speaker_change.py)
+    speaker_prob: float = 0.0
+    speaker_formant_range: List[float] = field(default_factory=lambda: [0.85, 1.2])   # [low, high] formant ratio (1/vocal tract length), drawn log-uniformly
+    speaker_pitch_range: List[float] = field(default_factory=lambda: [0.65, 1.6])     # [low, high] factor of the median F0, drawn log-uniformly
+    speaker_intonation_range: List[float] = field(default_factory=lambda: [0.8, 1.25])  # [low, high] factor of F0's excursions around its median
+    # probability an utterance's features are warped in frequency: vocal tract length perturbation on the filter banks (asr/data/vtlp.py)
+    vtlp_prob: float = 0.0
+    vtlp_warp_range: List[float] = field(default_factory=lambda: [0.8, 1.25])   # [low, high] warp factor alpha, drawn log-uniformly (>1: formants up)
 
 
 def validate_augment_config(cfg: AugmentConfig) -> None:
@@ -98,7 +114,7 @@ def validate_augment_config(cfg: AugmentConfig) -> None:
                          f"([1.0]: no speed perturbation)")
     if 1.0 not in [float(f) for f in speed]:
         raise ValueError(f"data.augment.speed={speed} must include 1.0 (the original utterances stay in training)")
-    for name in ("reverb_prob", "noise_prob", "channel_prob", "volume_prob"):
+    for name in ("reverb_prob", "noise_prob", "channel_prob", "volume_prob", "speaker_prob", "vtlp_prob"):
         value = getattr(cfg, name)
         if not 0.0 <= float(value) <= 1.0:
             raise ValueError(f"data.augment.{name}={value} must be a probability in [0, 1]")
@@ -107,6 +123,10 @@ def validate_augment_config(cfg: AugmentConfig) -> None:
         if len(pair) != 2 or not lowest < float(pair[0]) <= float(pair[1]):
             raise ValueError(f"data.augment.{name}={pair} must be [low, high] with low <= high"
                              + (" and low > 0" if lowest == 0.0 else ""))
+    for name, (lowest, highest) in FACTOR_RANGE_LIMITS.items():
+        pair = list(getattr(cfg, name))
+        if len(pair) != 2 or not lowest <= float(pair[0]) <= float(pair[1]) <= highest:
+            raise ValueError(f"data.augment.{name}={pair} must be [low, high] with {lowest} <= low <= high <= {highest}")
 
 
 def check_augment_sources(cfg: AugmentConfig) -> None:
@@ -125,8 +145,9 @@ def speed_factors(cfg: AugmentConfig) -> list[float]:
 
 
 def transforms_on_the_fly(cfg: AugmentConfig) -> bool:
-    """Whether any transform is drawn per utterance and epoch (everything but speed)."""
-    return any(p > 0 for p in (cfg.reverb_prob, cfg.noise_prob, cfg.channel_prob, cfg.volume_prob))
+    """Whether any transform of the audio is drawn per utterance and epoch (everything but speed and
+    VTLP, which warps the features: asr/data/vtlp.py)."""
+    return any(p > 0 for p in (cfg.speaker_prob, cfg.reverb_prob, cfg.noise_prob, cfg.channel_prob, cfg.volume_prob))
 
 
 def with_speed_copies(cuts: CutSet, factors: list[float]) -> CutSet:
@@ -211,6 +232,8 @@ class WaveformAugmenter:
         self.babble_cuts = list(babble_cuts)   # the talkers of babble noise: the training utterances
         self.noise_recordings = recordings_of(cfg.noise_source) if cfg.noise_source else None
         self.room_recordings = recordings_of(cfg.rir_source) if cfg.rir_source else None
+        if cfg.speaker_prob > 0:
+            require_parselmouth()
         if cfg.noise_prob > 0 and self.noise_recordings is None and len(self.babble_cuts) <= BABBLE_TALKERS:
             raise ValueError(f"data.augment.noise_prob={cfg.noise_prob}: babble needs more than {BABBLE_TALKERS} "
                              f"training utterances")
@@ -226,14 +249,18 @@ class WaveformAugmenter:
 
     def augmented(self, cut, epoch: int):
         cfg = self.cfg
+        speaker = draw_speaker_change(cfg, self.seed, epoch, cut.id)   # a stream of its own
         stream = utterance_stream(self.seed, epoch, cut.id)
         # one draw per transform, always in this order, so each decision has a fixed place in the stream
         reverb, noise, channel, volume = (stream.random() < p for p in
                                           (cfg.reverb_prob, cfg.noise_prob, cfg.channel_prob, cfg.volume_prob))
-        if not (reverb or noise or channel or volume):
+        if not (speaker or reverb or noise or channel or volume):
             return None
         numbers = np.random.default_rng(stream.getrandbits(64))
         original = cut
+        if speaker:   # first: the voice itself, then where and how it is heard
+            samples = change_speaker(cut.load_audio()[0], cut.sampling_rate, speaker)
+            cut = whole_cut(in_memory_recording(samples, f"{cut.id}-speaker", cut.sampling_rate), cut.id)
         if reverb:
             cut = cut.reverb_rir(rir_recording=self._room(stream, numbers))
         if noise:

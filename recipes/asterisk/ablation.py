@@ -30,6 +30,10 @@ Rows (each "+ X" is SpecAugment plus X alone, so a row shows what X adds):
     channel      + channel effects (band limits, telephone, codecs) and level for half the utterances
     voices       + the festival voices in the corpus (a corpus of its own: data/synth_voices)
     all          all of the above
+    speakers     issue 41: today's default (the channel row) + other speakers made by formant and pitch
+                 shifts (Praat's Change gender) for half the utterances
+    vtlp         issue 41: today's default (the channel row) + vocal tract length perturbation of the
+                 features (alpha 0.8-1.25) for half the utterances
 
 Run it again after an interruption: finished rows are skipped, an interrupted one resumes from its last
 finished epoch, and evaluations already written are reused. The table accumulates: rows found in an
@@ -59,6 +63,8 @@ REVERB = "data.augment.reverb_prob=0.5"
 NOISE = "data.augment.noise_prob=0.5"
 CHANNEL = ("data.augment.channel_prob=0.5", "data.augment.volume_prob=0.5")
 VOICES = ("synth_corpus.extra_voices=festival", "data.root=data/synth_voices")
+SPEAKERS = "data.augment.speaker_prob=0.5"   # the ranges are data.augment's defaults (asr/docs/data.md)
+VTLP = "data.augment.vtlp_prob=0.5"
 ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
     "none": ("no augmentation", ("data.specaugment=false",)),
     "specaugment": ("SpecAugment only (before this issue)", ()),
@@ -68,6 +74,8 @@ ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
     "channel": ("+ channel and level (p 0.5)", CHANNEL),
     "voices": ("+ festival voices", VOICES),
     "all": ("all together", (SPEED, REVERB, NOISE, *CHANNEL, *VOICES)),
+    "speakers": ("channel and level + formant/pitch speakers (p 0.5)", (*CHANNEL, SPEAKERS)),
+    "vtlp": ("channel and level + VTLP 0.8-1.25 (p 0.5)", (*CHANNEL, VTLP)),
 }
 # Every row starts from the demo as it was before this issue (SpecAugment only), whatever the preset's
 # defaults are now (they follow this table: channel and level are on in the synth presets).

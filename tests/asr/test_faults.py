@@ -82,7 +82,7 @@ def train_arguments(corpus: Path, run: Path) -> list[str]:
     # uninterrupted one drew (speed copies are left out: they would change the batch counts below)
     return ["conf=synth_full", *TINY, f"data.root={corpus}", f"run_dir={run}", "data.specaugment=true",
             "data.augment.reverb_prob=0.5", "data.augment.noise_prob=0.5", "data.augment.channel_prob=0.5",
-            "data.augment.volume_prob=0.5",
+            "data.augment.volume_prob=0.5", "data.augment.speaker_prob=0.5", "data.augment.vtlp_prob=0.5",
             "data.max_duration=21", "trainer.max_epochs=100", f"trainer.max_steps={STEPS}", "trainer.torch_threads=1",
             "trainer.record_batches=true", "test=false"]
 

@@ -206,6 +206,8 @@ def test_unknown_augment_key_is_refused_listing_the_options():
     ("data.augment.reverb_prob=2", "data.augment.reverb_prob=2.0 must be a probability in [0, 1]"),
     ("data.augment.speed=[0.9,1.1]", "must include 1.0"),
     ("data.augment.rir_source=/no/rooms", "data.augment.rir_source='/no/rooms' does not exist"),
+    ("data.augment.vtlp_warp_range=[0.8,2.5]",
+     "data.augment.vtlp_warp_range=[0.8, 2.5] must be [low, high] with 0.5 <= low <= high <= 2.0"),
 ])
 def test_asr_train_refuses_a_bad_value_in_one_line_with_exit_status_2(tmp_path, override, message):
     result = subprocess.run([sys.executable, "-m", "asr.train", override, f"run_root={tmp_path}"],
