@@ -80,7 +80,8 @@ def kill_preparing_shards(arguments: list[str], corpus: Path, run: Path, where: 
     process, marker = start("asr.train", *arguments, cwd=where, pause_at="stream_shard_summary:3")
     kill_when(process, marker.exists)
     train_stream = stream_folder(corpus, "train")
-    finished = [train_stream / f"shard-{s:06d}{suffix}" for s in (0, 1) for suffix in (".lilcom", ".cuts.jsonl.gz", ".json")]
+    finished = [train_stream / f"shard-{shard:06d}{suffix}" for shard in (0, 1)
+                for suffix in (".lilcom", ".cuts.jsonl.gz", ".json")]
     assert all(path.is_file() for path in finished)
     assert (train_stream / "shard-000002.lilcom").is_file() and not (train_stream / "shard-000002.json").exists()
     assert not (train_stream / "index.json").exists() and not (run / "checkpoints").exists()
