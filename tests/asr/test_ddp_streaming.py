@@ -10,6 +10,8 @@ processes each on a streamed corpus, then a resume on two nodes of one process.
    every shard a process opens). With trainer.checkpoint_every_n_steps=1, the job is killed (-9,
    every process) in the second epoch, while rank 0 writes the checkpoint of that epoch's second
    step (asr.core.fault_injection's checkpoint_replace), so last.ckpt is the one of its first step.
+   Its first epoch's validation (a process with no window of the dev split runs padding batches)
+   gives the error rates of a single process's validation of the same checkpoint.
 2. The run resumes (ckpt_path=last) on 2 nodes x 1 process: each process runs the batches the
    sampler deals two processes from the checkpoint's position - the second epoch's batches not done
    before - and over the two jobs that epoch trains every utterance exactly once.
@@ -18,6 +20,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import time
 from collections import Counter
@@ -32,7 +35,7 @@ from asr.data.stream_sampler import StreamingBucketSampler, plan_buckets
 from asr.data.stream_shards import StreamIndex
 from asr.training.fit import ensure_corpus
 from test_ddp_nodes import arguments, manifest_ids, of, processes_of, records, recorded_as_sampled, torchrun, wait
-from tiny_runs import ROOT, compose_config, subprocess_environment, tiny_config
+from tiny_runs import ROOT, compose_config, subprocess_environment, tiny_config, validate_in_one_process
 
 TIMEOUT = 300
 STREAMING = ["data.streaming=true", "data.stream_shard_cuts=1", "data.stream_window_shards=2", "data.max_duration=18"]
@@ -149,6 +152,7 @@ def run_the_jobs(corpus: Path, cache: Path, where: Path) -> dict:
     finally:
         kill_every_process(str(where))
     wait(agents, 60)
+    shutil.copy(run / "checkpoints" / "best.ckpt", where / "first_best.ckpt")   # the first epoch's (job 2 may replace)
     found["first"] = {"outputs": [output.read_text() for _, output in agents],
                       "records": [records(run, rank) for rank in range(4)], "read": shards_read(audit),
                       "checkpoint": torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)}
@@ -223,3 +227,12 @@ def test_a_resume_on_two_processes_trains_exactly_the_batches_the_killed_job_had
         assert resumed["read"][str(rank)] <= window_shards(sampler, consumed), rank
     assert sum((training_ids(batches) for batches in done + again), Counter()) == \
         manifest_ids(stream_corpus[0], "train")
+
+
+def test_the_gathered_streamed_validation_is_a_single_process_validation(jobs):
+    first_best = jobs["where"] / "first_best.ckpt"
+    saved = torch.load(first_best, weights_only=True)
+    assert saved["epoch"] == 0
+    expected, _ = validate_in_one_process(jobs["run"], first_best)
+    assert 0 < expected["per"] and expected["per"] != 1.0     # not the all-blank (or perfect) output
+    assert saved["val_error_rates"] == expected
