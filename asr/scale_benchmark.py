@@ -1,7 +1,7 @@
 """How the data side grows with the data: start-up, memory, feature cache and batch rate from 10 h to 100,000 h.
 
     python -m asr.scale_benchmark [--source data/synth] [--scratch runs/scale_benchmark]
-                                  [--hours 10 100 1000 10000] [--batches 200] [--memory-limit-gb 12]
+                                  [--hours 10 100 1000 10000 100000] [--batches 200] [--memory-limit-gb 12]
                                   [--modes precomputed on_the_fly streaming] [--eager-max-hours 10000]
 
 Three modes: the eager path with precomputed features and with features on the fly, and the
@@ -9,7 +9,7 @@ streaming path (`data.streaming=true`, asr/data/stream_sampler.py). For the stre
 is a stream of its own (asr.data.scaled_corpus.replicate_stream: the source's shards, prepared once
 into `--scratch/base` and timed, repeated under new ids with their frames hard-linked and their
 records rewritten; no manifest beside it, so only the shards are read); 100,000 h takes ~9 GB of
-records and ~45,700 shards. The eager modes run only up to --eager-max-hours (their memory grows
+records and ~45,700 shards, and ~15 minutes to write once. The eager modes run only up to --eager-max-hours (their memory grows
 linearly: 12.5 GB at 10,000 h). "x model" is batches/s times --model-step-s, the demo model's step.
 
 For each size it writes, under `--scratch/<hours>h/`, a training manifest of that many hours made
@@ -387,7 +387,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--source", default="data/synth", help="a prepared synth corpus (recipes.synth)")
     parser.add_argument("--scratch", default="runs/scale_benchmark", help="where the scaled manifests go (1 GB a 10,000 h)")
     parser.add_argument("--out", default=None, help="where scale.csv/json/png go (default: --scratch)")
-    parser.add_argument("--hours", type=float, nargs="+", default=[10, 100, 1000, 10000])
+    parser.add_argument("--hours", type=float, nargs="+", default=[10, 100, 1000, 10000, 100000])
     parser.add_argument("--batches", type=int, default=200, help="batches timed after the first one")
     parser.add_argument("--seconds", type=float, default=30.0, help="at most this long timing batches")
     parser.add_argument("--max-duration", type=float, default=60.0, help="data.max_duration (synth's 60 s)")

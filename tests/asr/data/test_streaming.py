@@ -294,3 +294,24 @@ def test_a_damaged_shard_is_named_with_what_to_do_and_its_summary_removed_redoes
     (folder / f"{shard_name(1)}.json").unlink()
     (folder / "index.json").write_text("{ damaged")
     assert sorted(real_ids(sampler(prepared(corpus, folder=folder)))) == [f"tr{i:04d}" for i in range(12)]
+
+
+def test_a_scaled_stream_repeats_the_shards_under_new_ids_with_the_same_frames(index, tmp_path):
+    from asr.data.scaled_corpus import copy_id, replicate_stream
+
+    hours = 2.5 * index.hours
+    scaled = replicate_stream(index.folder, tmp_path / "scaled", hours)
+    assert scaled["shards"] == 23 and scaled["seconds"] >= hours * 3600   # 2 copies of 9 shards and 5 of the third
+    copy = StreamIndex.open(tmp_path / "scaled")
+    records = every_record(copy)
+    assert len(records) == copy.cuts == 2 * 43 + 25 and len({r[0] for r in records}) == len(records)
+    source = {r[0]: r for r in every_record(index)}
+    assert records[43][0] == copy_id(records[0][0].rsplit("-x", 1)[0], 1)
+    for record in records[::7]:
+        original = source[record[0].rsplit("-x", 1)[0]]
+        assert record[1:] == original[1:]                                   # duration, frames, offsets, words
+    first, again = next(iter(copy.cuts_of(0))), next(iter(copy.cuts_of(9)))
+    from asr.data.stream_shards import StreamedFeatures
+    assert torch.equal(StreamedFeatures(copy.folder).load(first), StreamedFeatures(copy.folder).load(again))
+    assert (tmp_path / "scaled" / "shard-000009.lilcom").stat().st_ino == (index.folder / "shard-000000.lilcom").stat().st_ino
+    assert sorted(real_ids(sampler(copy))) == sorted(r[0] for r in records)
