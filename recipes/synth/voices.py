@@ -191,9 +191,9 @@ def synthesise(text: str, speaker: Speaker, prosody: dict, gain_db: float, flac_
 
     ``prosody`` holds the engine's settings: espeak-ng {"rate_wpm", "pitch"}; flite
     {"duration_stretch", "f0_mean_hz"}; festival {"duration_stretch"} and, for voices with an
-    F0 model, {"f0_mean_hz"}; piper {"length_scale", "noise_scale", "noise_w_scale", "noise_seed"}. Raises ``UnmappablePhonemeError`` (no file is left) when
-    the synthesiser used a phoneme outside ARPAbet, ``MissingDiphoneError`` when a festival diphone
-    voice lacked a diphone.
+    F0 model, {"f0_mean_hz"}; piper {"length_scale", "noise_scale", "noise_w_scale", "noise_seed"}.
+    Raises ``UnmappablePhonemeError`` (no file is left) when the synthesiser used a phoneme outside
+    ARPAbet, ``MissingDiphoneError`` when a festival diphone voice lacked a diphone.
     """
     flac_path = Path(flac_path)
     raw_wav = flac_path.with_name(flac_path.stem + ".raw.wav")
