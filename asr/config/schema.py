@@ -112,8 +112,10 @@ class SynthCorpusConfig:
     jobs: Optional[int] = None         # processes that synthesise audio; None: one per core
     utterance_scale: int = 1           # K times longer utterances (about K x 8 s); the paper-length experiment uses 2
     # More voices: "festival" gives festival's 3 US English voices a quarter of the seen speakers'
-    # utterances (recipes/synth/README.md); None: espeak-ng and flite only. Use its own data.root.
+    # utterances (recipes/synth/README.md); "piper": piper's neural voice piper_share of them;
+    # "festival,piper": both; None: espeak-ng and flite only. Use its own data.root.
     extra_voices: Optional[str] = None
+    piper_share: Optional[float] = None  # with piper: its share of the seen speakers' utterances; None: 0.25
 
 
 @dataclass

@@ -18,6 +18,11 @@ before any synthesis (``recipes.synth.prepare`` synthesises the plans and writes
   speaker of the other utterances) is the default plan's: the held-out half of the test split and
   three quarters of the rest are the same utterances as without the option, and with the option off
   the corpus is the default one, byte for byte.
+- The neural voice (``--extra-voices piper``, combinable with festival): ``piper_share`` (default
+  0.25) of the seen speakers' utterances are taken from the seen espeak-ng ones that festival left,
+  with a stream of their own (``default_rng((seed, split, i, 2))``), which also draws the voicing:
+  length, noise and noise_w scales and the seed of the model's noise. As with festival, every
+  other utterance and every other part of a plan stays the default plan's.
 - Determinism: utterance i of a split draws everything from ``numpy.random.default_rng((seed,
   split, i))`` and the pool order; workers only run the synthesisers, so the output is identical
   for any number of jobs. Utterance ids are ``synth-{split}-{i:06d}``.
@@ -33,8 +38,8 @@ import numpy as np
 from recipes.synth.sentences import normalise_text
 from recipes.synth.voices import (
     ESPEAK_PITCH, ESPEAK_RATE_WPM, EXTRA_VOICES, FESTIVAL_DURATION_FACTOR, FESTIVAL_F0_FACTOR, FESTIVAL_SPEAKERS,
-    FESTIVAL_VOICES, FLITE_DURATION_STRETCH, FLITE_F0_FACTOR, FLITE_VOICES, GAIN_DB, HELD_OUT_SPEAKER_IDS, SPEAKERS,
-    SPEAKERS_BY_ID,
+    FESTIVAL_VOICES, FLITE_DURATION_STRETCH, FLITE_F0_FACTOR, FLITE_VOICES, GAIN_DB, HELD_OUT_SPEAKER_IDS,
+    PIPER_LENGTH_SCALE, PIPER_NOISE_SCALE, PIPER_NOISE_W_SCALE, PIPER_SPEAKERS, SPEAKERS, SPEAKERS_BY_ID,
 )
 
 CORPUS = "synth"
@@ -46,6 +51,8 @@ SENTENCES_PER_UTTERANCE = (2, 4)  # times the utterance scale
 FLITE_SHARE = 0.25  # of the utterances spoken by seen speakers
 FESTIVAL_SHARE = 0.25  # of the seen speakers' utterances, with --extra-voices festival (taken from espeak-ng's)
 FESTIVAL_STREAM = 1  # the last entry of the seed of the festival draws: (seed, split, i, FESTIVAL_STREAM)
+PIPER_SHARE = 0.25  # default share of the seen speakers' utterances, with --extra-voices piper
+PIPER_STREAM = 2  # the last entry of the seed of the piper draws
 HELD_OUT_SHARE_OF_TEST = 0.5
 # Version of the planning rules: a folder made under other rules is not mixed with new utterances.
 GENERATOR_VERSION = 1
@@ -94,6 +101,24 @@ def parse_extra_voices(extra_voices: str | list[str] | tuple[str, ...] | None) -
     return tuple(names)
 
 
+def piper_share_of_espeak(piper_share: float | None, extra_voices: tuple[str, ...]) -> float:
+    """The probability that a seen espeak-ng utterance (one festival did not take) becomes piper's,
+    so that piper speaks ``piper_share`` of the seen speakers' utterances (0 without piper). A share
+    given without piper, or beyond what espeak-ng has (0.75; 0.5 with festival), is a ValueError."""
+    if "piper" not in extra_voices:
+        if piper_share is not None:
+            raise ValueError(f"piper_share={piper_share!r} needs the piper voice: add piper to the extra voices "
+                             f"(--extra-voices piper; synth_corpus.extra_voices=piper in asr.train)")
+        return 0.0
+    share = PIPER_SHARE if piper_share is None else piper_share
+    espeak_share = 1 - FLITE_SHARE - (FESTIVAL_SHARE if "festival" in extra_voices else 0)
+    if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 < share <= espeak_share:
+        raise ValueError(f"piper_share={share!r} (--piper-share; synth_corpus.piper_share in asr.train) must be a "
+                         f"number above 0 and at most {espeak_share:g}, the seen espeak-ng utterances' share it "
+                         f"is taken from{' beside festival' if 'festival' in extra_voices else ''}")
+    return share / espeak_share
+
+
 def speaker_ids(held_out: bool) -> list[str]:
     """The held-out speakers (test only), or the seen ones (all splits)."""
     if held_out:
@@ -105,10 +130,11 @@ class SplitPlanner:
     """The endless, deterministic sequence of utterance plans of one split."""
 
     def __init__(self, split: str, pool: list[str], seed: int, utterance_scale: int = 1,
-                 extra_voices: tuple[str, ...] = ()):
+                 extra_voices: tuple[str, ...] = (), piper_share: float | None = None):
         if not pool:
             raise ValueError(f"the sentence pool of split {split!r} is empty")
         self.split, self.pool, self.seed, self.extra_voices = split, pool, seed, extra_voices
+        self.piper_probability = piper_share_of_espeak(piper_share, extra_voices)
         self.words_range = tuple(utterance_scale * n for n in WORDS_PER_UTTERANCE)
         self.sentences_range = tuple(utterance_scale * n for n in SENTENCES_PER_UTTERANCE)
         self._epoch, self._position, self._order = -1, len(pool), np.arange(0)
@@ -155,6 +181,8 @@ class SplitPlanner:
                              sentences=tuple(sentences), speaker=speaker.id, prosody=prosody, gain_db=gain_db)
         if "festival" in self.extra_voices and speaker.engine == "espeak-ng" and not held_out:
             plan = self._festival_instead(plan)
+        if self.piper_probability and SPEAKERS_BY_ID[plan.speaker].engine == "espeak-ng" and not held_out:
+            plan = self._piper_instead(plan)
         return plan
 
     def _festival_instead(self, plan: UtterancePlan) -> UtterancePlan:
@@ -173,12 +201,27 @@ class SplitPlanner:
         return dataclasses.replace(plan, speaker=speaker.id, prosody=prosody)
 
 
+    def _piper_instead(self, plan: UtterancePlan) -> UtterancePlan:
+        """The plan with the piper voice for its share of the seen espeak-ng utterances, drawn from a
+        stream of its own, with its voicing and the seed of its noise; the rest of the plan stays."""
+        rng = np.random.default_rng((self.seed, SPLIT_CODES[self.split], plan.index, PIPER_STREAM))
+        if rng.random() >= self.piper_probability:
+            return plan
+        speaker = PIPER_SPEAKERS[rng.integers(len(PIPER_SPEAKERS))]
+        prosody = {"length_scale": round(float(rng.uniform(*PIPER_LENGTH_SCALE)), 3),
+                   "noise_scale": round(float(rng.uniform(*PIPER_NOISE_SCALE)), 3),
+                   "noise_w_scale": round(float(rng.uniform(*PIPER_NOISE_W_SCALE)), 3),
+                   "noise_seed": int(rng.integers(2**31 - 1))}
+        return dataclasses.replace(plan, speaker=speaker.id, prosody=prosody)
+
+
 def plan_utterances(sentences: list[str], seed: int, counts: dict[str, int], utterance_scale: int = 1,
-                    extra_voices: tuple[str, ...] = ()) -> dict[str, list[UtterancePlan]]:
+                    extra_voices: tuple[str, ...] = (),
+                    piper_share: float | None = None) -> dict[str, list[UtterancePlan]]:
     """The first ``counts[split]`` plans of each split (no synthesis; drops are not known yet)."""
     pools = split_sentence_pools(sentences, seed)
     plans = {}
     for split in SPLITS:
-        planner = SplitPlanner(split, pools[split], seed, utterance_scale, extra_voices)
+        planner = SplitPlanner(split, pools[split], seed, utterance_scale, extra_voices, piper_share)
         plans[split] = [planner.next_plan() for _ in range(counts.get(split, 0))]
     return plans

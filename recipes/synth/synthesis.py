@@ -1,6 +1,10 @@
 """Synthesising planned utterances (``recipes.synth.plans``), in worker processes and resumably:
 each finished utterance leaves ``audio/{split}/{id}.flac`` and ``meta/{split}/{id}.json``.
 
+- Progress: one bar per split, in utterances. Slow engines (festival's HTS voice, piper: about 10
+  times espeak-ng's time per utterance) are spread evenly over the plans by their random draws,
+  so the rate and the time left hold from the start; utterances a resumed run finds done start
+  the bar (tqdm's ``initial``) rather than count as speed.
 - Dropped utterances: when a synthesiser uses a phoneme with no ARPAbet equivalent (a foreign
   sound), or a festival diphone voice lacks a diphone (it would say silence in its place), the
   utterance is dropped, counted in the report with its reason, and the next planned utterance of
@@ -109,7 +113,7 @@ def generate_split(out_dir: Path, planner: SplitPlanner, count: int, pool: Worke
     from tqdm import tqdm
 
     kept, dropped = [], []
-    bar = tqdm(total=count, desc=f"synth {planner.split}", unit="utt", disable=not progress)
+    bar = None
     while len(kept) < count:
         plans = [planner.next_plan() for _ in range(count - len(kept))]
         records = {}
@@ -120,7 +124,11 @@ def generate_split(out_dir: Path, planner: SplitPlanner, count: int, pool: Worke
                 pending.append(plan)
             else:
                 records[plan.id] = record
-        bar.update(sum("dropped" not in r for r in records.values()))
+        resumed = sum("dropped" not in r for r in records.values())
+        if bar is None:  # utterances a resumed run finds done are its start, not its speed: no false ETA
+            bar = tqdm(total=count, initial=resumed, desc=f"synth {planner.split}", unit="utt", disable=not progress)
+        else:
+            bar.update(resumed)
         for record in pool.imap([(str(out_dir), plan) for plan in pending]):
             records[record["id"]] = record
             bar.update("dropped" not in record)
@@ -130,5 +138,6 @@ def generate_split(out_dir: Path, planner: SplitPlanner, count: int, pool: Worke
             raise RuntimeError(f"{len(dropped)} {planner.split} utterances dropped for "
                                f"{Counter(d['phoneme'] for d in dropped).most_common(5)}: the phoneme "
                                f"mapping (asr/text/synthesiser_phonemes.py) does not fit this synthesiser version")
-    bar.close()
+    if bar is not None:
+        bar.close()
     return kept, dropped

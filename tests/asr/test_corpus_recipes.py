@@ -52,7 +52,7 @@ def test_missing_manifests_call_the_recipes_preparer_with_root_and_options(tmp_p
                                            "synth_corpus.jobs=1"))
     assert calls == [(tmp_path, {"train_utterances": 7, "dev_utterances": 200, "test_utterances": 200,
                                  "seed": 0, "jobs": 1, "utterance_scale": 1, "extra_voices": None,
-                                 "progress": True})]
+                                 "piper_share": None, "progress": True})]
 
 
 def test_without_a_registered_recipe_missing_manifests_say_to_reinstall(tmp_path, monkeypatch):

@@ -345,7 +345,7 @@ def test_unknown_extra_voices_are_a_usage_error(tmp_path, capsys):
     assert main(["--out", str(tmp_path / "corpus"), "--train", "2", "--extra-voices", "mbrola"]) == 2
     error = capsys.readouterr().err.strip().splitlines()
     assert error == ["recipes.synth.prepare: error: unknown extra voices 'mbrola' (--extra-voices, or "
-                     "synth_corpus.extra_voices in asr.train); the choices are: festival"]
+                     "synth_corpus.extra_voices in asr.train); the choices are: festival, piper"]
     assert not (tmp_path / "corpus" / "synth_config.json").exists()
 
 
