@@ -34,6 +34,8 @@ Rows (each "+ X" is SpecAugment plus X alone, so a row shows what X adds):
                  shifts (Praat's Change gender) for half the utterances
     vtlp         issue 41: today's default (the channel row) + vocal tract length perturbation of the
                  features (alpha 0.8-1.25) for half the utterances
+    piper25      issue 41: today's default + piper's neural voice for a quarter of the seen speakers'
+                 utterances (a corpus of its own: data/synth_piper25); piper50: half (data/synth_piper50)
 
 Run it again after an interruption: finished rows are skipped, an interrupted one resumes from its last
 finished epoch, and evaluations already written are reused. The table accumulates: rows found in an
@@ -65,6 +67,9 @@ CHANNEL = ("data.augment.channel_prob=0.5", "data.augment.volume_prob=0.5")
 VOICES = ("synth_corpus.extra_voices=festival", "data.root=data/synth_voices")
 SPEAKERS = "data.augment.speaker_prob=0.5"   # the ranges are data.augment's defaults (asr/docs/data.md)
 VTLP = "data.augment.vtlp_prob=0.5"
+# issue 41: piper's neural voice speaks a share of the seen speakers' utterances (corpora of their own)
+PIPER_25 = ("synth_corpus.extra_voices=piper", "synth_corpus.piper_share=0.25", "data.root=data/synth_piper25")
+PIPER_50 = ("synth_corpus.extra_voices=piper", "synth_corpus.piper_share=0.5", "data.root=data/synth_piper50")
 ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
     "none": ("no augmentation", ("data.specaugment=false",)),
     "specaugment": ("SpecAugment only (before this issue)", ()),
@@ -76,6 +81,8 @@ ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
     "all": ("all together", (SPEED, REVERB, NOISE, *CHANNEL, *VOICES)),
     "speakers": ("channel and level + formant/pitch speakers (p 0.5)", (*CHANNEL, SPEAKERS)),
     "vtlp": ("channel and level + VTLP 0.8-1.25 (p 0.5)", (*CHANNEL, VTLP)),
+    "piper25": ("channel and level + neural voice (piper, 25 %)", (*CHANNEL, *PIPER_25)),
+    "piper50": ("channel and level + neural voice (piper, 50 %)", (*CHANNEL, *PIPER_50)),
 }
 # Every row starts from the demo as it was before this issue (SpecAugment only), whatever the preset's
 # defaults are now (they follow this table: channel and level are on in the synth presets).
