@@ -91,7 +91,8 @@ def adaptation_source(cfg: DictConfig, overrides: list[str]) -> AdaptationSource
     model (module doc); `overrides` are the command line's (Hydra's task overrides), checked against it."""
     # data.corpus=adapt (the adapt preset's) is the corpus adapt.data_dir is prepared into: it needs both
     if cfg.data.corpus == ADAPTATION_CORPUS and (cfg.init_from in (None, "") or cfg.adapt.data_dir is None):
-        raise ConfigError("this preset adapts a trained model: give init_from=CHECKPOINT_OR_RUN_FOLDER and "
+        raise ConfigError(f"data.corpus={ADAPTATION_CORPUS} (conf=adapt) adapts a trained model to your recordings: "
+                          "give init_from=CHECKPOINT_OR_RUN_FOLDER and "
                           "adapt.data_dir=KALDI_FOLDER (wav.scp and text of your recordings), e.g. python -m "
                           "asr.train conf=adapt init_from=runs/synth_iclustered/<time> adapt.data_dir=my_voice")
     if cfg.init_from in (None, ""):
