@@ -12,7 +12,7 @@ the optimiser state, the step count, the learning-rate schedule and the run fold
 with its own folder, from step 0. Its run folder gets the trained model's lexicon and LM (decoding/),
 so asr.evaluate, asr.transcribe and decoder=lexicon use it as any other.
 
-With adapt.data_dir, the Kaldi-style folder is the training data (asr.data.adaptation_data: corpus
+With adapt.data_dir, the Kaldi-style folder is the training data (asr.training.adaptation_data: corpus
 `adapt` in adapt.prepared_dir, splits train and dev). `adapt.freeze` keeps parts of the model at the
 trained values (`freeze`). `ckpt_path=last` with the same init_from resumes an adaptation run like any
 run; init_from with a ckpt_path file is refused (one is a new run, the other a resumed one).
@@ -27,8 +27,8 @@ import yaml
 from omegaconf import DictConfig
 
 from asr.core.errors import ConfigError
-from asr.data.adaptation_data import (ADAPTATION_CORPUS, DEV, TEST, TRAIN, AdaptationDataError, AdaptationFolders,
-                                      prepare_adaptation_data, summary_line)
+from asr.training.adaptation_data import (ADAPTATION_CORPUS, DEV, TEST, TRAIN, AdaptationDataError,
+                                          AdaptationFolders, prepare_adaptation_data, summary_line)
 from asr.model.checkpoint import CheckpointError, feature_frontend, read_checkpoint
 from asr.model.decoding_files import model_decoding_files
 from asr.model.recognizer import ENCODER_ARGUMENTS, SpeechRecognizer, check_state_dict_fits
@@ -36,6 +36,8 @@ from asr.model.recognizer import ENCODER_ARGUMENTS, SpeechRecognizer, check_stat
 log = logging.getLogger("asr.train")
 
 FREEZE_CHOICES = ("none", "frontend", "encoder_lower_half", "encoder")
+# The model's shape, which the run takes from init_from (model.dropout and model.loss_weights are the run's own)
+MODEL_SHAPE = tuple(key for key in ENCODER_ARGUMENTS if key != "dropout")
 FOLLOWS_THE_MODEL = (", and follows the model an adaptation run starts from; leave it out (config.yaml of the "
                      "run records the model's value)")
 
@@ -143,7 +145,7 @@ def check_overrides_follow_model(cfg: DictConfig, overrides: list[str], source: 
             if attention_settings(cfg.attention).as_config() != hyper["attention"]:
                 raise ConfigError(f"{key}: the attention is the model's ({hyper['attention']}){FOLLOWS_THE_MODEL}; "
                                   "evaluate it with another attention with asr.evaluate attention=...")
-        elif key.startswith("model.") and key[6:] in ENCODER_ARGUMENTS:
+        elif key.startswith("model.") and key[6:] in MODEL_SHAPE:
             if cfg.model[key[6:]] != hyper["model"][key[6:]]:
                 raise ConfigError(f"{key}={cfg.model[key[6:]]!r} does not fit init_from={str(source.path)!r}: its "
                                   f"model has {key}={hyper['model'][key[6:]]!r}{FOLLOWS_THE_MODEL}")
@@ -159,7 +161,7 @@ def check_overrides_follow_model(cfg: DictConfig, overrides: list[str], source: 
 def follow_model(cfg: DictConfig, source: AdaptationSource) -> None:
     """Writes the model's settings into the config, and with adapt.data_dir the adaptation corpus."""
     hyper = source.hyper_parameters
-    for key in ENCODER_ARGUMENTS:
+    for key in MODEL_SHAPE:
         cfg.model[key] = hyper["model"][key]
     if not cfg.model.loss_weights:   # the run's own weights where given, else the trained model's
         cfg.model.loss_weights = dict(hyper["model"].get("loss_weights") or {})
@@ -178,7 +180,7 @@ def follow_model(cfg: DictConfig, source: AdaptationSource) -> None:
 
 
 def prepare_data(cfg: DictConfig) -> None:
-    """The Kaldi-style folders of adapt.* -> manifests in data.root (once; asr.data.adaptation_data)."""
+    """The Kaldi-style folders of adapt.* -> manifests in data.root (once; asr.training.adaptation_data)."""
     adapt = cfg.adapt
     if adapt.data_dir is None:
         return

@@ -13,12 +13,15 @@ import subprocess
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
+import soundfile
 import torch
 import yaml
 
 from asr.core.errors import ConfigError
-from asr.data.adaptation_data import AdaptationDataError, held_out_texts
+from asr.training.adaptation_data import (AdaptationDataError, AdaptationFolders, held_out_texts,
+                                          prepare_adaptation_data)
 from asr.data.datamodule import SpeechDataModule
 from asr.evaluation.evaluation import EvaluateConfig, evaluate
 from asr.evaluation.transcription import TranscribeConfig, transcribe
@@ -178,6 +181,11 @@ def test_errors_name_the_option(tiny_synth, source_run, voice, tmp_path):
                                            "adapt.freeze=all")
     assert "test=true" in refused(*ADAPT, f"init_from={source_run}", f"adapt.data_dir={voice}", "test=true")
     assert "applies to a run that starts from a trained model" in refused("conf=synth_full", "adapt.freeze=encoder")
+    # what the run may set itself: dropout; the model's shape is the model's, whatever the preset says
+    cfg = tiny_config(tiny_synth, *ADAPT, f"init_from={source_run}", f"adapt.data_dir={voice}", "model.dropout=0.3",
+                      "model.layers=5")
+    assert adaptation_source(cfg, ["model.dropout=0.3"]) is not None
+    assert (cfg.model.dropout, cfg.model.layers, list(cfg.data.targets)) == (0.3, 2, ["phones", "chars"])
 
 
 def test_the_command_line_refuses_a_setting_the_model_fixes(source_run, voice, tmp_path):
@@ -199,3 +207,35 @@ def test_the_held_out_sentences_are_seeded_whole_and_never_all():
     assert len(held_out_texts(["x", "y"], 0.9, seed=0)) == 1     # one sentence stays for training
     with pytest.raises(AdaptationDataError, match="two sentences or more"):
         held_out_texts(["x", "x", "x"], 0.1, seed=0)
+
+
+def kaldi_folder(folder: Path, texts: dict[str, str]) -> str:
+    """A Kaldi-style folder of one-second tones, one per utterance id."""
+    folder.mkdir(parents=True)
+    for number, utterance in enumerate(texts):
+        tone = 0.1 * np.sin(2 * np.pi * (200 + 50 * number) * np.arange(16000) / 16000)
+        soundfile.write(folder / f"{utterance}.wav", tone.astype(np.float32), 16000, subtype="PCM_16")
+    (folder / "wav.scp").write_text("".join(f"{u} {folder / u}.wav\n" for u in texts))
+    (folder / "text").write_text("".join(f"{u} {words}\n" for u, words in texts.items()))
+    return str(folder)
+
+
+def test_second_and_third_folders_validate_and_test_and_a_rerun_redoes_nothing(tmp_path):
+    mine = kaldi_folder(tmp_path / "mine", {"u1": "One two", "u2": "three four", "u3": "Five six", "u4": "seven"})
+    other = kaldi_folder(tmp_path / "other", {"u1": "eight nine", "u2": "ten"})     # the same ids as mine's
+    third = kaldi_folder(tmp_path / "third", {"u1": "eleven"})
+    out = tmp_path / "prepared"
+    folders = AdaptationFolders(mine, dev=other, test=third)
+    report = prepare_adaptation_data(folders, out, phones=False, progress=False)
+    assert {split: row["utterances"] for split, row in report["splits"].items()} == {"train": 4, "dev": 2, "test": 1}
+    with gzip.open(out / "adapt_cuts_dev.jsonl.gz", "rt") as handle:
+        dev = {cut["id"]: cut["supervisions"][0]["text"] for cut in map(json.loads, handle)}
+    assert dev == {"dev-u1": "eight nine", "dev-u2": "ten"}
+    written = (out / "adapt_cuts_train.jsonl.gz").stat().st_mtime_ns
+    assert prepare_adaptation_data(folders, out, phones=False, progress=False) == report
+    assert (out / "adapt_cuts_train.jsonl.gz").stat().st_mtime_ns == written
+    held = prepare_adaptation_data(AdaptationFolders(mine), out, phones=False, progress=False)   # settings changed
+    assert {split: row["utterances"] for split, row in held["splits"].items()} == {"train": 3, "dev": 1}
+    (tmp_path / "other" / "wav.scp").unlink()
+    with pytest.raises(AdaptationDataError, match="adapt.dev_data_dir=.*wav.scp is missing"):
+        prepare_adaptation_data(folders, out, phones=False, progress=False)
