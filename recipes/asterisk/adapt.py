@@ -14,7 +14,8 @@ The asterisk dev half (recipes/asterisk: 149 prompts, 8.4 minutes of Allison Smi
    asr.train holds out 10% of the dev sentences (adapt.dev_fraction, seeded: the same part for every
    run). Each step count of the sweep is the run's checkpoint at that step: the preset has no warm-up
    and its plateau schedule follows the validation loss, not the budget, so the checkpoint at step N
-   is what a run with trainer.max_steps=N ends with.
+   is what a run with trainer.max_steps=N ends with (checked on a tiny model: the step-5 and step-10
+   checkpoints of 10- and 20-step runs equal the last.ckpt of 5- and 10-step runs bit for bit).
 3. Every (lr, freeze, steps) is scored by greedy PER on the held-out part; the lowest is chosen (a tie
    goes to fewer steps, then to the order of the sweep).
 4. The trained model as it was and the chosen checkpoint are scored on the asterisk test half (PER,
