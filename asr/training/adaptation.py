@@ -32,6 +32,7 @@ from asr.training.adaptation_data import (ADAPTATION_CORPUS, DEV, TEST, TRAIN, A
 from asr.model.checkpoint import CheckpointError, feature_frontend, read_checkpoint
 from asr.model.decoding_files import model_decoding_files
 from asr.model.recognizer import ENCODER_ARGUMENTS, SpeechRecognizer, check_state_dict_fits
+from asr.model.run_folder import one_process_at_a_time
 
 log = logging.getLogger("asr.train")
 
@@ -179,16 +180,18 @@ def follow_model(cfg: DictConfig, source: AdaptationSource) -> None:
     cfg.data.real_speech_test = None
 
 
-def prepare_data(cfg: DictConfig) -> None:
-    """The Kaldi-style folders of adapt.* -> manifests in data.root (once; asr.training.adaptation_data)."""
+def prepare_data(cfg: DictConfig, run_dir: Path) -> None:
+    """The Kaldi-style folders of adapt.* -> manifests in data.root (once; asr.training.adaptation_data),
+    by one process of a multi-process run at a time (the others find them done)."""
     adapt = cfg.adapt
     if adapt.data_dir is None:
         return
     folders = AdaptationFolders(adapt.data_dir, adapt.dev_data_dir, adapt.test_data_dir)
     try:
-        report = prepare_adaptation_data(folders, cfg.data.root, dev_fraction=adapt.dev_fraction, seed=adapt.dev_seed,
-                                         phones="phones" in cfg.data.targets, skip_bad_audio=cfg.data.skip_bad_audio,
-                                         progress=bool(cfg.data.progress))
+        with one_process_at_a_time(run_dir / ".data_preparation.lock"):
+            report = prepare_adaptation_data(folders, cfg.data.root, dev_fraction=adapt.dev_fraction,
+                                             seed=adapt.dev_seed, phones="phones" in cfg.data.targets,
+                                             skip_bad_audio=cfg.data.skip_bad_audio, progress=bool(cfg.data.progress))
     except AdaptationDataError as error:
         raise ConfigError(str(error)) from None
     log.info("%s", summary_line(report))
@@ -216,7 +219,15 @@ def frozen_modules(model: SpeechRecognizer, freeze: str) -> list:
             "encoder": [encoder]}[freeze]
 
 
-def freeze(model: SpeechRecognizer, freeze: str) -> None:
+def start_model(model: SpeechRecognizer, source: AdaptationSource, freeze: str, resuming: bool) -> None:
+    """The new run's model: the trained weights (unless a resumed run's checkpoint gives them), frozen
+    where adapt.freeze says."""
+    if not resuming:
+        source.initialise(model)
+    freeze_parameters(model, freeze)
+
+
+def freeze_parameters(model: SpeechRecognizer, freeze: str) -> None:
     """Parameters of the frozen part get no gradient, so the optimiser leaves them exactly as they were."""
     for module in frozen_modules(model, freeze):
         for parameter in module.parameters():

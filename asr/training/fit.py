@@ -168,9 +168,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     check_launch_matches_trainer(cfg.trainer)
     resume_from, checkpoint = resolve_checkpoint(cfg.ckpt_path, run_dir)
     adaptation.check_resume(cfg, run_dir, resume_from)
-    if source is not None:   # adapt.data_dir's Kaldi-style folders -> manifests, by one process at a time
-        with one_process_at_a_time(run_dir / ".data_preparation.lock"):
-            adaptation.prepare_data(cfg)
+    if source is not None:   # adapt.data_dir's Kaldi-style folders -> manifests, once
+        adaptation.prepare_data(cfg, run_dir)
     corpus = Corpus.of(cfg.data)
     # A real corpus is the user's: only checked, here, before the run folder is made (its missing
     # manifests stop us); one with a preparer is generated later, once, under the preparation lock.
@@ -190,10 +189,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         log.info("resuming from %s (epoch %s, step %s)", resume_from, checkpoint.get("epoch"),
                  checkpoint.get("global_step"))
         del checkpoint
-    elif source is not None:
-        source.initialise(model)
-    if source is not None:
-        adaptation.freeze(model, cfg.adapt.freeze)
+    if source is not None:   # its weights (a resumed run's come from its checkpoint) and adapt.freeze
+        adaptation.start_model(model, source, cfg.adapt.freeze, resuming=resume_from is not None)
     log.info("%s", model_line(model, attention))
 
     timer = EpochTimer()
