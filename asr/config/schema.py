@@ -119,6 +119,23 @@ class SynthCorpusConfig:
 
 
 @dataclass
+class AdaptConfig:
+    """A run that starts from a trained model (init_from): its data and what it trains
+    (asr/training/adaptation.py; asr/docs/training.md, "Adapting a model to your voice")."""
+    # A Kaldi-style folder of your speech (wav.scp, text; utt2spk and segments optional): the training
+    # data, prepared once into prepared_dir. None: the data.* corpus, as in any run.
+    data_dir: Optional[str] = None
+    dev_data_dir: Optional[str] = None   # a second folder to validate on; None: hold out dev_fraction of data_dir
+    dev_fraction: float = 0.1            # share of data_dir's utterances held out (whole sentences) ...
+    dev_seed: int = 0                    # ... drawn with this seed
+    test_data_dir: Optional[str] = None  # a folder scored at the end when test=true; None: none (then test=false)
+    prepared_dir: Optional[str] = None   # manifests, audio and features; None: <data_dir>/asr_adapt
+    # Parameters that keep the trained model's values: none | frontend (the subsampling convolutions) |
+    # encoder_lower_half (and the lower half of the layers) | encoder (all of it: only the CTC heads learn)
+    freeze: str = "none"
+
+
+@dataclass
 class TrainConfig:
     attention: Dict[str, Any] = field(default_factory=lambda: {"name": "full"})
     model: ModelConfig = field(default_factory=ModelConfig)
@@ -130,6 +147,10 @@ class TrainConfig:
     run_root: str = "runs"             # runs go to <run_root>/<preset>/<timestamp> ...
     run_dir: Optional[str] = None      # ... unless this names the folder
     ckpt_path: Optional[str] = None    # "last": resume the newest run of this preset; or a .ckpt path
+    # Start from a trained model (its .ckpt, or its run folder for checkpoints/best.ckpt): its weights,
+    # tokenizers, feature statistics, front-end, model and attention; a fresh optimiser at step 0
+    init_from: Optional[str] = None
+    adapt: AdaptConfig = field(default_factory=AdaptConfig)   # what a run with init_from trains on and freezes
     test: bool = True                  # evaluate the best checkpoint on the test split at the end
 
 

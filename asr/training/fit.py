@@ -40,6 +40,7 @@ from asr.model.encoder import compile_encoder
 from asr.model.graphed_encoder import graph_encoder
 from asr.model.recognizer import SpeechRecognizer, check_state_dict_fits
 from asr.model.run_folder import check_launch_shares_run_folder, one_process_at_a_time, resolve_checkpoint
+from asr.training import adaptation
 from asr.training.callbacks import (BatchRecorder, EpochCheckpoint, EpochTimer, LatestStepCheckpoint, StepCheckpoint,
                                    ValidateAtStepBudget)
 from asr.training.distributed import CollectiveTimeoutLine, apply_collective_timeout, check_launch_matches_trainer
@@ -162,11 +163,16 @@ def ctrl_c_as_keyboard_interrupt(trainer: L.Trainer):
 def train(cfg: DictConfig, run_dir: Path) -> dict:
     """Trains (or resumes) one run in `run_dir`, tests its best checkpoint, writes results.json."""
     started = time.perf_counter()
+    # init_from: the trained model the run starts from; the config follows it from here on
+    source = adaptation.adaptation_source(cfg, adaptation.command_line_overrides())
     # everything that can be checked is checked before the run folder gets anything of ours
     attention = validate_config(cfg)
     check_launch_shares_run_folder(cfg.run_dir)
     check_launch_matches_trainer(cfg.trainer)
     resume_from, checkpoint = resolve_checkpoint(cfg.ckpt_path, run_dir)
+    adaptation.check_resume(cfg, run_dir, resume_from)
+    if source is not None:   # adapt.data_dir's Kaldi-style folders -> manifests, once
+        adaptation.prepare_data(cfg, run_dir)
     corpus = Corpus.of(cfg.data)
     # A real corpus is the user's: only checked, here, before the run folder is made (its missing
     # manifests stop us); one with a preparer is generated later, once, under the preparation lock.
@@ -179,13 +185,15 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     if rank_zero_only.rank == 0:   # the processes of a multi-process run share the folder; one writes it
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = prepare_data(cfg, corpus, run_dir, checkpoint, generate_corpus=prepared_here)
+    datamodule = prepare_data(cfg, corpus, run_dir, checkpoint, generate_corpus=prepared_here, source=source)
     model = build_model(cfg, attention, datamodule)
     if checkpoint is not None:
         check_state_dict_fits(model, checkpoint["state_dict"], f"checkpoint {resume_from}")
         log.info("resuming from %s (epoch %s, step %s)", resume_from, checkpoint.get("epoch"),
                  checkpoint.get("global_step"))
         del checkpoint
+    if source is not None:   # its weights (a resumed run's come from its checkpoint) and adapt.freeze
+        adaptation.start_model(model, source, cfg.adapt.freeze, resuming=resume_from is not None)
     log.info("%s", model_line(model, attention))
 
     timer = EpochTimer()
@@ -207,24 +215,25 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
 
 
 def prepare_data(cfg: DictConfig, corpus: Corpus, run_dir: Path, checkpoint: dict | None,
-                 generate_corpus: bool) -> SpeechDataModule:
+                 generate_corpus: bool, source: adaptation.AdaptationSource | None = None) -> SpeechDataModule:
     """The data module, set up for fitting (and testing): the corpus generated if its recipe can
     and it must be, its lexicon and LM copied into the run folder, the tokenizers a resumed run's
-    checkpoint has."""
+    checkpoint has. A run from a trained model (`source`, init_from) takes that model's tokenizers,
+    front-end, lexicon and LM."""
     # The processes of a multi-process run prepare the data together: each reads and checks the
     # manifests itself, all at once; what is written (the built-in corpus, the feature cache, the
     # statistics, the run's copies of the lexicon and LM) is written by one process at a time, and
     # whoever comes later finds it on disk (asr.model.run_folder.one_process_at_a_time).
     preparation_lock = partial(one_process_at_a_time, run_dir / ".data_preparation.lock")
     datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed,
-                                  cache_lock=preparation_lock)
-    if checkpoint is not None:
-        datamodule.set_tokenizers(checkpoint["hyper_parameters"]["tokenizers"])
+                                  cache_lock=preparation_lock, filterbank=source.frontend if source else None)
+    if checkpoint is not None or source is not None:
+        datamodule.set_tokenizers((checkpoint or source.checkpoint)["hyper_parameters"]["tokenizers"])
     with preparation_lock():
         if generate_corpus:
             ensure_corpus(cfg, corpus, run_dir)
         # the corpus's lexicon and LM travel with the run folder (asr.model.decoding_files.model_decoding_files)
-        keep_decoding_files_in_run(run_dir, corpus.root)
+        keep_decoding_files_in_run(run_dir, source.decoding_folder if source else corpus.root)
     datamodule.setup("fit")
     if cfg.test:   # the test split's features too, now, not concurrently by every process later
         datamodule.setup("test")
