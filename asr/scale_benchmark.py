@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import csv
 import json
-import os
 import resource
 import subprocess
 import sys
@@ -184,7 +183,8 @@ def prepare_stream_base(source: Path, scratch: Path, shard_cuts: int) -> dict:
     from asr.data.feature_cache import feature_directory
     from asr.data.features import FilterBank
     from asr.data.manifests import cuts_path
-    from asr.data.stream_shards import prepare_stream, stream_folder
+    from asr.data.stream_preparation import prepare_stream
+    from asr.data.stream_shards import stream_folder
 
     done = scratch / "base" / f"stream-{shard_cuts}.json"
     if done.is_file():

@@ -20,7 +20,8 @@ from pathlib import Path
 
 from asr.data.features import FilterBank
 from asr.data.manifests import ManifestError
-from asr.data.stream_shards import StreamedFeatures, StreamIndex, prepare_stream
+from asr.data.stream_preparation import prepare_stream
+from asr.data.stream_shards import StreamedFeatures, StreamIndex
 from asr.data.tokenizers import Tokenizer, UnknownTokenError, build_tokenizer
 from asr.data.waveform_augmentation import speed_factors, transforms_on_the_fly
 from asr.text.phones import DEFAULT_PHONE_SET, PHONE_SETS

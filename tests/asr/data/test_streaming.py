@@ -20,7 +20,8 @@ from asr.data.feature_cache import feature_directory
 from asr.data.features import FilterBank
 from asr.data.manifests import ManifestError, cuts_path
 from asr.data.stream_sampler import StreamingBucketSampler, plan_buckets
-from asr.data.stream_shards import StreamIndex, prepare_stream, read_records, shard_name, stream_folder
+from asr.data.stream_preparation import prepare_stream
+from asr.data.stream_shards import StreamIndex, read_records, shard_name, stream_folder
 
 SHARD_CUTS = 5
 MAX_DURATION = 8.0
