@@ -110,7 +110,8 @@ class DataConfig:
     skip_bad_audio: bool = False          # false: missing/corrupt audio is an error listing every cut
     # The streaming data path for large corpora (asr/data/stream_sampler.py, asr/docs/data.md): every
     # split read from shards prepared once, memory and start-up flat in the corpus's size. true | false |
-    # auto: streams when the training manifest is over 50 MB (about 500 h of cuts) or its shards exist
+    # auto: streams when the training manifest is over 50 MB (about 500 h of cuts) or its shards exist,
+    # unless an option it cannot take is set (asr/docs/data.md, "Large corpora")
     streaming: Any = "auto"
     stream_shard_cuts: int = 1000         # utterances per shard when a split's shards are written
     stream_window_shards: int = 8         # shards batched together: the shuffle's reach, the memory held

@@ -119,20 +119,24 @@ def check_stream_transcripts(index: StreamIndex, tokenizers: dict[str, Tokenizer
 
 def choose_streaming(cfg, train_manifest: Path, train_stream: Path, auto_bytes: int) -> bool:
     """data.streaming resolved: true, false, or auto - a training manifest over `auto_bytes`, or
-    shards of it already prepared in `train_stream`. ValueError naming the data options the
-    streaming path cannot take (they need the audio per batch, asr/docs/data.md)."""
-    streaming = cfg.streaming
-    if streaming == "auto":
+    shards of it already prepared in `train_stream`, unless an option the streaming path cannot take
+    is set (they need the audio per batch, asr/docs/data.md): then auto is the eager path, with a
+    warning for a large manifest, and data.streaming=true a ValueError naming them."""
+    unsupported = [f"{key}={value}" for key, value in (
+        ("data.max_train_utterances", cfg.max_train_utterances),
+        ("data.augment.speed", list(cfg.augment.speed) if speed_factors(cfg.augment) else None),
+        ("data.augment (waveform transforms)", "on" if transforms_on_the_fly(cfg.augment) else None),
+        ("data.precompute_features", None if cfg.precompute_features else False)) if value is not None]
+    if cfg.streaming == "auto":
         size = os.path.getsize(train_manifest) if os.path.isfile(train_manifest) else 0
-        streaming = size > auto_bytes or StreamIndex.open(train_stream, train_manifest) is not None
-    if streaming:
-        unsupported = [f"{key}={value}" for key, value in (
-            ("data.max_train_utterances", cfg.max_train_utterances),
-            ("data.augment.speed", list(cfg.augment.speed) if speed_factors(cfg.augment) else None),
-            ("data.augment (waveform transforms)", "on" if transforms_on_the_fly(cfg.augment) else None),
-            ("data.precompute_features", None if cfg.precompute_features else False)) if value is not None]
-        if unsupported:
-            raise ValueError(f"the streaming data path (data.streaming={str(cfg.streaming).lower()}) reads features "
-                             f"from prepared shards and does not take {', '.join(unsupported)}: leave these at "
-                             "their defaults, or set data.streaming=false")
-    return bool(streaming)
+        large = size > auto_bytes
+        if large and unsupported:   # the user's options win over the default; say what streaming would need
+            log.warning("data.streaming=auto: the training manifest is %.0f MB, but %s need the eager path (its "
+                        "start-up and memory grow with the corpus: asr/docs/data.md, \"Large corpora\")",
+                        size / 2**20, ", ".join(unsupported))
+        return not unsupported and (large or StreamIndex.open(train_stream, train_manifest) is not None)
+    if cfg.streaming and unsupported:
+        raise ValueError(f"the streaming data path (data.streaming=true) reads features from prepared shards and "
+                         f"does not take {', '.join(unsupported)}: leave these at their defaults, or set "
+                         "data.streaming=false")
+    return bool(cfg.streaming)

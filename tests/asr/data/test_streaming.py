@@ -222,6 +222,7 @@ def test_auto_streams_a_corpus_whose_shards_are_prepared_and_options_it_cannot_t
     module = streamed_module(corpus)
     module.setup("fit")   # the index fixture prepared the training split's shards
     assert module.streaming and module.report()["train"]["utterances"] == 43
+    assert not streamed_module(corpus, max_train_utterances=4).streaming   # auto: the option the user set wins
     with pytest.raises(ValueError, match="does not take data.max_train_utterances=4"):
         streamed_module(corpus, streaming=True, max_train_utterances=4).setup("fit")
     with pytest.raises(ValueError, match=r"data.augment.speed=\[0.9, 1.0, 1.1\]"):
