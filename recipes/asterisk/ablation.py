@@ -49,7 +49,6 @@ import argparse
 import json
 import os
 import shutil
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -57,6 +56,7 @@ from pathlib import Path
 import yaml
 
 from asr.core.exit_status import SUCCESS, USAGE_ERROR, run_command
+from recipes.child_run import run_to_end
 
 PRESET = "synth_iclustered"
 DEFAULT_STEPS = 2000   # the demo's step budget (conf/trainer/synth.yaml)
@@ -112,12 +112,7 @@ def train_row(row: str, run_dir: Path, steps: int, extra: list[str]) -> int:
         command.append(f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}")
     print(f"[ablation] {row}: {' '.join(command[2:])}", flush=True)
     load_before = os.getloadavg()[0]
-    process = subprocess.Popen(command)
-    try:
-        status = process.wait()
-    except KeyboardInterrupt:
-        process.wait()   # the same Ctrl-C reached asr.train: let it finish its own clean shutdown
-        raise
+    status = run_to_end(command)
     if status == SUCCESS:
         (run_dir / "load.json").write_text(json.dumps({"before": load_before, "after": os.getloadavg()[0]}) + "\n")
     return status

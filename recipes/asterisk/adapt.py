@@ -31,7 +31,6 @@ import argparse
 import gzip
 import json
 import math
-import subprocess
 import sys
 import time
 from itertools import product
@@ -39,6 +38,7 @@ from pathlib import Path
 
 from asr.core.exit_status import SUCCESS, USAGE_ERROR, run_command
 from asr.training.adaptation import FREEZE_CHOICES
+from recipes.child_run import run_to_end
 
 REAL_SPEECH = "asterisk"
 REAL_SPEECH_ROOT = Path("data/asterisk")   # prepared there on first use (recipes.asterisk.prepare)
@@ -137,12 +137,7 @@ def format_tables(sweep: list[dict], results: list[dict]) -> str:
 
 def train_run(command: list[str]) -> int:
     print(f"[adapt] {' '.join(command[2:])}", flush=True)
-    process = subprocess.Popen(command)
-    try:
-        return process.wait()
-    except KeyboardInterrupt:
-        process.wait()   # the same Ctrl-C reached asr.train: let it finish its own clean shutdown
-        raise
+    return run_to_end(command)
 
 
 def build_parser() -> argparse.ArgumentParser:

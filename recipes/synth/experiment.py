@@ -33,7 +33,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -44,6 +43,7 @@ from attention_ext.comparisons import further_attentions
 from recipes.synth.experiment_results import experiment_results, plot_training_curves, publish, with_columns_from
 from recipes.synth.experiment_settings import DEFAULT_SETTING, PRESETS, SETTINGS
 from recipes.synth.paper_findings import format_findings, paper_findings
+from recipes.child_run import run_to_end
 
 
 def train_preset(preset: str, run_dir: Path, budget: list[str], overrides: list[str]) -> int:
@@ -52,12 +52,7 @@ def train_preset(preset: str, run_dir: Path, budget: list[str], overrides: list[
     if (run_dir / "checkpoints" / "last.ckpt").is_file():
         command.append(f"ckpt_path={run_dir / 'checkpoints' / 'last.ckpt'}")
     print(f"[experiment] {' '.join(command[1:])}", flush=True)
-    process = subprocess.Popen(command)
-    try:
-        return process.wait()
-    except KeyboardInterrupt:
-        process.wait()   # the same Ctrl-C reached asr.train: let it finish its own clean shutdown
-        raise
+    return run_to_end(command)
 
 
 def training_budget(steps: int | None, minutes: float | None) -> list[str]:
