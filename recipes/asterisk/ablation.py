@@ -53,8 +53,6 @@ import sys
 import time
 from pathlib import Path
 
-import yaml
-
 from asr.core.exit_status import SUCCESS, USAGE_ERROR, run_command
 from recipes.child_run import run_to_end
 
