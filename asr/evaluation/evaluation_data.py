@@ -77,6 +77,10 @@ def prepare_missing_split(config: DataConfig, split: str, progress: bool = True)
                               f"{error}") from error
 
 
+# data.* keys that shape only the training split (asr.data.datamodule applies them to data.train_split)
+TRAINING_ONLY = ("augment", "max_train_utterances")
+
+
 @dataclass
 class EvaluationData:
     """What to score: a data module with the model's tokenizers, the split, the heads with references."""
@@ -124,7 +128,14 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
     its heads, no SpecAugment)."""
     overrides = dict(data_overrides or {})
     _check_data_option_names(overrides)
-    settings = {**trained_data_config(checkpoint), **overrides}
+    for key in TRAINING_ONLY:
+        if key in overrides:
+            raise EvaluationError(f"data.{key} shapes the training set only; an evaluation scores the utterances "
+                                  "as they are: leave it out")
+    # the model's training settings, less what shaped its training set (speed-perturbed copies, a cap on
+    # the utterances): a split named as the training split, or a data_dir, is scored as it is
+    settings = {key: value for key, value in trained_data_config(checkpoint).items() if key not in TRAINING_ONLY}
+    settings.update(overrides)
     kinds = list(model.tokenizers)
     frontend = model.frontend                   # features as the model was trained on (from its checkpoint)
     settings["num_mel_bins"] = frontend.num_mel_bins

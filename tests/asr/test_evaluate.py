@@ -339,6 +339,28 @@ def test_the_command_line_wins_over_the_stored_run_config(trained, tiny_synth, t
             evaluation_data(model, checkpoint, data_overrides=data, progress=False)
 
 
+def test_what_shaped_the_training_set_is_not_applied_to_an_evaluation(trained, tiny_synth, tmp_path):
+    """A model trained with speed-perturbed copies and a cap on the training utterances (an adapted model
+    has speed copies by default) scores a split named as the training split, or a data_dir, as it is:
+    every utterance once. Asking for either at evaluation is refused."""
+    run = tmp_path / "run"
+    (run / "checkpoints").mkdir(parents=True)
+    shutil.copy(best(trained["synth_full"]), run / "checkpoints" / "best.ckpt")
+    stored = yaml.safe_load((trained["synth_full"] / "config.yaml").read_text())
+    stored["data"].update(root=str(tiny_synth), max_train_utterances=2,
+                          augment={**stored["data"].get("augment", {}), "speed": [0.9, 1.0, 1.1]})
+    (run / "config.yaml").write_text(yaml.safe_dump(stored))
+    checkpoint = str(run / "checkpoints" / "best.ckpt")
+    model = load_model(checkpoint)
+    with gzip.open(tiny_synth / "synth_cuts_train.jsonl.gz", "rt") as handle:
+        ids = sorted(json.loads(line)["id"] for line in handle)
+    data = evaluation_data(model, checkpoint, "train", progress=False)
+    assert sorted(cut.id for cut in data.datamodule.split("train", features=False).cuts) == ids
+    for key, value in (("augment", {"speed": [0.9, 1.0, 1.1]}), ("max_train_utterances", 2)):
+        with pytest.raises(EvaluationError, match=f"data.{key} shapes the training set only"):
+            evaluation_data(model, checkpoint, data_overrides={key: value}, progress=False)
+
+
 # ---- shared-QK models in the key form they were trained with (issue 31) ------------------------------
 def dev_batch_log_probs(model, checkpoint: Path, attention: str, shared_qk_keys: str) -> dict:
     """The model's log-probs on the dev split's first batch, in float64, under `attention`."""
