@@ -124,8 +124,8 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
 
     What the command line gives wins over the run folder's stored config: data.<key> overrides,
     and `progress` (unless data.progress is given) over the stored data.progress. An override
-    that would be ignored is an error: an unknown key, or one the model fixes (its feature bins,
-    its heads, no SpecAugment)."""
+    that would be ignored is an error: an unknown key, one the model fixes (its feature bins,
+    its heads, no SpecAugment), or one that shapes only a training set (TRAINING_ONLY)."""
     overrides = dict(data_overrides or {})
     _check_data_option_names(overrides)
     for key in TRAINING_ONLY:
