@@ -91,13 +91,18 @@ class EvaluationData:
 
 
 def _check_data_option_names(overrides: dict) -> None:
-    """EvaluationError for a data.<key> override that names no data option (with the nearest one)."""
+    """EvaluationError for a data.<key> override that names no data option (with the nearest one), or
+    one that shapes only a training set."""
     unknown = sorted(set(overrides) - set(DataConfig.__dataclass_fields__))
     if unknown:
         meant = closest_name(unknown[0], DataConfig.__dataclass_fields__)
         raise EvaluationError(f"data.{unknown[0]} is not a data option; did you mean data.{meant}?" if meant else
                               f"data.{unknown[0]} is not a data option; they are: "
                               f"{', '.join(DataConfig.__dataclass_fields__)}")
+    for key in TRAINING_ONLY:
+        if key in overrides:
+            raise EvaluationError(f"data.{key} shapes the training set only; an evaluation scores the utterances "
+                                  "as they are: leave it out")
 
 
 def _evaluation_data_config(settings: dict, overrides: dict) -> DataConfig:
@@ -128,13 +133,10 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
     its heads, no SpecAugment), or one that shapes only a training set (TRAINING_ONLY)."""
     overrides = dict(data_overrides or {})
     _check_data_option_names(overrides)
-    for key in TRAINING_ONLY:
-        if key in overrides:
-            raise EvaluationError(f"data.{key} shapes the training set only; an evaluation scores the utterances "
-                                  "as they are: leave it out")
     # the model's training settings, less what shaped its training set (speed-perturbed copies, a cap on
     # the utterances): a split named as the training split, or a data_dir, is scored as it is
-    settings = {key: value for key, value in trained_data_config(checkpoint).items() if key not in TRAINING_ONLY}
+    trained = trained_data_config(checkpoint)
+    settings = {key: value for key, value in trained.items() if key not in TRAINING_ONLY}
     settings.update(overrides)
     kinds = list(model.tokenizers)
     frontend = model.frontend                   # features as the model was trained on (from its checkpoint)
@@ -154,7 +156,6 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
             raise EvaluationError(f"data_dir={str(data_dir)!r} has word transcripts only, but this model's "
                                   f"heads are {kinds}; it needs a chars or sentencepiece head to be scored")
     else:
-        trained = trained_data_config(checkpoint)
         if "corpus" in overrides and "root" not in overrides and overrides["corpus"] != trained.get("corpus"):
             settings["root"] = default_root(overrides["corpus"])   # another corpus: where its recipe writes
         if "root" not in settings:
