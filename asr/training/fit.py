@@ -62,7 +62,9 @@ def ensure_corpus(cfg: DictConfig, corpus: Corpus | None = None, run_dir: Path |
     the one resolved from cfg.data (resolved here when not given)."""
     corpus = corpus or Corpus.of(cfg.data)
     data, root = cfg.data, corpus.root
-    missing = corpus.missing_splits(data.train_split, data.dev_split, data.test_split)
+    # test=false never reads the test split: a corpus need not have one (a held-out part of your own recordings)
+    splits = (data.train_split, data.dev_split) + ((data.test_split,) if cfg.test else ())
+    missing = corpus.missing_splits(*splits)
     if not missing:
         return
     recipe = corpus_recipe(corpus.name)
@@ -80,8 +82,7 @@ def ensure_corpus(cfg: DictConfig, corpus: Corpus | None = None, run_dir: Path |
     except ValueError as error:   # an option value it refuses, or data.root made with other settings
         raise ConfigError(f"corpus {corpus.name} in data.root={str(root)!r}: {error}") from None
     # a split the preparer did not write is left to the data module, whose error names it
-    written = [split for split in dict.fromkeys((data.train_split, data.dev_split, data.test_split))
-               if split not in corpus.missing_splits(split)]
+    written = [split for split in dict.fromkeys(splits) if split not in corpus.missing_splits(split)]
     lines = format_corpus_summary(corpus.name, {split: summarise_split(corpus, split) for split in written},
                                   data.train_split, data.test_split)
     if run_dir is not None:

@@ -142,3 +142,12 @@ def test_a_toy_corpus_without_a_preparer_names_its_prepare_command(tmp_path, mon
     with pytest.raises(ManifestError, match=r"python -m recipes.toyreal.prepare --out"):   # the data module too
         from asr.data.datamodule import SpeechDataModule
         SpeechDataModule(cfg.data).setup("fit")
+
+
+def test_a_corpus_without_a_test_split_trains_with_test_false_and_is_refused_with_test_true(tmp_path):
+    for split in ("train", "dev"):   # only their presence is checked here
+        (tmp_path / f"mine_cuts_{split}.jsonl.gz").write_bytes(b"")
+    asr.training.fit.ensure_corpus(compose_config(f"data.root={tmp_path}", "data.corpus=mine", "test=false"))
+    with pytest.raises(ConfigError) as error:
+        asr.training.fit.ensure_corpus(compose_config(f"data.root={tmp_path}", "data.corpus=mine", "test=true"))
+    assert "has no mine_cuts_<split>.jsonl.gz for split(s) ['test']" in str(error.value)
