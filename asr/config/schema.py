@@ -133,6 +133,10 @@ class AdaptConfig:
     # Parameters that keep the trained model's values: none | frontend (the subsampling convolutions) |
     # encoder_lower_half (and the lower half of the layers) | encoder (all of it: only the CTC heads learn)
     freeze: str = "none"
+    # Seconds of the trained model's own training data mixed into training per second of yours (0: none):
+    # the adapted model then forgets less of the voices it was trained on (asr/training/adaptation_data.py)
+    rehearsal: float = 0.0
+    rehearsal_cuts: Optional[str] = None   # that data's cuts manifest; None: the training split init_from's run folder names
 
 
 @dataclass

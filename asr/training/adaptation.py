@@ -27,8 +27,10 @@ import yaml
 from omegaconf import DictConfig
 
 from asr.core.errors import ConfigError
-from asr.training.adaptation_data import (ADAPTATION_CORPUS, DEV, TEST, TRAIN, AdaptationDataError,
-                                          AdaptationFolders, prepare_adaptation_data, summary_line)
+from asr.training.adaptation_data import (ADAPTATION_CORPUS, DEV, REHEARSAL_SPLIT, TEST, TRAIN,
+                                          AdaptationDataError, AdaptationFolders, prepare_adaptation_data,
+                                          rehearsal_line, summary_line, write_rehearsal_split)
+from asr.data.manifests import cuts_path
 from asr.model.checkpoint import CheckpointError, feature_frontend, read_checkpoint
 from asr.model.decoding_files import model_decoding_files
 from asr.model.recognizer import ENCODER_ARGUMENTS, SpeechRecognizer, check_state_dict_fits
@@ -126,8 +128,15 @@ def check_adapt_section(cfg: DictConfig) -> None:
         raise ConfigError(f"adapt.freeze={adapt.freeze!r} is not allowed: choose one of {', '.join(FREEZE_CHOICES)}")
     if not 0.0 < adapt.dev_fraction < 1.0:
         raise ConfigError(f"adapt.dev_fraction={adapt.dev_fraction!r} is not allowed: a share in (0, 1), e.g. 0.1")
+    if not (isinstance(adapt.rehearsal, (int, float)) and 0.0 <= adapt.rehearsal <= 100.0):
+        raise ConfigError(f"adapt.rehearsal={adapt.rehearsal!r} is not allowed: seconds of the trained model's "
+                          "training data per second of yours, from 0 (none) to 100, e.g. 1")
+    if adapt.rehearsal_cuts is not None and not adapt.rehearsal:
+        raise ConfigError(f"adapt.rehearsal_cuts={adapt.rehearsal_cuts!r} needs adapt.rehearsal > 0 (how much of it "
+                          "to mix in), e.g. adapt.rehearsal=1")
     if adapt.data_dir is None:
         others = [key for key in ("dev_data_dir", "test_data_dir", "prepared_dir") if adapt[key] is not None]
+        others += ["rehearsal"] if adapt.rehearsal else []
         if others:
             raise ConfigError(f"adapt.{others[0]}={adapt[others[0]]!r} needs adapt.data_dir (the folder to train on)")
         return
@@ -178,6 +187,32 @@ def follow_model(cfg: DictConfig, source: AdaptationSource) -> None:
     cfg.data.train_split, cfg.data.dev_split = TRAIN, DEV
     cfg.data.test_split = TEST if adapt.test_data_dir else DEV   # asr.evaluate's default split: the held-out part
     cfg.data.real_speech_test = None
+    if adapt.rehearsal:
+        cfg.data.train_split = REHEARSAL_SPLIT
+        adapt.rehearsal_cuts = str(rehearsal_manifest(adapt.rehearsal_cuts, source.path))
+
+
+def rehearsal_manifest(given: str | None, checkpoint: Path) -> Path:
+    """The cuts manifest adapt.rehearsal mixes in: `given`, or the training split the config.yaml of the
+    checkpoint's run folder names (its data.root relative to the current folder, as asr.train reads it)."""
+    if given is not None:
+        path = Path(given).expanduser()
+        if not path.is_file():
+            raise ConfigError(f"adapt.rehearsal_cuts={given!r}: no such file; give a cuts manifest "
+                              "(<corpus>_cuts_<split>.jsonl.gz) of the data the model was trained on")
+        return path.resolve()
+    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
+    stored = run_dir / "config.yaml"
+    data = ((yaml.safe_load(stored.read_text()) or {}).get("data") or {}) if stored.is_file() else {}
+    path = cuts_path(data["root"], data["corpus"], data.get("train_split", TRAIN)) \
+        if data.get("root") and data.get("corpus") else None
+    if path is None or not path.is_file():
+        found = (f"{stored} names its training split {path}, which is not there" if path is not None
+                 else f"{stored} is not there to name its training data")
+        raise ConfigError(f"adapt.rehearsal mixes in the trained model's training data, but {found}; give "
+                          "adapt.rehearsal_cuts=<the cuts manifest it was trained on> (from the folder asr.train ran in, "
+                          "a relative data.root is relative to it)")
+    return path.resolve()
 
 
 def prepare_data(cfg: DictConfig, run_dir: Path) -> None:
@@ -192,9 +227,14 @@ def prepare_data(cfg: DictConfig, run_dir: Path) -> None:
             report = prepare_adaptation_data(folders, cfg.data.root, dev_fraction=adapt.dev_fraction,
                                              seed=adapt.dev_seed, phones="phones" in cfg.data.targets,
                                              skip_bad_audio=cfg.data.skip_bad_audio, progress=bool(cfg.data.progress))
+            if adapt.rehearsal:   # written at every start: one pass over the manifest, the same for the same settings
+                taken = write_rehearsal_split(cfg.data.root, adapt.rehearsal_cuts, adapt.rehearsal,
+                                              seed=adapt.dev_seed, phones="phones" in cfg.data.targets)
     except AdaptationDataError as error:
         raise ConfigError(str(error)) from None
     log.info("%s", summary_line(report))
+    if adapt.rehearsal:
+        log.info("%s", rehearsal_line(taken))
 
 
 def check_resume(cfg: DictConfig, run_dir: Path, resume_from: Path | None) -> None:

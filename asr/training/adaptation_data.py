@@ -20,9 +20,20 @@ is given, with the audio converted once to 16 kHz FLAC (asr.data.manifest_builde
   a sound outside ARPAbet is left out and counted (`unmappable_phoneme`).
 - Resumption: a preparation with the same folders (their files' size and time) and settings is
   not redone; another held-out share rewrites the manifests and reuses the converted audio.
+- Rehearsal (`adapt.rehearsal` > 0, `write_rehearsal_split`): the training split becomes
+  `train_rehearsal`, the train split's utterances followed by utterances of the trained model's own
+  training data (`adapt.rehearsal_cuts`) whose duration is `adapt.rehearsal` times theirs, so the
+  model keeps hearing the voices it was trained on while it learns yours. Decisions: the sample is
+  fixed for the run (not drawn afresh each epoch), chosen by a hash of (seed, cut id), so it does
+  not depend on the manifest's order and streams through a manifest of any size; its ids get the
+  prefix `rehearsal-`, so they never meet your ids; relative audio paths are made absolute.
 """
 from __future__ import annotations
 
+import gzip
+import hashlib
+import heapq
+import json
 import logging
 import os
 import random
@@ -38,6 +49,8 @@ TRAIN, DEV, TEST = "train", "dev", "test"
 PHONE_SET = "arpabet39"
 ESPEAK_VOICE = "en-us"
 UNMAPPABLE_PHONEME = "unmappable_phoneme"
+REHEARSAL_SPLIT = "train_rehearsal"   # the training split of a run with adapt.rehearsal > 0
+REHEARSAL_PREFIX = "rehearsal-"
 
 log = logging.getLogger("asr.train")
 
@@ -182,3 +195,79 @@ def summary_line(report: dict) -> str:
     dropped = report.get("dropped_utterances") or 0
     return f"adaptation data in {report['out_dir']}: {splits}" + (
         f"; left out {dropped} (listed in {ADAPTATION_CORPUS}_report.json)" if dropped else "")
+
+
+def _read_cuts(path: Path):
+    """The cuts of a .jsonl.gz manifest, one dict at a time."""
+    with gzip.open(path, "rt") as handle:
+        for line in handle:
+            if line.strip():
+                yield json.loads(line)
+
+
+def _rehearsal_cut(cut: dict, folder: Path, phones: bool, manifest: Path) -> dict:
+    """A cut of the trained model's training data as a cut of the rehearsal split: ids prefixed,
+    relative audio paths made absolute (they are relative to the manifest's folder)."""
+    cut = json.loads(json.dumps(cut))   # a copy
+    supervisions = cut.get("supervisions") or []
+    if not supervisions or not supervisions[0].get("text") or (
+            phones and not (supervisions[0].get("custom") or {}).get("phones")):
+        raise AdaptationDataError(f"adapt.rehearsal_cuts={str(manifest)!r}: cut {cut.get('id')!r} has no "
+                                  f"{'phones' if phones else 'transcript'}; give the training manifest of the "
+                                  "trained model (its cuts carry the targets it was trained on)")
+    recording = cut.get("recording") or {}
+    for source in recording.get("sources", []):
+        if source.get("type") == "file" and not Path(source["source"]).is_absolute():
+            source["source"] = str(folder / source["source"])
+    cut["id"] = REHEARSAL_PREFIX + cut["id"]
+    if "id" in recording:
+        recording["id"] = REHEARSAL_PREFIX + recording["id"]
+    for supervision in supervisions:
+        supervision["id"] = REHEARSAL_PREFIX + supervision["id"]
+        supervision["recording_id"] = recording.get("id", supervision.get("recording_id"))
+    return cut
+
+
+def write_rehearsal_split(out_dir: str | Path, rehearsal_cuts: str | Path, share: float, seed: int = 0,
+                          phones: bool = True) -> dict:
+    """Writes <out_dir>/adapt_cuts_train_rehearsal.jsonl.gz (module doc, "Rehearsal"): the train split's
+    cuts, then the cuts of `rehearsal_cuts` with the lowest sha1(seed, id) whose durations first add
+    up to `share` times the train split's. Returns what it took: utterances and seconds of each."""
+    from asr.data.manifests import cuts_path
+    out_dir, manifest = Path(out_dir), Path(rehearsal_cuts).resolve()
+    own = list(_read_cuts(cuts_path(out_dir, ADAPTATION_CORPUS, TRAIN)))
+    own_seconds = sum(cut["duration"] for cut in own)
+    wanted = share * own_seconds
+    # the cuts of lowest key that cover `wanted`: a max-heap on the key, the highest dropped while the
+    # others still cover it (memory: the sample, not the manifest)
+    kept, total = [], 0.0
+    for cut in _read_cuts(manifest):
+        key = hashlib.sha1(f"{seed}:{cut['id']}".encode()).hexdigest()
+        heapq.heappush(kept, (_negated(key), cut["id"], cut))
+        total += cut["duration"]
+        while kept and total - kept[0][2]["duration"] >= wanted:
+            total -= heapq.heappop(kept)[2]["duration"]
+    if not kept:
+        raise AdaptationDataError(f"adapt.rehearsal_cuts={str(manifest)!r} holds no utterances")
+    sample = [_rehearsal_cut(cut, manifest.parent, phones, manifest)
+              for _, _, cut in sorted(kept, key=lambda item: item[1])]
+    target = cuts_path(out_dir, ADAPTATION_CORPUS, REHEARSAL_SPLIT)
+    partial = target.with_name(target.name + ".partial")
+    with gzip.open(partial, "wt") as handle:
+        for cut in own + sample:
+            handle.write(json.dumps(cut) + "\n")
+    os.replace(partial, target)
+    return {"source": str(manifest), "own_utterances": len(own), "own_seconds": own_seconds, "wanted_seconds": wanted,
+            "rehearsal_utterances": len(sample), "rehearsal_seconds": sum(cut["duration"] for cut in sample)}
+
+
+def _negated(key: str) -> str:
+    """A string that sorts in the reverse order of the hex digest `key` (heapq is a min-heap)."""
+    return "".join("0123456789abcdef"[15 - int(char, 16)] for char in key)
+
+
+def rehearsal_line(taken: dict) -> str:
+    short = taken["rehearsal_seconds"] < taken["wanted_seconds"]
+    return (f"rehearsal: {taken['rehearsal_utterances']} utterances ({taken['rehearsal_seconds'] / 60:.1f} min"
+            f"{', all it has: less than adapt.rehearsal asks' if short else ''}) of {taken['source']} beside your "
+            f"{taken['own_utterances']} ({taken['own_seconds'] / 60:.1f} min)")

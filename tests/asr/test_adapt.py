@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import filecmp
 import gzip
+import hashlib
 import json
 import subprocess
 import sys
@@ -21,7 +22,7 @@ import yaml
 
 from asr.core.errors import ConfigError
 from asr.training.adaptation_data import (AdaptationDataError, AdaptationFolders, held_out_texts,
-                                          prepare_adaptation_data)
+                                          prepare_adaptation_data, write_rehearsal_split)
 from asr.data.datamodule import SpeechDataModule
 from asr.evaluation.evaluation import EvaluateConfig, evaluate
 from asr.evaluation.transcription import TranscribeConfig, transcribe
@@ -239,3 +240,104 @@ def test_second_and_third_folders_validate_and_test_and_a_rerun_redoes_nothing(t
     (tmp_path / "other" / "wav.scp").unlink()
     with pytest.raises(AdaptationDataError, match="adapt.dev_data_dir=.*wav.scp is missing"):
         prepare_adaptation_data(folders, out, phones=False, progress=False)
+
+
+def rehearsal_manifest(path: Path, durations: list[float], phones: bool = True) -> list[dict]:
+    """A training manifest of cuts with relative audio paths (the files need not exist here)."""
+    cuts = [{"id": f"old-{number}", "start": 0.0, "duration": duration, "channel": 0, "type": "MonoCut",
+             "supervisions": [{"id": f"old-{number}", "recording_id": f"old-{number}", "start": 0.0,
+                               "duration": duration, "channel": 0, "text": "hello there",
+                               "custom": {"phones": "HH AH L OW DH EH R"} if phones else {}}],
+             "recording": {"id": f"old-{number}", "sources": [{"type": "file", "channels": [0],
+                                                               "source": f"audio/old-{number}.flac"}],
+                           "sampling_rate": 16000, "num_samples": int(duration * 16000), "duration": duration,
+                           "channel_ids": [0]}} for number, duration in enumerate(durations)]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with gzip.open(path, "wt") as handle:
+        handle.writelines(json.dumps(cut) + "\n" for cut in cuts)
+    return cuts
+
+
+def read_manifest(path: Path) -> list[dict]:
+    with gzip.open(path, "rt") as handle:
+        return [json.loads(line) for line in handle]
+
+
+def test_rehearsal_adds_the_seeded_lowest_keys_covering_its_share_in_any_manifest_order(tmp_path):
+    mine = kaldi_folder(tmp_path / "mine", {"u1": "one two", "u2": "three four", "u3": "five"})   # 3 s of tones
+    out = tmp_path / "prepared"
+    prepare_adaptation_data(AdaptationFolders(mine, dev=kaldi_folder(tmp_path / "dev", {"d": "six"})), out,
+                            phones=False, progress=False)
+    durations = [0.5 + 0.25 * (number % 7) for number in range(40)]
+    cuts = rehearsal_manifest(tmp_path / "old" / "old_cuts_train.jsonl.gz", durations)
+    taken = write_rehearsal_split(out, tmp_path / "old" / "old_cuts_train.jsonl.gz", share=2.0, seed=3)
+    written = read_manifest(out / "adapt_cuts_train_rehearsal.jsonl.gz")
+    own = read_manifest(out / "adapt_cuts_train.jsonl.gz")
+    assert written[:len(own)] == own   # every one of yours, as prepared
+    # brute force: the cuts in the order of sha1(seed:id), taken until they cover 2 x 3 s
+    by_key = sorted(cuts, key=lambda cut: hashlib.sha1(f"3:{cut['id']}".encode()).hexdigest())
+    expected, seconds = [], 0.0
+    for cut in by_key:
+        if seconds >= 6.0:
+            break
+        expected.append(cut["id"])
+        seconds += cut["duration"]
+    sample = written[len(own):]
+    assert sorted(cut["id"] for cut in sample) == sorted(f"rehearsal-{cut_id}" for cut_id in expected)
+    assert taken["rehearsal_seconds"] == pytest.approx(seconds) and seconds >= 6.0
+    assert taken["own_seconds"] == pytest.approx(3.0) and taken["rehearsal_utterances"] == len(expected)
+    first = sample[0]
+    assert first["recording"]["id"] == first["supervisions"][0]["recording_id"] == first["id"]
+    assert first["recording"]["sources"][0]["source"] == str(tmp_path / "old" / f"audio/{first['id'][10:]}.flac")
+    # the same sample whatever the manifest's order; another seed another sample
+    rehearsal_manifest(tmp_path / "shuffled" / "old_cuts_train.jsonl.gz", durations)
+    lines = (tmp_path / "shuffled" / "old_cuts_train.jsonl.gz")
+    reordered = read_manifest(lines)[::-1]
+    with gzip.open(lines, "wt") as handle:
+        handle.writelines(json.dumps(cut) + "\n" for cut in reordered)
+    write_rehearsal_split(out, lines, share=2.0, seed=3)
+    assert sorted(cut["id"] for cut in read_manifest(out / "adapt_cuts_train_rehearsal.jsonl.gz")[len(own):]) \
+        == sorted(cut["id"] for cut in sample)
+    write_rehearsal_split(out, lines, share=2.0, seed=4)
+    assert sorted(cut["id"] for cut in read_manifest(out / "adapt_cuts_train_rehearsal.jsonl.gz")[len(own):]) \
+        != sorted(cut["id"] for cut in sample)
+    rehearsal_manifest(tmp_path / "nophones" / "old_cuts_train.jsonl.gz", durations, phones=False)
+    with pytest.raises(AdaptationDataError, match="adapt.rehearsal_cuts=.*has no phones"):
+        write_rehearsal_split(out, tmp_path / "nophones" / "old_cuts_train.jsonl.gz", share=1.0, phones=True)
+
+
+def test_rehearsal_trains_on_your_speech_and_the_models_own_training_data(tiny_synth, source_run, voice, tmp_path):
+    cfg = adapt_config(tiny_synth, source_run, voice, "adapt.rehearsal=1", "trainer.max_epochs=1",
+                       f"adapt.prepared_dir={tmp_path / 'prepared'}")
+    train(cfg, tmp_path / "run")
+    stored = yaml.safe_load((tmp_path / "run" / "config.yaml").read_text())
+    # the training data the source run's config.yaml names, recorded in the new run's config
+    assert stored["adapt"]["rehearsal_cuts"] == str((tiny_synth / "synth_cuts_train.jsonl.gz").resolve())
+    assert stored["data"]["train_split"] == "train_rehearsal"
+    written = read_manifest(tmp_path / "prepared" / "adapt_cuts_train_rehearsal.jsonl.gz")
+    own = read_manifest(tmp_path / "prepared" / "adapt_cuts_train.jsonl.gz")
+    rehearsed = [cut for cut in written if cut["id"].startswith("rehearsal-")]
+    # the tiny corpus's train split is shorter than the voice (all ten utterances): all of it is taken
+    assert written[:len(own)] == own
+    assert sorted(cut["id"] for cut in rehearsed) == sorted(
+        f"rehearsal-{cut['id']}" for cut in read_manifest(tiny_synth / "synth_cuts_train.jsonl.gz"))
+    assert (tmp_path / "run" / "checkpoints" / "last.ckpt").is_file()
+
+
+def test_rehearsal_errors_name_the_option(tiny_synth, source_run, voice, tmp_path):
+    def refused(*overrides):
+        with pytest.raises(ConfigError) as error:
+            adaptation_source(tiny_config(tiny_synth, *overrides), [])
+        return str(error.value)
+
+    given = (*ADAPT, f"init_from={source_run}", f"adapt.data_dir={voice}")
+    assert "adapt.rehearsal=-1.0 is not allowed" in refused(*given, "adapt.rehearsal=-1")
+    assert "needs adapt.rehearsal > 0" in refused(*given, f"adapt.rehearsal_cuts={tmp_path}/x.jsonl.gz")
+    assert f"adapt.rehearsal_cuts='{tmp_path}/x.jsonl.gz': no such file" in refused(
+        *given, "adapt.rehearsal=1", f"adapt.rehearsal_cuts={tmp_path}/x.jsonl.gz")
+    assert "adapt.rehearsal=1.0 needs adapt.data_dir" in refused(
+        "conf=synth_full", f"init_from={source_run}", "adapt.rehearsal=1")
+    lone = tmp_path / "lone.ckpt"   # a checkpoint outside its run folder: no config.yaml names its data
+    lone.write_bytes((source_run / "checkpoints" / "best.ckpt").read_bytes())
+    message = refused(*ADAPT, f"init_from={lone}", f"adapt.data_dir={voice}", "adapt.rehearsal=1")
+    assert "is not there to name its training data; give adapt.rehearsal_cuts=" in message
