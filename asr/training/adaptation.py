@@ -27,10 +27,10 @@ import yaml
 from omegaconf import DictConfig
 
 from asr.core.errors import ConfigError
+from asr.data.manifests import cuts_path
 from asr.training.adaptation_data import (ADAPTATION_CORPUS, DEV, REHEARSAL_SPLIT, TEST, TRAIN,
                                           AdaptationDataError, AdaptationFolders, prepare_adaptation_data,
                                           rehearsal_line, summary_line, write_rehearsal_split)
-from asr.data.manifests import cuts_path
 from asr.model.checkpoint import CheckpointError, feature_frontend, read_checkpoint
 from asr.model.decoding_files import model_decoding_files
 from asr.model.recognizer import ENCODER_ARGUMENTS, SpeechRecognizer, check_state_dict_fits

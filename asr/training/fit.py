@@ -62,7 +62,7 @@ def ensure_corpus(cfg: DictConfig, corpus: Corpus | None = None, run_dir: Path |
     the one resolved from cfg.data (resolved here when not given)."""
     corpus = corpus or Corpus.of(cfg.data)
     data, root = cfg.data, corpus.root
-    # test=false never reads the test split: a corpus need not have one (a held-out part of your own recordings)
+    # test=false never reads the test split, so a corpus without one trains
     splits = (data.train_split, data.dev_split) + ((data.test_split,) if cfg.test else ())
     missing = corpus.missing_splits(*splits)
     if not missing:
