@@ -39,12 +39,13 @@ def estimated_batches(loaders, index: int | None) -> int | float:
 class EpochProgressBar(TQDMProgressBar):
     @property
     def total_train_batches(self) -> int | float:
-        total = super().total_train_batches
-        if not math.isinf(total):
-            return total
-        batches = estimated_batches(self.trainer.train_dataloader, 0)
+        # Lightning's total is the loader's length or, with trainer.max_epochs=-1 and a step budget,
+        # the steps left: not an epoch's length. The sampler's estimate stands in for a loader without one.
+        batches = self.trainer.num_training_batches
         if math.isinf(batches):
-            return batches
+            batches = estimated_batches(self.trainer.train_dataloader, 0)
+        if math.isinf(batches):
+            return super().total_train_batches
         max_steps = self.trainer.max_steps
         if max_steps is not None and max_steps > 0:   # the step budget may end this epoch early
             batches = min(batches, max(1, max_steps - self.trainer.global_step))

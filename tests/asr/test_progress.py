@@ -42,9 +42,9 @@ def test_estimate_matches_the_batches_drawn_for_random_durations(trial):
     assert sampler.estimated_batches() == drawn_batches(sampler)
 
 
-def bar_on(num_training_batches, sampler=None, max_steps=-1, global_step=0, callbacks=()):
+def bar_on(num_training_batches, sampler=None, max_steps=-1, global_step=0, callbacks=(), max_epochs=10):
     bar = EpochProgressBar()
-    bar._trainer = SimpleNamespace(num_training_batches=num_training_batches, max_epochs=10, max_steps=max_steps,
+    bar._trainer = SimpleNamespace(num_training_batches=num_training_batches, max_epochs=max_epochs, max_steps=max_steps,
                                    global_step=global_step, train_dataloader=SimpleNamespace(sampler=sampler),
                                    callbacks=list(callbacks), progress_bar_metrics={}, loggers=[])
     return bar
@@ -56,6 +56,10 @@ def test_bar_total_is_the_estimate_when_lightning_has_none():
     assert bar_on(float("inf"), sampler, max_steps=20, global_step=17).total_train_batches == 3   # steps left
     assert bar_on(5, sampler).total_train_batches == 5      # Lightning knows (limit_train_batches): kept
     assert math.isinf(bar_on(float("inf"), None).total_train_batches)
+    # a step budget without an epoch limit (every synth preset): the epoch's length, not the steps left
+    assert bar_on(float("inf"), sampler, max_steps=2000, global_step=100, max_epochs=-1).total_train_batches == 8
+    assert bar_on(float("inf"), sampler, max_steps=2000, global_step=1995, max_epochs=-1).total_train_batches == 5
+    assert bar_on(float("inf"), None, max_steps=2000, global_step=100, max_epochs=-1).total_train_batches == 1900
 
 
 def test_bar_shows_the_time_budget_left():
