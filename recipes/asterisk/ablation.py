@@ -36,6 +36,8 @@ Rows (each "+ X" is SpecAugment plus X alone, so a row shows what X adds):
                  features (alpha 0.8-1.25) for half the utterances
     piper25      issue 41: today's default + piper's neural voice for a quarter of the seen speakers'
                  utterances (a corpus of its own: data/synth_piper25); piper50: half (data/synth_piper50)
+    together41   issue 41's "the best together": today's default + speakers, VTLP and piper 25 % at once
+                 (none of them alone beat the default on asterisk dev; this row says whether together they do)
 
 Run it again after an interruption: finished rows are skipped, an interrupted one resumes from its last
 finished epoch, and evaluations already written are reused. The table accumulates: rows found in an
@@ -81,6 +83,8 @@ ROWS: dict[str, tuple[str, tuple[str, ...]]] = {
     "vtlp": ("channel and level + VTLP 0.8-1.25 (p 0.5)", (*CHANNEL, VTLP)),
     "piper25": ("channel and level + neural voice (piper, 25 %)", (*CHANNEL, *PIPER_25)),
     "piper50": ("channel and level + neural voice (piper, 50 %)", (*CHANNEL, *PIPER_50)),
+    "together41": ("channel and level + speakers, VTLP and neural voice (piper, 25 %) together",
+                   (*CHANNEL, SPEAKERS, VTLP, *PIPER_25)),
 }
 # Every row starts from the demo as it was before this issue (SpecAugment only), whatever the preset's
 # defaults are now (they follow this table: channel and level are on in the synth presets).
