@@ -80,6 +80,14 @@ def with_absolute_sources(cut, root: Path):
     return dataclasses.replace(cut, recording=dataclasses.replace(recording, sources=sources))
 
 
+def make_sources_absolute(cut: dict, root: Path) -> dict:
+    """with_absolute_sources for a cut as its manifest's JSON dict (changed in place, and returned)."""
+    for source in (cut.get("recording") or {}).get("sources", []):
+        if source.get("type") == "file" and not os.path.isabs(source["source"]):
+            source["source"] = str(root / source["source"])
+    return cut
+
+
 def other_corpora(root: Path, corpus: str, split: str) -> list[str]:
     """The corpus names other than `corpus` that have a `<name>_cuts_<split>.jsonl.gz` in `root`."""
     suffix = manifest_name("", "cuts", split)

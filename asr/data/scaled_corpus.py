@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 
 from asr.data.feature_cache import SHARD_SUFFIX
-from asr.data.manifests import ManifestError
+from asr.data.manifests import ManifestError, make_sources_absolute
 
 
 def copy_id(cut_id: str, copy: int) -> str:
@@ -50,10 +50,7 @@ def _source_lines(source: Path, audio_root: Path) -> list[tuple[str, str, float]
         for line in f:
             if not line.strip():
                 continue
-            cut = json.loads(line)
-            for audio in cut["recording"]["sources"]:
-                if audio["type"] == "file" and not os.path.isabs(audio["source"]):
-                    audio["source"] = str(audio_root / audio["source"])
+            cut = make_sources_absolute(json.loads(line), audio_root)
             lines.append((cut["id"], json.dumps(cut), float(cut["duration"])))
     if not lines:
         raise ManifestError(f"{source} holds no cuts to scale")

@@ -34,7 +34,7 @@ from asr.training.adaptation_data import (ADAPTATION_CORPUS, DEV, REHEARSAL_SPLI
 from asr.model.checkpoint import CheckpointError, feature_frontend, read_checkpoint
 from asr.model.decoding_files import model_decoding_files
 from asr.model.recognizer import ENCODER_ARGUMENTS, SpeechRecognizer, check_state_dict_fits
-from asr.model.run_folder import one_process_at_a_time
+from asr.model.run_folder import one_process_at_a_time, run_folder_of, stored_data_config
 
 log = logging.getLogger("asr.train")
 
@@ -201,14 +201,13 @@ def rehearsal_manifest(given: str | None, checkpoint: Path) -> Path:
             raise ConfigError(f"adapt.rehearsal_cuts={given!r}: no such file; give a cuts manifest "
                               "(<corpus>_cuts_<split>.jsonl.gz) of the data the model was trained on")
         return path.resolve()
-    run_dir = checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else checkpoint.parent
-    stored = run_dir / "config.yaml"
-    data = ((yaml.safe_load(stored.read_text()) or {}).get("data") or {}) if stored.is_file() else {}
+    run = run_folder_of(checkpoint)
+    data = {} if run is None else stored_data_config(run)
     path = cuts_path(data["root"], data["corpus"], data.get("train_split", TRAIN)) \
         if data.get("root") and data.get("corpus") else None
     if path is None or not path.is_file():
-        found = (f"{stored} names its training split {path}, which is not there" if path is not None
-                 else f"{stored} is not there to name its training data")
+        found = (f"{run / 'config.yaml'} names its training split {path}, which is not there" if path is not None
+                 else f"the config.yaml of {checkpoint}'s run folder is not there to name its training data")
         raise ConfigError(f"adapt.rehearsal mixes in the trained model's training data, but {found}; give "
                           "adapt.rehearsal_cuts=<the cuts manifest it was trained on> (from the folder asr.train ran in, "
                           "a relative data.root is relative to it)")

@@ -44,6 +44,8 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
+from asr.data.manifests import cuts_path, make_sources_absolute
+
 ADAPTATION_CORPUS = "adapt"
 TRAIN, DEV, TEST = "train", "dev", "test"
 PHONE_SET = "arpabet39"
@@ -208,17 +210,14 @@ def _read_cuts(path: Path):
 def _rehearsal_cut(cut: dict, folder: Path, phones: bool, manifest: Path) -> dict:
     """A cut of the trained model's training data as a cut of the rehearsal split: ids prefixed,
     relative audio paths made absolute (they are relative to the manifest's folder)."""
-    cut = json.loads(json.dumps(cut))   # a copy
     supervisions = cut.get("supervisions") or []
     if not supervisions or not supervisions[0].get("text") or (
             phones and not (supervisions[0].get("custom") or {}).get("phones")):
         raise AdaptationDataError(f"adapt.rehearsal_cuts={str(manifest)!r}: cut {cut.get('id')!r} has no "
                                   f"{'phones' if phones else 'transcript'}; give the training manifest of the "
                                   "trained model (its cuts carry the targets it was trained on)")
+    make_sources_absolute(cut, folder)
     recording = cut.get("recording") or {}
-    for source in recording.get("sources", []):
-        if source.get("type") == "file" and not Path(source["source"]).is_absolute():
-            source["source"] = str(folder / source["source"])
     cut["id"] = REHEARSAL_PREFIX + cut["id"]
     if "id" in recording:
         recording["id"] = REHEARSAL_PREFIX + recording["id"]
@@ -233,7 +232,6 @@ def write_rehearsal_split(out_dir: str | Path, rehearsal_cuts: str | Path, share
     """Writes <out_dir>/adapt_cuts_train_rehearsal.jsonl.gz (module doc, "Rehearsal"): the train split's
     cuts, then the cuts of `rehearsal_cuts` with the lowest sha1(seed, id) whose durations first add
     up to `share` times the train split's. Returns what it took: utterances and seconds of each."""
-    from asr.data.manifests import cuts_path
     out_dir, manifest = Path(out_dir), Path(rehearsal_cuts).resolve()
     own = list(_read_cuts(cuts_path(out_dir, ADAPTATION_CORPUS, TRAIN)))
     own_seconds = sum(cut["duration"] for cut in own)
@@ -242,8 +240,8 @@ def write_rehearsal_split(out_dir: str | Path, rehearsal_cuts: str | Path, share
     # others still cover it (memory: the sample, not the manifest)
     kept, total = [], 0.0
     for cut in _read_cuts(manifest):
-        key = hashlib.sha1(f"{seed}:{cut['id']}".encode()).hexdigest()
-        heapq.heappush(kept, (_negated(key), cut["id"], cut))
+        key = int(hashlib.sha1(f"{seed}:{cut['id']}".encode()).hexdigest(), 16)
+        heapq.heappush(kept, (-key, cut["id"], cut))
         total += cut["duration"]
         while kept and total - kept[0][2]["duration"] >= wanted:
             total -= heapq.heappop(kept)[2]["duration"]
@@ -259,11 +257,6 @@ def write_rehearsal_split(out_dir: str | Path, rehearsal_cuts: str | Path, share
     os.replace(partial, target)
     return {"source": str(manifest), "own_utterances": len(own), "own_seconds": own_seconds, "wanted_seconds": wanted,
             "rehearsal_utterances": len(sample), "rehearsal_seconds": sum(cut["duration"] for cut in sample)}
-
-
-def _negated(key: str) -> str:
-    """A string that sorts in the reverse order of the hex digest `key` (heapq is a min-heap)."""
-    return "".join("0123456789abcdef"[15 - int(char, 16)] for char in key)
 
 
 def rehearsal_line(taken: dict) -> str:
