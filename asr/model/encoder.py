@@ -1,7 +1,8 @@
-"""The CTC transformer encoder: subsampling front end, fixed sinusoidal positions, pre-norm layers.
+"""The CTC transformer encoder: subsampling front end, positions, pre-norm layers.
 
     encoder = TransformerEncoder(feature_dim=40, layers=9, heads=6, head_dim=32, ff_dim=768, dropout=0.1,
                                  subsampling=1, subsampling_channels=32, shared_qk=False,
+                                 positions="sinusoidal",
                                  attention=validate_attention("iclustered", clusters=100))
     states, lengths = encoder(features, feature_lengths)   # normalised (B, T, F) -> (B, T', D)
     encoder.set_attention(validate_attention("full"))       # same weights, other attention
@@ -13,6 +14,16 @@ runs under any attention.
 With `shared_qk` the layer has one query/key projection and passes the very same tensor as
 q and k (what lsh and shared_full need, and what lets clustered attention approximate
 shared-full).
+
+Positions (`positions`, POSITION_SCHEMES):
+- sinusoidal: the fixed table of Vaswani et al. added to the input (the paper's encoder). Absolute:
+  a model reads positions far beyond those it was trained on when it runs on a long recording.
+- rotary: RoFormer's rotary positions (Su et al., 2021) applied to every layer's queries and keys
+  before the attention, so a score depends on the two positions' distance alone. The same rotated
+  tensor is passed as q and k in a shared-QK model, so every attention takes it as it is.
+- none: nothing; the order comes from the convolutional front end alone (its 3x3 kernels see the
+  neighbouring frames), so every attention is a function of content and a model never meets a
+  position it has not seen. Needs model.subsampling 2 or 4 (factor 1 has no convolution).
 """
 from __future__ import annotations
 
@@ -39,6 +50,9 @@ def check_attention_fits(attention: ValidatedAttention, shared_qk: bool, head_di
 def valid_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
     """(B, N) bool, True inside each sequence."""
     return torch.arange(length, device=lengths.device) < lengths[:, None]
+
+
+POSITION_SCHEMES = ("sinusoidal", "rotary", "none")
 
 
 # (time, frequency) stride of each convolution per subsampling factor; asr.config.schema allows these factors.
@@ -112,6 +126,25 @@ def sinusoidal_positions(length: int, d_model: int, device=None) -> torch.Tensor
     return table
 
 
+ROTARY_BASE = 10000.0   # RoFormer's: the slowest pair turns once in about 2 pi * 10000 positions
+
+
+def rotary_angles(length: int, head_dim: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(length, head_dim / 2) cos and sin of position * ROTARY_BASE^(-2i / head_dim) (RoFormer eq. 15).
+    The angles are float64: in float32 the fastest pair's angle is off by ~0.02 rad at position
+    200,000 (an hour), and a score would no longer depend on the distance alone."""
+    frequency = ROTARY_BASE ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim)
+    angle = torch.arange(length, device=device, dtype=torch.float64)[:, None] * frequency
+    return angle.cos().float(), angle.sin().float()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, E) rotated pair by pair: dims i and i + E/2 form the i-th pair (GPT-NeoX's layout,
+    two contiguous halves), each turned by its position's angle."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1).to(x.dtype)
+
+
 class EncoderLayer(nn.Module):
     """x + Attn(LN(x)), then x + FF(LN(x)); the projections live here, the attention is swappable."""
 
@@ -144,9 +177,13 @@ class EncoderLayer(nn.Module):
         q = self._split_heads(self.query(h))
         return q, (q if self.shared_qk else self._split_heads(self.key(h)))
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """rotary: the (N, E/2) cos and sin of rotary positions (rotary_angles), or None."""
         h = self.attention_norm(x)
         q, k = self.queries_and_keys(h)
+        if rotary is not None:
+            q, k = (rotate(q, *rotary),) * 2 if k is q else (rotate(q, *rotary), rotate(k, *rotary))
         v = self._split_heads(self.value(h))
         attended = self.attention(q, k, v, lengths)                    # (B, H, N, E)
         batch, heads, length, dim = attended.shape
@@ -160,8 +197,15 @@ class TransformerEncoder(nn.Module):
 
     # No defaults: they live in the config schema (asr.config.schema.ModelConfig), which also checks the values.
     def __init__(self, feature_dim: int, *, layers: int, heads: int, head_dim: int, ff_dim: int, dropout: float,
-                 subsampling: int, subsampling_channels: int, shared_qk: bool, attention: ValidatedAttention):
+                 subsampling: int, subsampling_channels: int, shared_qk: bool, positions: str,
+                 attention: ValidatedAttention):
         super().__init__()
+        if positions not in POSITION_SCHEMES:
+            raise ValueError(f"positions={positions!r}: must be one of {', '.join(POSITION_SCHEMES)}")
+        if positions == "none" and subsampling == 1:
+            raise ValueError("positions='none' needs a convolutional front end (subsampling 2 or 4): with "
+                             "subsampling 1 nothing tells the encoder the order of its frames")
+        self.positions = positions
         self.d_model = heads * head_dim
         self.head_dim = head_dim
         self.input_scale = math.sqrt(self.d_model)
@@ -206,10 +250,13 @@ class TransformerEncoder(nn.Module):
         """(B, T, F) normalised features, (B,) frame counts -> (B, T', D) states, (B,) lengths T'."""
         x, lengths = self.frontend(features, lengths)
         # sqrt(d_model) keeps the content well above the unit-amplitude positions (as in ESPnet)
-        x = x * self.input_scale + sinusoidal_positions(x.shape[1], self.d_model, x.device)
+        x = x * self.input_scale
+        if self.positions == "sinusoidal":
+            x = x + sinusoidal_positions(x.shape[1], self.d_model, x.device)
+        rotary = rotary_angles(x.shape[1], self.head_dim, x.device) if self.positions == "rotary" else None
         x = self.input_dropout(x)
         for layer in self.layers:
-            x = layer(x, lengths)
+            x = layer(x, lengths, rotary)
         return self.final_norm(x), lengths
 
 
