@@ -92,7 +92,37 @@ class ConvSubsampling(nn.Module):
             lengths = (lengths - 1) // stride + 1 if stride > 1 else lengths
         return lengths
 
+    # Evaluation of an input longer than this runs the convolutions piece by piece: their
+    # activations are channels x frequency (640 floats at the demo's size) per frame, 2.3 GB
+    # for an hour's 360,000 frames at once.
+    PIECE_FRAMES = 16384
+    # Output frames computed on each side of a piece and dropped: more than the two 3x3
+    # convolutions' reach (one output frame each way), so the kept frames are those of a whole run.
+    PIECE_MARGIN = 4
+
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.shape[1] > self.PIECE_FRAMES and not self.training and not torch.compiler.is_compiling():
+            return self._forward_in_pieces(x, lengths)
+        return self._forward_whole(x, lengths)
+
+    def _forward_in_pieces(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward on a long input in bounded memory: pieces of PIECE_FRAMES input frames, each
+        with PIECE_MARGIN output frames of neighbouring input on both sides; a piece starts on a
+        multiple of the factor, so its output frames are the whole run's at the same time."""
+        out_lengths = self.output_lengths(lengths)
+        total = int(self.output_lengths(torch.tensor(x.shape[1])))
+        step = self.PIECE_FRAMES // self.factor            # output frames per piece
+        outputs = []
+        for first in range(0, total, step):
+            last = min(total, first + step)
+            begin = max(0, first - self.PIECE_MARGIN) * self.factor
+            end = min(x.shape[1], (last + self.PIECE_MARGIN) * self.factor)
+            piece, _ = self._forward_whole(x[:, begin:end], (lengths - begin).clamp(0, end - begin))
+            offset = first - begin // self.factor
+            outputs.append(piece[:, offset:offset + last - first])
+        return torch.cat(outputs, dim=1), out_lengths
+
+    def _forward_whole(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Channels-last on purpose: compiled, inductor runs these convolutions channels-last (on
         # the CPU always, elsewhere because compile_encoder asks it to), even with symbolic
         # lengths. Had the eager layout been (B, C, T, F), the activations saved for the backward
@@ -189,7 +219,20 @@ class EncoderLayer(nn.Module):
         batch, heads, length, dim = attended.shape
         attended = attended.transpose(1, 2).reshape(batch, length, heads * dim)
         x = x + self.dropout(self.output(attended))
-        return x + self.dropout(self.ff(self.ff_norm(x)))
+        return x + self.dropout(self._feed_forward(x))
+
+    # Evaluation of a sequence longer than this runs the feed-forward block piece by piece: its
+    # hidden activations are ff_dim floats per position (0.7 GB for an hour at the demo's size, twice).
+    PIECE_POSITIONS = 16384
+
+    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] <= self.PIECE_POSITIONS or self.training or torch.compiler.is_compiling():
+            return self.ff(self.ff_norm(x))
+        out = torch.empty_like(x)
+        for first in range(0, x.shape[1], self.PIECE_POSITIONS):   # position-wise: the same numbers
+            piece = slice(first, first + self.PIECE_POSITIONS)
+            out[:, piece] = self.ff(self.ff_norm(x[:, piece]))
+        return out
 
 
 class TransformerEncoder(nn.Module):

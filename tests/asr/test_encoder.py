@@ -323,3 +323,22 @@ def test_compiled_encoder_trains_on_batches_of_any_length():
             torch.testing.assert_close(got_grads[name], expected_grads[name], rtol=1e-4, atol=1e-5, msg=name)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1     # no recompilation per length
     torch._dynamo.reset()
+
+
+def test_a_long_input_in_evaluation_runs_in_pieces_with_the_same_numbers(monkeypatch):
+    """The front end's convolutions and the feed-forward blocks run piece by piece on inputs over
+    their thresholds (here 16 frames and 8 positions): the output equals the whole run's."""
+    from asr.model.encoder import ConvSubsampling
+    torch.manual_seed(0)
+    for factor in (2, 4):
+        encoder = tiny_encoder(subsampling=factor, subsampling_channels=3, layers=2)
+        features, lengths = torch.randn(2, 101, 12), torch.tensor([101, 57])
+        with torch.no_grad():
+            whole, whole_lengths = encoder(features, lengths)
+            monkeypatch.setattr(ConvSubsampling, "PIECE_FRAMES", 16)
+            monkeypatch.setattr(EncoderLayer, "PIECE_POSITIONS", 8)
+            pieces, piece_lengths = encoder(features, lengths)
+            monkeypatch.undo()
+        assert torch.equal(piece_lengths, whole_lengths)
+        for b, n in enumerate(whole_lengths.tolist()):
+            torch.testing.assert_close(pieces[b, :n], whole[b, :n], rtol=1e-5, atol=1e-5)
