@@ -215,10 +215,13 @@ class EncoderLayer(nn.Module):
         if rotary is not None:
             q, k = (rotate(q, *rotary),) * 2 if k is q else (rotate(q, *rotary), rotate(k, *rotary))
         v = self._split_heads(self.value(h))
+        del h          # each tensor let go as soon as it is used: a long evaluation holds fewer at once
         attended = self.attention(q, k, v, lengths)                    # (B, H, N, E)
+        del q, k, v
         batch, heads, length, dim = attended.shape
         attended = attended.transpose(1, 2).reshape(batch, length, heads * dim)
         x = x + self.dropout(self.output(attended))
+        del attended
         return x + self.dropout(self._feed_forward(x))
 
     # Evaluation of a sequence longer than this runs the feed-forward block piece by piece: its
