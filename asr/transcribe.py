@@ -38,6 +38,15 @@ kept frames of all pieces are joined into one sequence that the decoder decodes 
 token is doubled or lost at a join, and beam search sees the whole file). The model never sees
 more than `window` seconds at once; the audio of one file is held in memory (64 kB per second).
 
+One pass: `window=none` runs each file's whole feature sequence through the encoder at once, with
+any attention; the output is the same. Features are computed 60 s at a time and long inputs run
+through the front end and the feed-forward blocks in pieces, so memory grows with the length only
+through what the attention needs. A file over 5 minutes first gets an estimate of its time and
+peak memory (from runs over its first 60 and 120 s, extrapolated as the attention's cost grows:
+linearly, or with the square of the length for full, shared_full and oracle_top), printed on
+stderr, and is skipped, with the numbers and what to do instead, when it would not fit in the
+memory available; while it runs, a line on stderr says when each encoder layer is done.
+
 Batches: files are sorted by duration and their pieces batched up to `batch_seconds` of padded
 audio. Unreadable files are reported by name on stderr and skipped; the exit status is 1 when any
 file failed, 2 for a usage error (bad option, checkpoint, no audio files), 0 otherwise.
@@ -71,6 +80,8 @@ def parse_arguments(argv: list[str]) -> tuple[TranscribeConfig, dict[str, str]]:
             paths.append(argument)
         elif key.startswith("attention."):
             attention_options[key.removeprefix("attention.")] = value
+        elif key == "window" and value.lower() == "none":
+            dotlist.append("window=null")        # one pass: the whole file at once
         else:
             dotlist.append(argument)
     known = [name for name in TranscribeConfig.__dataclass_fields__ if name != "files"]
@@ -85,13 +96,16 @@ def parse_arguments(argv: list[str]) -> tuple[TranscribeConfig, dict[str, str]]:
     if not paths:
         raise TranscriptionError("give audio files or folders to transcribe, e.g. "
                                  "python -m asr.transcribe checkpoint=best.ckpt talk.wav recordings/")
-    if not config.window >= 1.0:
-        raise TranscriptionError(f"window={config.window} must be at least 1 second")
-    if not 0.2 <= config.overlap <= config.window / 2:
-        raise TranscriptionError(f"overlap={config.overlap} must lie between 0.2 seconds (the encoder's "
-                                 f"context at a join) and window / 2 = {config.window / 2}")
-    if not config.batch_seconds >= config.window:
-        raise TranscriptionError(f"batch_seconds={config.batch_seconds} must be at least window={config.window}")
+    if config.window is not None:
+        if not config.window >= 1.0:
+            raise TranscriptionError(f"window={config.window} must be at least 1 second, or none (one pass)")
+        if not 0.2 <= config.overlap <= config.window / 2:
+            raise TranscriptionError(f"overlap={config.overlap} must lie between 0.2 seconds (the encoder's "
+                                     f"context at a join) and window / 2 = {config.window / 2}")
+        if not config.batch_seconds >= config.window:
+            raise TranscriptionError(f"batch_seconds={config.batch_seconds} must be at least window={config.window}")
+    elif not config.batch_seconds > 0:
+        raise TranscriptionError(f"batch_seconds={config.batch_seconds} must be > 0")
     try:
         check_decoding_options(config)
     except EvaluationError as error:

@@ -6,7 +6,7 @@ from .contract import check_inputs, valid_positions, zero_padded_queries
 from .registry import register_attention
 
 
-@register_attention("full", summary="softmax attention (torch scaled_dot_product_attention)")
+@register_attention("full", quadratic_time=True, summary="softmax attention (torch scaled_dot_product_attention)")
 class FullAttention(torch.nn.Module):
     """softmax(Q K^T / sqrt(E)) V over all valid keys."""
 

@@ -19,7 +19,7 @@ _SCORE_BLOCK_ELEMENTS = 1 << 24
 @register_attention("oracle_top", options=(
     Option("topk", 32, 1, help="keys kept per query (those with the highest scores)"),
 ), summary="exact softmax over each query's top-k valid keys (an evaluation probe)",
-   number_option="topk")
+   number_option="topk", quadratic_time=True)
 class OracleTopAttention(torch.nn.Module):
     """softmax over the `topk` largest q_i . k_j / sqrt(E) of each query's valid keys, times V.
 

@@ -74,6 +74,7 @@ class AttentionType:
     aliases: tuple[str, ...]   # other spellings of the name in a spec ("i-clustered")
     number_option: str | None  # the option a spec's number sets ("lsh-4" -> rounds=4)
     compare_as: str | None     # the spec it joins the comparisons with (attention_ext.comparisons)
+    quadratic_time: bool       # its time grows with the square of the length (else linearly)
 
 
 _REGISTRY: dict[str, AttentionType] = {}
@@ -87,7 +88,7 @@ def _spec_word(text: str) -> str:
 def register_attention(name: str, options: tuple[Option, ...] = (), summary: str = "", *,
                        needs_shared_qk: bool = False, aliases: tuple[str, ...] = (),
                        number_option: str | None = None,
-                       compare_as: str | None = None) -> Callable[[type], type]:
+                       compare_as: str | None = None, quadratic_time: bool = False) -> Callable[[type], type]:
     """Class decorator: makes `cls` buildable as `build_attention(name, **options)`.
 
     needs_shared_qk: the attention is only defined when k is q; it is refused for a separate
@@ -97,6 +98,8 @@ def register_attention(name: str, options: tuple[Option, ...] = (), summary: str
     compare_as: the spec with which this attention joins every comparison of the project
     (benchmark, copy task, asr.cross_matrix's rows, the synth experiment), after the paper's
     attentions: e.g. "agglomerative-8". None (the default): it is in none of them.
+    quadratic_time: its time grows with the square of the sequence length (every score computed);
+    the default is linear. What a caller estimates a long run's time from (asr.transcribe's one pass).
     """
     def decorate(cls: type) -> type:
         if name in _REGISTRY:
@@ -109,7 +112,7 @@ def register_attention(name: str, options: tuple[Option, ...] = (), summary: str
             raise RuntimeError(f"attention '{name}': number_option {number_option!r} is none of its options")
         _REGISTRY[name] = AttentionType(
             name, cls, tuple(options), summary or (cls.__doc__ or "").strip().split("\n")[0],
-            needs_shared_qk, tuple(aliases), number_option, compare_as)
+            needs_shared_qk, tuple(aliases), number_option, compare_as, quadratic_time)
         if compare_as is not None:
             _check_compare_as(name, compare_as)
         cls.attention_name = name

@@ -19,7 +19,7 @@ from .contract import check_inputs, zero_padded_queries, zeros_without_valid_que
 from .registry import register_attention
 
 
-@register_attention("shared_full", needs_shared_qk=True,
+@register_attention("shared_full", needs_shared_qk=True, quadratic_time=True,
                     summary="full attention with shared QK: unit keys, no attention to self")
 class SharedFullAttention(torch.nn.Module):
     """softmax(Q K^T / sqrt(E)) V with K = Q / ||Q|| and the diagonal masked (see module doc).

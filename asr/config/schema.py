@@ -38,6 +38,7 @@ class ModelConfig:
     subsampling: int = 1               # 1, 2 or 4 (convolutional, stride 2 per factor of 2)
     subsampling_channels: int = 32     # channels of the subsampling convolutions
     shared_qk: bool = False            # one query/key projection; needed by shared_full and lsh
+    positions: str = "sinusoidal"      # sinusoidal (added to the input) | rotary (queries, keys) | none
     # CTC loss weight per target kind (data.targets); a kind not named weighs 1.0.
     loss_weights: Dict[str, float] = field(default_factory=dict)
 
@@ -230,12 +231,16 @@ def validate_config(cfg: Any) -> ValidatedAttention:
 
 def _check_model_section(model: Any, attention: ValidatedAttention) -> None:
     """model.*: sizes, subsampling, dropout, and the attention against the heads."""
-    from asr.model.encoder import SUBSAMPLING_STRIDES, check_attention_fits
+    from asr.model.encoder import POSITION_SCHEMES, SUBSAMPLING_STRIDES, check_attention_fits
     for key in ("layers", "heads", "head_dim", "ff_dim", "subsampling_channels"):
         _require(getattr(model, key) >= 1, f"model.{key}", getattr(model, key), "must be >= 1")
     check_attention_fits(attention, model.shared_qk, model.head_dim)
     _require(model.subsampling in SUBSAMPLING_STRIDES, "model.subsampling", model.subsampling, "must be 1, 2 or 4")
     _require(0.0 <= model.dropout < 1.0, "model.dropout", model.dropout, "must lie in [0, 1)")
+    _require(model.positions in POSITION_SCHEMES, "model.positions", model.positions,
+             f"must be one of {', '.join(POSITION_SCHEMES)}")
+    _require(model.positions != "none" or model.subsampling > 1, "model.positions", model.positions,
+             "needs model.subsampling 2 or 4: with subsampling 1 nothing tells the encoder the order of its frames")
 
 
 def _check_data_section(cfg: Any) -> None:

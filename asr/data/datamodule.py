@@ -19,7 +19,9 @@ and `SpeechDataModule.dataloader` (steps 5-6); each step is one call into the mo
 5. build the dataset: cuts -> padded tensors and their transcripts' ids; for training, waveform
    augmentation drawn per utterance and epoch (`waveform_augmentation`) and SpecAugment
    (`dataset.SpeechBatchDataset`);
-6. build the sampler: duration-bucketed batches, this process's share (`batching.duration_bucketing_sampler`).
+6. build the sampler: duration-bucketed batches, this process's share (`batching.duration_bucketing_sampler`);
+   with `data.join_seconds` the training split's batches are of long examples, consecutive
+   utterances joined with a pause (`joined_examples.join_utterances`; step 5 joins their features).
 
 Steps 1-4 run once per split and what they give is kept (`cut_checks.SplitData`); 5-6 are made for
 each loader (they depend on `train`, this process's rank and the epoch). `setup(stage)` takes every
@@ -47,6 +49,7 @@ from typing import Any, List, Optional
 
 import lightning
 import torch
+from lhotse import CutSet
 
 from asr.data.augmentation import SpecAugment
 from asr.data.batching import FixedBatchShapes, duration_bucketing_sampler
@@ -55,6 +58,7 @@ from asr.data.cut_checks import (SplitData, drop_bad_audio, drop_ctc_infeasible,
 from asr.data.dataset import SpeechBatchDataset
 from asr.data.feature_cache import StoredFeatures, attach_features, feature_directory
 from asr.data.feature_stats import FeatureStats, global_feature_stats, statistics_sample
+from asr.data.joined_examples import JOIN_BY, join_utterances, pause_between
 from asr.data.features import FilterBank
 from asr.data.corpus import Corpus
 from asr.data.manifests import load_cuts
@@ -102,6 +106,13 @@ class DataConfig:
     augment: AugmentConfig = field(default_factory=AugmentConfig)
     max_duration: float = 200.0           # padded seconds per batch: batch size x longest utterance
     num_buckets: int = 10                 # duration buckets; a batch takes utterances of one bucket
+    # Long training examples (asr/data/joined_examples.py): consecutive training utterances joined into
+    # examples of up to this many seconds (each example's length drawn in [half, all] of it; at most
+    # data.max_duration), dev/test untouched; null: every example one utterance
+    join_seconds: Optional[float] = None
+    join_pause: float = 0.4               # seconds of digital silence between joined utterances (whole frames)
+    # which utterances join: speaker (one speaker's, in manifest order, where the manifest names speakers) | none (consecutive ones)
+    join_by: str = "speaker"
     # pad every training batch to its bucket's shape (rows x frames), so that training sees at most
     # num_buckets shapes (what trainer.cuda_graphs needs); the padded rows and frames change no loss
     fixed_batch_shapes: bool = False
@@ -186,6 +197,17 @@ def validate_data_config(cfg: DataConfig) -> None:
     if not 1 <= cfg.stream_shard_cuts <= MAX_SHARD_CUTS or cfg.stream_window_shards < 1:
         raise ValueError(f"data.stream_shard_cuts={cfg.stream_shard_cuts} must lie in [1, {MAX_SHARD_CUTS}] and "
                          f"data.stream_window_shards={cfg.stream_window_shards} be >= 1")
+    if cfg.join_seconds is not None and not cfg.join_seconds > 0:
+        raise ValueError(f"data.join_seconds={cfg.join_seconds} must be a positive number of seconds, or null "
+                         "(one utterance per training example)")
+    if cfg.join_seconds is not None and cfg.join_seconds > cfg.max_duration:
+        raise ValueError(f"data.join_seconds={cfg.join_seconds} is longer than data.max_duration={cfg.max_duration} "
+                         "(the padded seconds of a batch), so no batch could hold a joined example: raise "
+                         f"data.max_duration to at least {cfg.join_seconds} or lower data.join_seconds")
+    if not cfg.join_pause >= 0:
+        raise ValueError(f"data.join_pause={cfg.join_pause} must be a number of seconds >= 0")
+    if cfg.join_by not in JOIN_BY:
+        raise ValueError(f"data.join_by={cfg.join_by!r}; choose one of {', '.join(JOIN_BY)}")
     if cfg.max_train_utterances is not None and cfg.max_train_utterances < 1:
         raise ValueError(f"data.max_train_utterances={cfg.max_train_utterances} must be >= 1 or null")
     SpecAugment(cfg.freq_masks, cfg.freq_mask_width, cfg.time_masks, cfg.time_mask_width,
@@ -341,16 +363,19 @@ class SpeechDataModule(lightning.LightningDataModule):
                                             self.filterbank) if train and cfg.augment.vtlp_prob > 0 else None
         # a streamed training split finds the utterances CTC cannot align per batch (asr.data.streamed_split)
         ctc_check = self.frame_subsampling if train and self.streaming else None
+        pause = pause_between(self.filterbank, cfg.join_pause) if train and cfg.join_seconds is not None else None
         dataset = SpeechBatchDataset(self._tokenizers, data.features, specaugment,
                                      self.feature_mean if specaugment is not None else None, self.seed, augmenter, vtlp,
-                                     ctc_check)
+                                     ctc_check, pause)
         # 6. build the sampler
         if self.streaming:
             sampler = self._stream_sampler(data, train)
         else:
             rank, world_size = self.process_rank()
             frame_rate = 1000.0 / self.filterbank.frame_shift_ms if train and cfg.fixed_batch_shapes else None
-            sampler = duration_bucketing_sampler(data.cuts, cfg.max_duration, cfg.num_buckets, shuffle=train,
+            # after the statistics (feature_mean above), which may leave out audio found corrupt
+            examples = self._joined_examples(data.cuts, pause) if pause is not None else data.cuts
+            sampler = duration_bucketing_sampler(examples, cfg.max_duration, cfg.num_buckets, shuffle=train,
                                                  seed=self.seed, rank=rank, world_size=world_size,
                                                  fixed_shapes_frames_per_second=frame_rate)
         return torch.utils.data.DataLoader(
@@ -359,6 +384,17 @@ class SpeechDataModule(lightning.LightningDataModule):
             # its own generator: making an iterator draws a seed, and from torch's global generator that
             # draw would shift dropout after a resume that makes one iterator more (asr.model.recognizer)
             generator=torch.Generator().manual_seed(self.seed))
+
+    def _joined_examples(self, cuts: CutSet, pause) -> CutSet:
+        """The training split's utterances joined into long examples (data.join_seconds); the same on
+        every process and in every epoch of the run (asr.data.joined_examples)."""
+        cfg = self.cfg
+        examples = join_utterances(cuts, cfg.join_seconds, pause, cfg.join_by, self.seed)
+        durations = [example.duration for example in examples]
+        log.info("data.join_seconds=%g: %d training utterances joined into %d examples of %.1f-%.1f s (mean %.1f s)",
+                 cfg.join_seconds, len(cuts), len(examples), min(durations), max(durations),
+                 sum(durations) / len(durations))
+        return CutSet.from_cuts(examples)
 
     def _stage_splits(self, stage: str | None) -> list[str]:
         cfg = self.cfg

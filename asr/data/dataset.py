@@ -14,6 +14,7 @@ from asr.data.augmentation import SpecAugment
 from asr.data.batching import EpochBatch, pad_to_shape
 from asr.data.cut_checks import ctc_min_frames
 from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures, single_torch_thread
+from asr.data.joined_examples import Pause, join_rows, utterances_of
 from asr.data.manifests import listing, transcript
 from asr.data.stream_shards import StreamedFeatures
 from asr.data.tokenizers import Tokenizer, encode_transcripts
@@ -70,12 +71,18 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
     `ctc_frame_subsampling` (a streamed training split): utterances whose targets need more encoder
     frames than they have are left out of their batch and logged - what the eager path does once per
     split (asr.data.cut_checks.drop_ctc_infeasible); a batch left empty becomes a padding batch.
+
+    Joined training examples (MixedCuts, asr.data.joined_examples; `pause` says what goes between
+    their utterances): every augmentation applies to each utterance as it would alone - its waveform
+    transforms, its VTLP warp, its SpecAugment masks (drawn from the batch's utterance ids, so the
+    density of masks per second stays what it is for single utterances); the utterances are then
+    joined with the pause frames between them, which no augmentation touches.
     """
 
     def __init__(self, tokenizers: dict[str, Tokenizer], features: StoredFeatures | OnTheFlyFeatures | StreamedFeatures,
                  specaugment: SpecAugment | None = None, fill: torch.Tensor | None = None, seed: int = 0,
                  augmenter: WaveformAugmenter | None = None, vtlp: VocalTractLengthPerturbation | None = None,
-                 ctc_frame_subsampling: int | None = None):
+                 ctc_frame_subsampling: int | None = None, pause: Pause | None = None):
         if specaugment is not None and fill is None:
             raise ValueError("SpecAugment needs the fill value (the global feature mean)")
         self.tokenizers = tokenizers
@@ -86,6 +93,7 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
         self.augmenter = augmenter
         self.vtlp = vtlp   # training only: warps the features' frequency axis per utterance (asr/data/vtlp.py)
         self.ctc_frame_subsampling = ctc_frame_subsampling
+        self.pause = pause   # between the utterances of a joined example
 
     def __getitem__(self, item: EpochBatch | CutSet | list) -> Batch:
         epoch, cuts, padding, shape = (item.epoch, item.cuts, item.padding, item.shape) \
@@ -114,19 +122,27 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
         return not too_many
 
     def _build(self, cuts: list, epoch: int) -> dict:
+        # a joined example's utterances are augmented one by one, then joined (the class doc)
+        rows = [utterances_of(cut) for cut in cuts]
+        utterances = [utterance for row in rows for utterance in row]
         if self.augmenter is None:
-            features = [self.features.load(cut) for cut in cuts]
+            features = [self.features.load(cut) for cut in utterances]
         else:
-            features = [self.augmenter.features(cut, epoch, self.features) for cut in cuts]
+            features = [self.augmenter.features(cut, epoch, self.features) for cut in utterances]
         feature_lengths = torch.tensor([len(f) for f in features], dtype=torch.int64)
         padded = pad_sequences(features)
-        ids = [cut.id for cut in cuts]
+        utterance_ids = [cut.id for cut in utterances]
         if self.vtlp is not None:
-            padded = self.vtlp(padded, feature_lengths, ids, epoch)
+            padded = self.vtlp(padded, feature_lengths, utterance_ids, epoch)
         if self.specaugment is not None:
-            key = f"{self.seed}:{epoch}:{','.join(ids)}".encode()
+            key = f"{self.seed}:{epoch}:{','.join(utterance_ids)}".encode()
             generator = torch.Generator().manual_seed(int(hashlib.sha1(key).hexdigest()[:15], 16))
             padded = self.specaugment(padded, feature_lengths, self.fill, generator)
+        if len(rows) != len(utterances):
+            if self.pause is None:
+                raise ValueError("joined examples need the pause between their utterances (SpeechBatchDataset's pause)")
+            padded, feature_lengths = join_rows(padded, feature_lengths, [len(row) for row in rows], self.pause)
+        ids = [cut.id for cut in cuts]
         encoded = [encode_transcripts(cut, self.tokenizers) for cut in cuts]
         targets, target_lengths = {}, {}
         for kind in (self.tokenizers if cuts else ()):

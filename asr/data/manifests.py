@@ -20,6 +20,7 @@ import os
 from pathlib import Path
 
 from lhotse import CutSet
+from lhotse.cut import MixedCut
 
 from asr.data.corpus_recipes import preparation_hint
 
@@ -162,9 +163,12 @@ class StreamCut:
 
 
 def transcript(cut, field: str) -> str:
-    """The supervision field a tokenizer reads: 'text' (words) or 'phones'."""
+    """The supervision field a tokenizer reads: 'text' (words) or 'phones'. A joined training example
+    (a MixedCut, asr.data.joined_examples) reads its utterances' fields joined with a space."""
     if isinstance(cut, StreamCut):
         return cut.transcript(field)
+    if isinstance(cut, MixedCut):
+        return " ".join(transcript(track.cut, field) for track in cut.tracks)
     supervision = cut.supervisions[0]
     if field == "text":
         return supervision.text or ""

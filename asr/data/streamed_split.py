@@ -120,13 +120,15 @@ def check_stream_transcripts(index: StreamIndex, tokenizers: dict[str, Tokenizer
 def choose_streaming(cfg, train_manifest: Path, train_stream: Path, auto_bytes: int) -> bool:
     """data.streaming resolved: true, false, or auto - a training manifest over `auto_bytes`, or
     shards of it already prepared in `train_stream`, unless an option the streaming path cannot take
-    is set (they need the audio per batch, asr/docs/data.md): then auto is the eager path, with a
+    is set (they need the audio per batch, or, joined examples, the whole split in manifest order;
+    asr/docs/data.md): then auto is the eager path, with a
     warning for a large manifest, and data.streaming=true a ValueError naming them."""
     unsupported = [f"{key}={value}" for key, value in (
         ("data.max_train_utterances", cfg.max_train_utterances),
         ("data.augment.speed", list(cfg.augment.speed) if speed_factors(cfg.augment) else None),
         ("data.augment (waveform transforms)", "on" if transforms_on_the_fly(cfg.augment) else None),
-        ("data.precompute_features", None if cfg.precompute_features else False)) if value is not None]
+        ("data.precompute_features", None if cfg.precompute_features else False),
+        ("data.join_seconds", cfg.join_seconds)) if value is not None]
     if cfg.streaming == "auto":
         size = os.path.getsize(train_manifest) if os.path.isfile(train_manifest) else 0
         large = size > auto_bytes

@@ -78,7 +78,7 @@ def prepare_missing_split(config: DataConfig, split: str, progress: bool = True)
 
 
 # data.* keys that shape only the training split (asr.data.datamodule applies them to data.train_split)
-TRAINING_ONLY = ("augment", "max_train_utterances")
+TRAINING_ONLY = ("augment", "max_train_utterances", "join_seconds", "join_pause", "join_by")
 
 
 @dataclass

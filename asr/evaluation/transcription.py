@@ -5,13 +5,18 @@
 
 Audio is read (soundfile, else ffmpeg) and resampled to the model's rate (`read_audio`), cut
 into pieces at quiet points (`cut_into_pieces`), the pieces batched and run with context
-(`transcribe_files`), and each file's frames joined and decoded whole (`finish`).
+(`transcribe_files`), and each file's frames joined and decoded whole (`finish`). With
+window=None a file is one piece: the encoder runs over the whole recording at once (one pass),
+after `check_one_pass` has estimated its time and memory and refused what would not fit.
 """
 from __future__ import annotations
 
+import ctypes
 import json
 import math
+import os
 import shutil
+import time
 import subprocess
 import sys
 from dataclasses import dataclass, field
@@ -64,7 +69,7 @@ class TranscribeConfig:
     out: Optional[str] = None            # JSON lines file
     device: str = "cpu"                  # cpu | cuda | cuda:N
     seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention
-    window: float = 20.0                 # seconds: the longest piece the model sees at once
+    window: Optional[float] = 20.0       # seconds: the longest piece the model sees at once; None: one pass
     overlap: float = 2.0                 # seconds shared by neighbouring pieces (half on each side of a cut)
     batch_seconds: float = 200.0         # padded seconds of audio per batch
     threads: Optional[int] = None        # torch.set_num_threads; None: torch's default
@@ -212,14 +217,26 @@ class Recording:
         return len(self.kept) == len(self.pieces)
 
 
+# Features are computed this many frames at a time (60 s): the filter bank works in float64 on
+# every frame's 512 FFT points, 1.5 GB at once for an hour.
+FEATURE_BLOCK_FRAMES = 6000
+
+
+def frame_features(frontend: FilterBank, samples: np.ndarray, start: int, end: int) -> torch.Tensor:
+    """The features of frames [start, end) of `samples`, computed from just the samples they cover
+    (the same numbers as those frames of the whole recording's features), FEATURE_BLOCK_FRAMES at a time."""
+    out = torch.empty(end - start, frontend.num_mel_bins)
+    for first in range(start, end, FEATURE_BLOCK_FRAMES):
+        last = min(end, first + FEATURE_BLOCK_FRAMES)
+        block = frontend(samples[first * frontend.frame_shift:(last - 1) * frontend.frame_shift + frontend.frame_length])
+        assert len(block) == last - first
+        out[first - start:last - start] = block
+    return out
+
+
 def piece_features(frontend: FilterBank, recording: Recording, piece: Piece) -> torch.Tensor:
-    """The features of frames [start, end) of the recording, computed from just the samples they
-    cover (the same numbers as those frames of the whole recording's features)."""
-    first = piece.start * frontend.frame_shift
-    last = (piece.end - 1) * frontend.frame_shift + frontend.frame_length
-    features = frontend(recording.audio.samples[first:last])
-    assert len(features) == piece.end - piece.start
-    return features
+    """The features of the frames [start, end) of the recording that `piece` covers."""
+    return frame_features(frontend, recording.audio.samples, piece.start, piece.end)
 
 
 def run_batch(model: SpeechRecognizer, frontend: FilterBank, batch: list[tuple[Recording, int]], batch_index: int,
@@ -263,10 +280,10 @@ def finish(model: SpeechRecognizer, recording: Recording, decoder: str, beam_siz
     return record
 
 
-def read_recording(path: Path, frontend, window: int, context: int, step: int, warn) -> Recording | str:
+def read_recording(path: Path, frontend, window: int | None, context: int, step: int, warn) -> Recording | str:
     """The file's audio cut into pieces (cut_into_pieces: at most `window` frames, `context` frames of
-    the neighbouring audio on each side, on the encoder's `step`), or why it cannot be transcribed;
-    `warn` gets the note on a file mixed down to mono."""
+    the neighbouring audio on each side, on the encoder's `step`; window None: one piece, the whole
+    file), or why it cannot be transcribed; `warn` gets the note on a file mixed down to mono."""
     try:
         audio = read_audio(path, frontend.sampling_rate)
     except AudioReadError as error:
@@ -276,8 +293,148 @@ def read_recording(path: Path, frontend, window: int, context: int, step: int, w
         return f"it is shorter than one {frontend.frame_length_ms:g} ms feature frame"
     if audio.channels > 1:
         warn(f"note: {path} has {audio.channels} channels; mixed down to mono (their mean)")
+    if window is None:
+        return Recording(path, audio, [Piece(0, num_frames, 0, num_frames)])
     energies = frame_energies(audio.samples, frontend.frame_shift)
     return Recording(path, audio, cut_into_pieces(energies, num_frames, window, context, step))
+
+
+# ---- one pass over a long recording -----------------------------------------------------------------
+# A one-pass file longer than this gets an estimate of its time and memory first (and may be
+# refused), and a progress line per encoder layer.
+ONE_PASS_CHECK_SECONDS = 300.0
+# The estimate runs the model on the file's first 60 s and 120 s and extrapolates them.
+CALIBRATION_SECONDS = (60.0, 120.0)
+# Refused: an estimated peak above this share of the memory available when the file starts.
+MEMORY_SHARE = 0.9
+
+
+@dataclass(frozen=True)
+class OnePassEstimate:
+    seconds: float
+    peak_bytes: float | None       # above what was resident before; None where it cannot be measured
+    available_bytes: float | None  # the memory available to the process when the estimate was made
+
+
+def limit_heap_growth() -> None:
+    """Makes glibc give every freed allocation over 1 MiB back to the system at once. By default it
+    raises that threshold to the largest block freed so far (up to 32 MiB), and a one-pass run's
+    per-layer tensors of tens of MB then stay in the heap, fragmenting it: the resident memory of
+    an hour grew to several times what was live. Nothing happens on other C libraries."""
+    try:
+        ctypes.CDLL("libc.so.6").mallopt(-3, 1 << 20)    # M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
+def _status_kib(field_name: str) -> int | None:
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _reset_peak_resident() -> bool:
+    """Resets the kernel's record of this process's peak resident memory (Linux); False where it cannot."""
+    try:
+        with open("/proc/self/clear_refs", "w") as clear_refs:
+            clear_refs.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def available_memory_bytes() -> float | None:
+    """What the system can still give this process: MemAvailable, or less under a cgroup limit."""
+    available = None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024.0
+    except OSError:
+        return None
+    try:
+        limit = Path("/sys/fs/cgroup/memory.max").read_text().strip()
+        used = Path("/sys/fs/cgroup/memory.current").read_text().strip()
+        if limit != "max" and available is not None:
+            available = min(available, float(limit) - float(used))
+    except (OSError, ValueError):
+        pass
+    return available
+
+
+def _timed_run(model: SpeechRecognizer, features: torch.Tensor) -> tuple[float, float | None]:
+    """Seconds and peak resident bytes above the resident memory before, of the model on `features`."""
+    before = _status_kib("VmRSS")
+    measured = before is not None and _reset_peak_resident()
+    started = time.perf_counter()
+    with torch.no_grad():
+        model(features[None].to(model.device), torch.tensor([len(features)], device=model.device))
+    seconds = time.perf_counter() - started
+    peak = _status_kib("VmHWM") if measured else None
+    return seconds, (None if peak is None else max(0.0, (peak - before) * 1024.0))
+
+
+def estimate_one_pass(model: SpeechRecognizer, features: torch.Tensor, quadratic: bool,
+                      num_frames: int) -> OnePassEstimate:
+    """Time and peak memory of one pass over `num_frames` frames, from runs over the first
+    CALIBRATION_SECONDS of `features`: time a + b n through the two runs (b n + c n^2 for an
+    attention whose cost grows with the square of the length, attention_ext's `quadratic_time`),
+    memory a + b n (every attention's memory is linear in the length)."""
+    frames_per_second = 1000.0 / model.frontend.frame_shift_ms
+    lengths = [min(num_frames, int(seconds * frames_per_second)) for seconds in CALIBRATION_SECONDS]
+    _timed_run(model, features[: lengths[0]])          # warm-up: first-call allocations and kernel choices
+    (t1, m1), (t2, m2) = (_timed_run(model, features[:n]) for n in lengths)
+    n1, n2, n = float(lengths[0]), float(lengths[1]), float(num_frames)
+    if quadratic:
+        c = max(0.0, (t2 / n2 - t1 / n1) / (n2 - n1))
+        seconds = (t1 / n1 - c * n1) * n + c * n * n
+    else:
+        slope = max(0.0, (t2 - t1) / (n2 - n1))
+        seconds = t1 + slope * (n - n1)
+    peak = None
+    if m1 is not None and m2 is not None:
+        peak = m2 + max(m2 - m1, 0.0) / (n2 - n1) * (n - n2)
+    return OnePassEstimate(max(seconds, t2), peak, available_memory_bytes())
+
+
+def check_one_pass(model: SpeechRecognizer, recording: "Recording", warn) -> None:
+    """For a one-pass file over ONE_PASS_CHECK_SECONDS: prints the estimate and raises
+    TranscriptionError, with the numbers and what to do instead, when it would not fit in memory."""
+    from attention_ext import available_attentions
+    num_frames = recording.pieces[0].end
+    frontend = model.frontend
+    calibration = frame_features(frontend, recording.audio.samples, 0,
+                                 min(num_frames, int(CALIBRATION_SECONDS[1] * 1000.0 / frontend.frame_shift_ms)))
+    attention = model.encoder.attention_name
+    estimate = estimate_one_pass(model, calibration, available_attentions()[attention].quadratic_time, num_frames)
+    minutes = recording.audio.duration / 60.0
+    memory = "" if estimate.peak_bytes is None else f", peak memory about {estimate.peak_bytes / 1e9:.1f} GB"
+    warn(f"{recording.path}: one pass over {minutes:.1f} min with {attention} attention: about "
+         f"{estimate.seconds:.0f} s{memory} (estimated from its first {CALIBRATION_SECONDS[0]:g} and "
+         f"{CALIBRATION_SECONDS[1]:g} s)")
+    if estimate.peak_bytes is not None and estimate.available_bytes is not None \
+            and estimate.peak_bytes > MEMORY_SHARE * estimate.available_bytes:
+        raise TranscriptionError(
+            f"one pass over its {minutes:.1f} min with {attention} attention would need about "
+            f"{estimate.peak_bytes / 1e9:.1f} GB, more than the {estimate.available_bytes / 1e9:.1f} GB "
+            f"available; transcribe it in pieces (window=20, the default) or in one pass with an attention "
+            f"whose cost is linear in the length (attention=iclustered-100 or clustered-100)")
+
+
+def report_layers(model: SpeechRecognizer, recording: "Recording", warn):
+    """Forward hooks that print a line as each encoder layer finishes; returns their handles."""
+    started, layers = time.perf_counter(), len(model.encoder.layers)
+
+    def hook(index: int):
+        return lambda module, inputs, output: warn(
+            f"{recording.path}: layer {index + 1}/{layers} done ({time.perf_counter() - started:.1f} s)")
+    return [layer.register_forward_hook(hook(index)) for index, layer in enumerate(model.encoder.layers)]
 
 
 @dataclass
@@ -294,7 +451,7 @@ def transcribe_files(model: SpeechRecognizer, files: list[Path], config: Transcr
     from tqdm.auto import tqdm
     frontend = model.frontend
     frames_per_second = 1000.0 / frontend.frame_shift_ms
-    window = int(config.window * frames_per_second)
+    window = None if config.window is None else int(config.window * frames_per_second)
     context = int(config.overlap / 2 * frames_per_second)
     budget = config.batch_seconds * frames_per_second          # padded frames per batch
     step = model.encoder.subsampling
@@ -303,16 +460,25 @@ def transcribe_files(model: SpeechRecognizer, files: list[Path], config: Transcr
     bar = tqdm(total=len(ordered), desc="transcribe", unit="file", leave=False,
                disable=not config.progress or len(ordered) < PROGRESS_BAR_FROM)
 
+    def fail(path: Path, reason: str) -> None:
+        outcome.failures[str(path)] = reason
+        warn(f"skipped {path}: {reason}")
+        emit({"file": str(path), "error": reason})
+        bar.update(1)
+
     def recordings() -> Iterator[Recording]:
         for path in ordered:
             recording = read_recording(path, frontend, window, context, step, warn)
-            if isinstance(recording, Recording):
-                yield recording
+            if not isinstance(recording, Recording):
+                fail(path, recording)
                 continue
-            outcome.failures[str(path)] = recording
-            warn(f"skipped {path}: {outcome.failures[str(path)]}")
-            emit({"file": str(path), "error": outcome.failures[str(path)]})
-            bar.update(1)
+            if window is None and recording.audio.duration > ONE_PASS_CHECK_SECONDS:
+                try:
+                    check_one_pass(model, recording, warn)
+                except TranscriptionError as refusal:
+                    fail(path, str(refusal))
+                    continue
+            yield recording
 
     pending: list[Recording] = []
     batch: list[tuple[Recording, int]] = []
@@ -321,7 +487,14 @@ def transcribe_files(model: SpeechRecognizer, files: list[Path], config: Transcr
     def flush() -> None:
         nonlocal batch, batch_index
         if batch:
-            run_batch(model, frontend, batch, batch_index, config.seed)
+            long_files = [recording for recording, _ in batch
+                          if window is None and recording.audio.duration > ONE_PASS_CHECK_SECONDS]
+            hooks = [hook for recording in long_files for hook in report_layers(model, recording, warn)]
+            try:
+                run_batch(model, frontend, batch, batch_index, config.seed)
+            finally:
+                for hook in hooks:
+                    hook.remove()
             batch_index += 1
             batch = []
         for recording in [r for r in pending if r.done]:
@@ -367,6 +540,8 @@ def transcribe(config: TranscribeConfig, attention_options: dict[str, str] | Non
     what could not be read to `warn`."""
     if config.threads:
         torch.set_num_threads(config.threads)
+    if config.window is None:
+        limit_heap_growth()
     files = audio_files(config.files)
     model = load_model(config.checkpoint, config.device)
     model.set_attention(evaluation_attention(model, config.attention, attention_options))

@@ -1,7 +1,8 @@
-"""The CTC transformer encoder: subsampling front end, fixed sinusoidal positions, pre-norm layers.
+"""The CTC transformer encoder: subsampling front end, positions, pre-norm layers.
 
     encoder = TransformerEncoder(feature_dim=40, layers=9, heads=6, head_dim=32, ff_dim=768, dropout=0.1,
                                  subsampling=1, subsampling_channels=32, shared_qk=False,
+                                 positions="sinusoidal",
                                  attention=validate_attention("iclustered", clusters=100))
     states, lengths = encoder(features, feature_lengths)   # normalised (B, T, F) -> (B, T', D)
     encoder.set_attention(validate_attention("full"))       # same weights, other attention
@@ -13,6 +14,16 @@ runs under any attention.
 With `shared_qk` the layer has one query/key projection and passes the very same tensor as
 q and k (what lsh and shared_full need, and what lets clustered attention approximate
 shared-full).
+
+Positions (`positions`, POSITION_SCHEMES):
+- sinusoidal: the fixed table of Vaswani et al. added to the input (the paper's encoder). Absolute:
+  a model reads positions far beyond those it was trained on when it runs on a long recording.
+- rotary: RoFormer's rotary positions (Su et al., 2021) applied to every layer's queries and keys
+  before the attention, so a score depends on the two positions' distance alone. The same rotated
+  tensor is passed as q and k in a shared-QK model, so every attention takes it as it is.
+- none: nothing; the order comes from the convolutional front end alone (its 3x3 kernels see the
+  neighbouring frames), so every attention is a function of content and a model never meets a
+  position it has not seen. Needs model.subsampling 2 or 4 (factor 1 has no convolution).
 """
 from __future__ import annotations
 
@@ -39,6 +50,9 @@ def check_attention_fits(attention: ValidatedAttention, shared_qk: bool, head_di
 def valid_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
     """(B, N) bool, True inside each sequence."""
     return torch.arange(length, device=lengths.device) < lengths[:, None]
+
+
+POSITION_SCHEMES = ("sinusoidal", "rotary", "none")
 
 
 # (time, frequency) stride of each convolution per subsampling factor; asr.config.schema allows these factors.
@@ -78,7 +92,37 @@ class ConvSubsampling(nn.Module):
             lengths = (lengths - 1) // stride + 1 if stride > 1 else lengths
         return lengths
 
+    # Evaluation of an input longer than this runs the convolutions piece by piece: their
+    # activations are channels x frequency (640 floats at the demo's size) per frame, 2.3 GB
+    # for an hour's 360,000 frames at once.
+    PIECE_FRAMES = 16384
+    # Output frames computed on each side of a piece and dropped: more than the two 3x3
+    # convolutions' reach (one output frame each way), so the kept frames are those of a whole run.
+    PIECE_MARGIN = 4
+
     def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if x.shape[1] > self.PIECE_FRAMES and not self.training and not torch.compiler.is_compiling():
+            return self._forward_in_pieces(x, lengths)
+        return self._forward_whole(x, lengths)
+
+    def _forward_in_pieces(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """forward on a long input in bounded memory: pieces of PIECE_FRAMES input frames, each
+        with PIECE_MARGIN output frames of neighbouring input on both sides; a piece starts on a
+        multiple of the factor, so its output frames are the whole run's at the same time."""
+        out_lengths = self.output_lengths(lengths)
+        total = int(self.output_lengths(torch.tensor(x.shape[1])))
+        step = self.PIECE_FRAMES // self.factor            # output frames per piece
+        outputs = []
+        for first in range(0, total, step):
+            last = min(total, first + step)
+            begin = max(0, first - self.PIECE_MARGIN) * self.factor
+            end = min(x.shape[1], (last + self.PIECE_MARGIN) * self.factor)
+            piece, _ = self._forward_whole(x[:, begin:end], (lengths - begin).clamp(0, end - begin))
+            offset = first - begin // self.factor
+            outputs.append(piece[:, offset:offset + last - first])
+        return torch.cat(outputs, dim=1), out_lengths
+
+    def _forward_whole(self, x: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         # Channels-last on purpose: compiled, inductor runs these convolutions channels-last (on
         # the CPU always, elsewhere because compile_encoder asks it to), even with symbolic
         # lengths. Had the eager layout been (B, C, T, F), the activations saved for the backward
@@ -110,6 +154,25 @@ def sinusoidal_positions(length: int, d_model: int, device=None) -> torch.Tensor
     table[:, 0::2] = torch.sin(position * frequency)
     table[:, 1::2] = torch.cos(position * frequency[: d_model // 2])
     return table
+
+
+ROTARY_BASE = 10000.0   # RoFormer's: the slowest pair turns once in about 2 pi * 10000 positions
+
+
+def rotary_angles(length: int, head_dim: int, device=None) -> tuple[torch.Tensor, torch.Tensor]:
+    """(length, head_dim / 2) cos and sin of position * ROTARY_BASE^(-2i / head_dim) (RoFormer eq. 15).
+    The angles are float64: in float32 the fastest pair's angle is off by ~0.02 rad at position
+    200,000 (an hour), and a score would no longer depend on the distance alone."""
+    frequency = ROTARY_BASE ** (-torch.arange(0, head_dim, 2, device=device, dtype=torch.float64) / head_dim)
+    angle = torch.arange(length, device=device, dtype=torch.float64)[:, None] * frequency
+    return angle.cos().float(), angle.sin().float()
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """(B, H, N, E) rotated pair by pair: dims i and i + E/2 form the i-th pair (GPT-NeoX's layout,
+    two contiguous halves), each turned by its position's angle."""
+    first, second = x.chunk(2, dim=-1)
+    return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1).to(x.dtype)
 
 
 class EncoderLayer(nn.Module):
@@ -144,15 +207,32 @@ class EncoderLayer(nn.Module):
         q = self._split_heads(self.query(h))
         return q, (q if self.shared_qk else self._split_heads(self.key(h)))
 
-    def forward(self, x: torch.Tensor, lengths: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, lengths: torch.Tensor,
+                rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
+        """rotary: the (N, E/2) cos and sin of rotary positions (rotary_angles), or None."""
         h = self.attention_norm(x)
         q, k = self.queries_and_keys(h)
+        if rotary is not None:
+            q, k = (rotate(q, *rotary),) * 2 if k is q else (rotate(q, *rotary), rotate(k, *rotary))
         v = self._split_heads(self.value(h))
         attended = self.attention(q, k, v, lengths)                    # (B, H, N, E)
         batch, heads, length, dim = attended.shape
         attended = attended.transpose(1, 2).reshape(batch, length, heads * dim)
         x = x + self.dropout(self.output(attended))
-        return x + self.dropout(self.ff(self.ff_norm(x)))
+        return x + self.dropout(self._feed_forward(x))
+
+    # Evaluation of a sequence longer than this runs the feed-forward block piece by piece: its
+    # hidden activations are ff_dim floats per position (0.7 GB for an hour at the demo's size, twice).
+    PIECE_POSITIONS = 16384
+
+    def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
+        if x.shape[1] <= self.PIECE_POSITIONS or self.training or torch.compiler.is_compiling():
+            return self.ff(self.ff_norm(x))
+        out = torch.empty_like(x)
+        for first in range(0, x.shape[1], self.PIECE_POSITIONS):   # position-wise: the same numbers
+            piece = slice(first, first + self.PIECE_POSITIONS)
+            out[:, piece] = self.ff(self.ff_norm(x[:, piece]))
+        return out
 
 
 class TransformerEncoder(nn.Module):
@@ -160,8 +240,15 @@ class TransformerEncoder(nn.Module):
 
     # No defaults: they live in the config schema (asr.config.schema.ModelConfig), which also checks the values.
     def __init__(self, feature_dim: int, *, layers: int, heads: int, head_dim: int, ff_dim: int, dropout: float,
-                 subsampling: int, subsampling_channels: int, shared_qk: bool, attention: ValidatedAttention):
+                 subsampling: int, subsampling_channels: int, shared_qk: bool, positions: str,
+                 attention: ValidatedAttention):
         super().__init__()
+        if positions not in POSITION_SCHEMES:
+            raise ValueError(f"positions={positions!r}: must be one of {', '.join(POSITION_SCHEMES)}")
+        if positions == "none" and subsampling == 1:
+            raise ValueError("positions='none' needs a convolutional front end (subsampling 2 or 4): with "
+                             "subsampling 1 nothing tells the encoder the order of its frames")
+        self.positions = positions
         self.d_model = heads * head_dim
         self.head_dim = head_dim
         self.input_scale = math.sqrt(self.d_model)
@@ -206,10 +293,13 @@ class TransformerEncoder(nn.Module):
         """(B, T, F) normalised features, (B,) frame counts -> (B, T', D) states, (B,) lengths T'."""
         x, lengths = self.frontend(features, lengths)
         # sqrt(d_model) keeps the content well above the unit-amplitude positions (as in ESPnet)
-        x = x * self.input_scale + sinusoidal_positions(x.shape[1], self.d_model, x.device)
+        x = x * self.input_scale
+        if self.positions == "sinusoidal":
+            x = x + sinusoidal_positions(x.shape[1], self.d_model, x.device)
+        rotary = rotary_angles(x.shape[1], self.head_dim, x.device) if self.positions == "rotary" else None
         x = self.input_dropout(x)
         for layer in self.layers:
-            x = layer(x, lengths)
+            x = layer(x, lengths, rotary)
         return self.final_norm(x), lengths
 
 

@@ -44,7 +44,16 @@ def seed_evaluation_batch(seed: int, batch_index: int) -> None:
     on what else drew from the generator before (a DataLoader iterator draws once when created)."""
     torch.manual_seed((seed * 1_000_003 + batch_index) % 2**63)
 ENCODER_ARGUMENTS = ("layers", "heads", "head_dim", "ff_dim", "dropout", "subsampling",
-                     "subsampling_channels", "shared_qk")
+                     "subsampling_channels", "shared_qk", "positions")
+# Encoder arguments added after checkpoints were written without them: the value those models had.
+ENCODER_ARGUMENTS_OF_OLDER_CHECKPOINTS = {"positions": "sinusoidal"}
+
+
+def encoder_arguments(model: dict) -> dict:
+    """The TransformerEncoder arguments of a model config or of a checkpoint's `model`
+    hyper-parameters (one written before an argument existed gets the value its model had)."""
+    return {key: model[key] if key in model else ENCODER_ARGUMENTS_OF_OLDER_CHECKPOINTS[key]
+            for key in ENCODER_ARGUMENTS}
 
 
 def warmup_factor(step: int, warmup_steps: int) -> float:
@@ -97,7 +106,7 @@ class SpeechRecognizer(L.LightningModule):
         self.save_hyperparameters()
         self.tokenizers: dict[str, Tokenizer] = {kind: tokenizer_from_state_dict(state)
                                                  for kind, state in tokenizers.items()}
-        self.encoder = TransformerEncoder(feature_dim, **{key: model[key] for key in ENCODER_ARGUMENTS},
+        self.encoder = TransformerEncoder(feature_dim, **encoder_arguments(model),
                                           attention=validated)
         self.heads = CTCHeads(self.encoder.d_model, {kind: t.vocab_size for kind, t in self.tokenizers.items()})
         # model.loss_weights is checked against data.targets where the config is read (asr.config.schema)

@@ -33,7 +33,7 @@ from asr.training.adaptation_data import (ADAPTATION_CORPUS, DEV, REHEARSAL_SPLI
                                           rehearsal_line, summary_line, write_rehearsal_split)
 from asr.model.checkpoint import CheckpointError, feature_frontend, read_checkpoint
 from asr.model.decoding_files import model_decoding_files
-from asr.model.recognizer import ENCODER_ARGUMENTS, SpeechRecognizer, check_state_dict_fits
+from asr.model.recognizer import ENCODER_ARGUMENTS, SpeechRecognizer, check_state_dict_fits, encoder_arguments
 from asr.model.run_folder import one_process_at_a_time, run_folder_of, stored_data_config
 
 log = logging.getLogger("asr.train")
@@ -171,8 +171,9 @@ def check_overrides_follow_model(cfg: DictConfig, overrides: list[str], source: 
 def follow_model(cfg: DictConfig, source: AdaptationSource) -> None:
     """Writes the model's settings into the config, and with adapt.data_dir the adaptation corpus."""
     hyper = source.hyper_parameters
+    shape = encoder_arguments(hyper["model"])
     for key in MODEL_SHAPE:
-        cfg.model[key] = hyper["model"][key]
+        cfg.model[key] = shape[key]
     if not cfg.model.loss_weights:   # the run's own weights where given, else the trained model's
         cfg.model.loss_weights = dict(hyper["model"].get("loss_weights") or {})
     cfg.attention = dict(hyper["attention"])

@@ -10,11 +10,12 @@ from pathlib import Path
 import torch
 
 from ..registry import AttentionConfigError, accepted_spec_forms, available_attentions
-from .cases import DEFAULT_ATTENTIONS, SHAPES, BenchmarkConfig, build_cases, default_shapes
+from .cases import (DEFAULT_ATTENTIONS, PASSES, SDPA_BACKENDS, SHAPES, BenchmarkConfig, build_cases,
+                    default_shapes)
 from .report import (CSV_COLUMNS, format_header, format_overtaking, format_table, format_targets,
                      measurement_rows, plot_per_element, write_csv)
-from .targets import (CUDA_SCALING_TARGETS, LINEAR_SCALING_TARGETS, OVERTAKING_TARGETS, SPEEDUP_TARGETS,
-                      evaluate_targets, overtaking_lengths)
+from .targets import (CUDA_SCALING_TARGETS, LINEAR_SCALING_TARGETS, LONG_SCALING_TARGETS, OVERTAKING_TARGETS,
+                      SPEEDUP_TARGETS, evaluate_long_targets, evaluate_targets, overtaking_lengths)
 from .timing import run_benchmark
 
 
@@ -52,6 +53,19 @@ def _positive_int(text: str) -> int:
     return value
 
 
+def _budget_seconds(text: str) -> float | None:
+    """--time-budget: seconds > 0, or none."""
+    if text.strip().lower() == "none":
+        return None
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is neither a number of seconds nor none") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"{text}: give seconds > 0, or none for no budget")
+    return value
+
+
 DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.float16,
           "bfloat16": torch.bfloat16}
 
@@ -59,16 +73,19 @@ DTYPES = {"float32": torch.float32, "float64": torch.float64, "float16": torch.f
 def targets_help() -> str:
     """The targets of --help, by the device and dtype of a run they apply to."""
     return "\n".join(
-        ["  on cpu in float32:"]
+        ["  the paper table, forward+backward, on cpu in float32:"]
         + [f"    {target.title}: speedup vs full >= {target.minimum:g}x at N={target.length}"
            for target in SPEEDUP_TARGETS]
         + [f"    {target.title}: {target.quantity} per element within {target.factor:g}x (max/min) "
            f"over the measured N in {target.shortest}..{target.longest}" for target in LINEAR_SCALING_TARGETS]
-        + ["  on cuda in bfloat16:"]
+        + ["  the paper table, forward+backward, on cuda in bfloat16:"]
         + [f"    {target.title}: faster than full at N={target.length} and every longer N measured"
            for target in OVERTAKING_TARGETS]
         + [f"    {target.title}: {target.quantity} per element within {target.factor:g}x (max/min) "
-           f"over the measured N in {target.shortest}..{target.longest}" for target in CUDA_SCALING_TARGETS])
+           f"over the measured N in {target.shortest}..{target.longest}" for target in CUDA_SCALING_TARGETS]
+        + ["  the long table, on cpu (time and memory) and cuda (memory), any dtype:"]
+        + [f"    {target.title}: {target.quantity} per element within {target.factor:g}x (max/min) over "
+           "the run's lengths, each of them measured" for target in LONG_SCALING_TARGETS])
 
 
 def tables_help() -> str:
@@ -78,6 +95,9 @@ def tables_help() -> str:
         f"N = {' '.join(map(str, shape.lengths))}"
         + ("" if shape.cuda_lengths == shape.lengths else
            f" (cuda: {' '.join(map(str, shape.cuda_lengths))})")
+        + f"; {' and '.join(shape.passes)}"
+        + ("" if shape.time_budget_s is None else f"; time budget {shape.time_budget_s:g} s")
+        + ("" if shape.full_backend == "auto" else f"; full with SDPA kernel {shape.full_backend}")
         for shape in SHAPES.values())
 
 
@@ -94,8 +114,9 @@ attention specs (parse_attention_spec):
 
 what is measured (every N and attention interleaved repeat by repeat):
   time    wall-clock of out = attn(q, k, v); out.backward(grad) with q, k, v
-          requiring grad and a fixed random grad; median over --repeats after
-          --warmup passes (cuda: synchronized before and after).
+          requiring grad and a fixed random grad (--passes forward: the forward
+          alone, under torch.no_grad); median over --repeats after --warmup
+          passes (cuda: synchronized before and after).
   memory  peak tensor memory of one such pass above the level before it (inputs
           excluded; activations saved for backward and the gradients included),
           in a separate pass: cuda max_memory_allocated; on cpu the allocation
@@ -107,16 +128,17 @@ what is measured (every N and attention interleaved repeat by repeat):
 
 tables (--shapes; default: paper on cpu, paper and asr on cuda):
 {tables_help()}
-  --batch, --heads, --dim and --lengths, when given, replace those of every table.
-  The targets are those of the paper table; the asr table has none.
+  --batch, --heads, --dim, --lengths, --passes, --time-budget and --full-backend,
+  when given, replace those of every table. The asr table has no targets.
 
 targets (evaluated on this run's ratios; only those whose attention and lengths,
 full included, were measured; each PASS or FAIL with the measured number):
 {targets_help()}
 
-output: per table, the table on stdout, then the targets; <out>/benchmark_<device>.csv
-and <out>/benchmark_<device>.png (time and memory per element against N, as Fig. 4)
-for the paper table, benchmark_<device>_asr.csv/.png for the asr table.
+output: per table and pass, the table on stdout, then the targets;
+<out>/benchmark_<device>.csv and <out>/benchmark_<device>.png (time and memory per
+element against N, as Fig. 4) for the paper table, benchmark_<device>_<table>.csv/.png
+for the others, with _forward before .csv/.png for the forward pass.
 CSV columns:
 {columns}
 Progress goes to stderr."""
@@ -126,7 +148,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m attention_ext.benchmark",
         description=textwrap.fill(
-            "Time and peak memory of one attention forward+backward pass per sequence element, "
+            "Time and peak memory of one attention forward+backward (or forward) pass per sequence element, "
             "for every attention against full (supplementary C.1 / Fig. 4 of 'Fast Transformers "
             "with Clustered Attention').", width=78),
         epilog=epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -136,6 +158,17 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lengths", nargs="+", default=None,
                         metavar="N", help="sequence lengths, space- or comma-separated "
                         "(default: each table's, see below)")
+    parser.add_argument("--passes", nargs="+", choices=PASSES, default=None,
+                        help="what one pass is: forward (under torch.no_grad) and/or forward+backward; "
+                             "one table each (default: each table's: long both, others forward+backward)")
+    parser.add_argument("--time-budget", type=_budget_seconds, default=argparse.SUPPRESS, metavar="SECONDS",
+                        help="skip a cell whose first pass is estimated to take longer (from the "
+                             "attention's pass at the longest shorter N, x (N ratio)^2), and its "
+                             "attention at longer N; 'none': no budget (default: each table's: "
+                             "long 120, others none)")
+    parser.add_argument("--full-backend", choices=SDPA_BACKENDS, default=None,
+                        help="the SDPA kernel full runs with (torch.nn.attention.sdpa_kernel); auto: "
+                             "torch's choice (default: each table's: long flash, others auto)")
     parser.add_argument("--attentions", nargs="+", default=list(DEFAULT_ATTENTIONS),
                         metavar="SPEC", help="attention specs, see below; the first spec named "
                         "full is the reference of the ratios (default: "
@@ -201,11 +234,15 @@ def config_from_args(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     for name in dict.fromkeys(names):
         shape = SHAPES[name]
         default_lengths = shape.cuda_lengths if device.type == "cuda" else shape.lengths
-        configs.append(BenchmarkConfig(
-            lengths=list(dict.fromkeys(lengths or default_lengths)), attentions=_split_list(args.attentions),
-            batch=args.batch or shape.batch, heads=args.heads or shape.heads, dim=args.dim or shape.dim,
-            dtype=DTYPES[args.dtype], device=device, threads=args.threads, warmup=args.warmup,
-            repeats=args.repeats, seed=args.seed, max_lengths=max_lengths, shape=name))
+        for pass_name in dict.fromkeys(args.passes or shape.passes):
+            configs.append(BenchmarkConfig(
+                lengths=list(dict.fromkeys(lengths or default_lengths)), attentions=_split_list(args.attentions),
+                batch=args.batch or shape.batch, heads=args.heads or shape.heads, dim=args.dim or shape.dim,
+                dtype=DTYPES[args.dtype], device=device, threads=args.threads, warmup=args.warmup,
+                repeats=args.repeats, seed=args.seed, max_lengths=max_lengths, shape=name,
+                backward=pass_name == "forward+backward",
+                time_budget_s=getattr(args, "time_budget", shape.time_budget_s),
+                full_backend=args.full_backend or shape.full_backend))
     return configs
 
 
@@ -223,7 +260,10 @@ def main(argv: list[str] | None = None) -> int:
     for index, (config, cases) in enumerate(tables):
         if index:
             print("\n")
-        print(f"== {SHAPES[config.shape].title} ==")
+        shape = SHAPES[config.shape]
+        # which pass, where the table has two or the run asked for the other one
+        which = f", {config.pass_name}" if len(shape.passes) > 1 or config.pass_name not in shape.passes else ""
+        print(f"== {shape.title}{which} ==")
         print(format_header(config, cases), flush=True)
         warn_if_cpu_is_busy(config)
         measurements = run_benchmark(config, cases)
@@ -232,12 +272,17 @@ def main(argv: list[str] | None = None) -> int:
         print()
         print(format_overtaking(overtaking_lengths(measurements)))
         print()
-        if config.shape == "paper":
+        if config.shape == "paper" and config.backward:   # its targets are forward+backward's
             print(format_targets(evaluate_targets(measurements, config.batch, config.device.type,
                                                   config.dtype)))
+        elif config.shape == "long":
+            print(format_targets(evaluate_long_targets(measurements, config.batch, config.device.type,
+                                                       config.lengths)))
         else:
-            print(f"targets: none for the {config.shape} table (it shows what attention costs there)")
-        stem = f"benchmark_{config.device.type}" + ("" if config.shape == "paper" else f"_{config.shape}")
+            print(f"targets: none for the {config.shape} table, {config.pass_name} (it shows what attention "
+                  "costs there)")
+        stem = (f"benchmark_{config.device.type}" + ("" if config.shape == "paper" else f"_{config.shape}")
+                + ("" if config.backward else "_forward"))
         csv_path, png_path = args.out / f"{stem}.csv", args.out / f"{stem}.png"
         write_csv(measurement_rows(measurements, config), csv_path)
         plot_per_element(measurements, config, png_path)

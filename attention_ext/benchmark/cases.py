@@ -5,7 +5,9 @@ same N in the same run.
 """
 from __future__ import annotations
 
+import contextlib
 import statistics
+import warnings
 from dataclasses import dataclass, field
 
 import torch
@@ -32,8 +34,14 @@ class BenchmarkShape:
     dim: int
     lengths: tuple[int, ...]
     cuda_lengths: tuple[int, ...]
+    passes: tuple[str, ...] = ("forward+backward",)   # PASSES measured, one table each
+    time_budget_s: float | None = None   # a cell estimated to take longer per pass is skipped
+    full_backend: str = "auto"           # SDPA_BACKENDS: the SDPA kernel full runs with
 
 
+# What one measured pass is: the attention's forward alone (under torch.no_grad, as at inference),
+# or its forward then a backward from a fixed random gradient (as in training).
+PASSES = ("forward", "forward+backward")
 # The paper's setting (supplementary C.1): one long sequence. Its targets are defined for it.
 PAPER_SHAPE = BenchmarkShape("paper", "paper shapes (supplementary C.1): one long sequence", 1, 6, 64,
                              DEFAULT_LENGTHS, DEFAULT_CUDA_LENGTHS)
@@ -42,7 +50,18 @@ PAPER_SHAPE = BenchmarkShape("paper", "paper shapes (supplementary C.1): one lon
 ASR_LENGTHS = (256, 512, 1024, 2048)
 ASR_SHAPE = BenchmarkShape("asr", "ASR shapes: a training batch of 32 utterances", 32, 4, 64,
                            ASR_LENGTHS, ASR_LENGTHS)
-SHAPES = {shape.name: shape for shape in (PAPER_SHAPE, ASR_SHAPE)}
+# Long sequences (an hour of audio is ~180,000 encoder positions at the demo's frame rate): the
+# demo model's attention (4 heads x 32, conf/model/synth.yaml), one sequence, both passes. Exact
+# attention runs through SDPA's FlashAttention kernel (on the CPU too: its memory is linear in N)
+# as far as the time budget lets it; the targets (targets.LONG_SCALING_TARGETS) hold over the
+# table's lengths, shortest to longest.
+LONG_LENGTHS = (16384, 65536, 262144)
+LONG_SHAPE = BenchmarkShape("long", "long sequences: the demo model's attention (4 heads x 32), one sequence",
+                            1, 4, 32, LONG_LENGTHS, LONG_LENGTHS, passes=PASSES, time_budget_s=120.0,
+                            full_backend="flash")
+SHAPES = {shape.name: shape for shape in (PAPER_SHAPE, ASR_SHAPE, LONG_SHAPE)}
+# --full-backend: "auto" lets torch choose; the others force one SDPA kernel (torch.nn.attention).
+SDPA_BACKENDS = ("auto", "flash", "efficient", "math", "cudnn")
 
 
 def default_shapes(device_type: str) -> tuple[str, ...]:
@@ -64,6 +83,7 @@ class BenchmarkCase:
     module: torch.nn.Module
     shared_qk: bool                 # called with k = q (registered with needs_shared_qk)
     max_length: int | None = None
+    sdpa_backend: str = "auto"      # full only: the SDPA kernel its calls are restricted to
 
     @property
     def options_text(self) -> str:
@@ -111,6 +131,13 @@ class BenchmarkConfig:
     seed: int = 0
     max_lengths: dict[str, int] = field(default_factory=dict)
     shape: str = "paper"           # the table (SHAPES) this run measures
+    backward: bool = True          # forward+backward passes; False: forward alone, under no_grad
+    time_budget_s: float | None = None   # see timing.BenchmarkRounds: cells estimated slower are skipped
+    full_backend: str = "auto"     # SDPA_BACKENDS
+
+    @property
+    def pass_name(self) -> str:
+        return PASSES[1] if self.backward else PASSES[0]
 
 
 def build_cases(config: BenchmarkConfig) -> list[BenchmarkCase]:
@@ -123,7 +150,8 @@ def build_cases(config: BenchmarkConfig) -> list[BenchmarkCase]:
         seen.add(label)
         attention = parse_attention_spec(label)
         cases.append(BenchmarkCase(label, attention.name, attention.options,
-                                   attention.build().to(config.device), attention.needs_shared_qk))
+                                   attention.build().to(config.device), attention.needs_shared_qk,
+                                   sdpa_backend=config.full_backend if attention.name == "full" else "auto"))
     by_label = {case.label: case for case in cases}
     for key, limit in config.max_lengths.items():
         matched = [case for case in cases if key in (case.label, case.name)]
@@ -133,7 +161,39 @@ def build_cases(config: BenchmarkConfig) -> list[BenchmarkCase]:
                 f"({', '.join(by_label)}); give a spec from --attentions or a registered name")
         for case in matched:
             case.max_length = limit
+    for case in cases:
+        if case.sdpa_backend != "auto":
+            check_sdpa_backend_runs(case, config)
     return cases
+
+
+def sdpa_backend(name: str):
+    """torch.nn.attention's SDPBackend of a --full-backend name other than auto."""
+    from torch.nn.attention import SDPBackend
+    return {"flash": SDPBackend.FLASH_ATTENTION, "efficient": SDPBackend.EFFICIENT_ATTENTION,
+            "math": SDPBackend.MATH, "cudnn": SDPBackend.CUDNN_ATTENTION}[name]
+
+
+def sdpa_context(case: BenchmarkCase):
+    """The context a call of `case` runs in: its forced SDPA kernel, or nothing."""
+    if case.sdpa_backend == "auto":
+        return contextlib.nullcontext()
+    from torch.nn.attention import sdpa_kernel
+    return sdpa_kernel(sdpa_backend(case.sdpa_backend))
+
+
+def check_sdpa_backend_runs(case: BenchmarkCase, config: BenchmarkConfig) -> None:
+    """One tiny call of full with the forced kernel, so that a kernel torch lacks for this device
+    and dtype (FlashAttention in float32 on CUDA) is a usage error before anything is measured."""
+    q = torch.randn(config.batch, config.heads, 16, config.dim).to(config.device, config.dtype)
+    try:
+        with sdpa_context(case), warnings.catch_warnings():
+            warnings.simplefilter("ignore")   # torch warns why each kernel declined; the error says it
+            case.module(q, q, q)
+    except RuntimeError as error:
+        raise AttentionConfigError(
+            f"--full-backend {case.sdpa_backend}: torch's SDPA has no such kernel for {config.dtype} on "
+            f"{config.device} ({str(error).splitlines()[0]}); choose another or auto") from None
 
 
 def add_ratios_to_full(measurements: list[Measurement]) -> None:

@@ -12,7 +12,7 @@ from .cases import BenchmarkCase, BenchmarkConfig, Measurement
 from .targets import TargetResult, overtaking_text
 
 CSV_COLUMNS = (
-    "length", "attention", "name", "options", "status", "batch", "heads", "dim", "dtype",
+    "length", "attention", "name", "options", "status", "pass", "batch", "heads", "dim", "dtype",
     "device", "threads", "repeats", "median_ms", "time_per_element_us", "peak_memory_bytes",
     "peak_memory_mib", "memory_per_element_kib", "speedup_vs_full", "memory_saving_vs_full",
 )
@@ -33,7 +33,8 @@ def measurement_rows(measurements: list[Measurement], config: BenchmarkConfig) -
     for cell in measurements:
         rows.append({
             "length": cell.length, "attention": cell.case.label, "name": cell.case.name,
-            "options": cell.case.options_text, "status": cell.status, "batch": config.batch,
+            "options": cell.case.options_text, "status": cell.status, "pass": config.pass_name,
+            "batch": config.batch,
             "heads": config.heads, "dim": config.dim, "dtype": str(config.dtype).replace("torch.", ""),
             "device": str(config.device), "threads": config.threads if config.device.type == "cpu" else "",
             "repeats": len(cell.times_ms),
@@ -143,8 +144,8 @@ def plot_per_element(measurements: list[Measurement], config: BenchmarkConfig, p
         axis.set_xlabel("sequence length N")
         axis.set_ylabel(ylabel)
         axis.grid(True, which="both", alpha=0.3)
-    time_axis.set_title("forward+backward time per element")
-    memory_axis.set_title("forward+backward peak memory per element")
+    time_axis.set_title(f"{config.pass_name} time per element")
+    memory_axis.set_title(f"{config.pass_name} peak memory per element")
     memory_axis.legend(loc="best", fontsize="small")
     figure.suptitle(f"batch {config.batch}, {config.heads} heads x {config.dim}, {dtype}, {where}")
     figure.tight_layout()
@@ -171,17 +172,23 @@ def format_header(config: BenchmarkConfig, cases: list[BenchmarkCase]) -> str:
              else f"{config.device} ({torch.cuda.get_device_name(config.device)})")
     if config.device.type == "cpu" and hasattr(os, "getloadavg"):
         where += f"; load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs at start"
-    lines = [f"attention forward+backward benchmark: torch {torch.__version__}, {where}",
+    lines = [f"attention {config.pass_name} benchmark: torch {torch.__version__}, {where}",
              f"batch {config.batch}, {config.heads} heads, dim {config.dim}, {dtype}; "
              f"median of {config.repeats} after {config.warmup} warm-up; seed {config.seed}",
-             routes_line(config.device.type, config.dtype),
-             "attentions:"]
+             routes_line(config.device.type, config.dtype)]
+    if config.time_budget_s is not None:
+        lines.append(f"time budget {config.time_budget_s:g} s per pass: a cell whose first pass is estimated "
+                     "longer (the attention's pass at the longest shorter N x (N ratio)^2) is skipped; one "
+                     "untimed first call per attention at the shortest N before the rounds")
+    lines.append("attentions:")
     for case in cases:
         extra = []
         if case.shared_qk:
             extra.append("k = q")
         if case.max_length is not None:
             extra.append(f"up to N={case.max_length}")
+        if case.sdpa_backend != "auto":
+            extra.append(f"SDPA kernel {case.sdpa_backend}")
         suffix = f"  [{', '.join(extra)}]" if extra else ""
         lines.append(f"  {case.label} = {case.name}({case.options_text}){suffix}")
     return "\n".join(lines)

@@ -6,6 +6,8 @@ bfloat16, against SDPA's FlashAttention kernels: the N from which clustered and
 i-clustered overtake full, and LSH's memory per element flat up to N=65536. The numbers
 are issue 19's aims, and issue 17's for the attentions beyond the paper's (linear and
 agglomerative-8 when it was set; every further attention of attention_ext.comparisons since).
+The long table (cases.LONG_SHAPE) has its own: time and peak memory per element flat over the
+table's lengths (evaluate_long_targets).
 """
 from __future__ import annotations
 
@@ -199,4 +201,66 @@ def evaluate_targets(measurements: list[Measurement], batch: int, device_type: s
             results.append(TargetResult(length is not None and length <= target.length, (
                 f"{label}: overtakes full at N <= {target.length} (target for {target.title}): "
                 f"{overtaking_text(length)}, {cell.speedup_vs_full:.2f}x at N={target.length}")))
+    return results
+
+
+@dataclass(frozen=True)
+class LongScalingTarget:
+    """Time (or peak memory) per element at every length of a long-table run within `factor` of
+    each other (largest / smallest). Unlike LinearScalingTarget its span is the run's own lengths
+    (16,384 to 262,144 by default; --lengths gives others), and a length the attention was not
+    measured at (skipped for time, out of memory) fails it: the aim is that it runs there."""
+    name: str
+    options: tuple[tuple[str, int], ...]
+    factor: float
+    title: str
+    quantity: str = "time"      # "time" or "memory"
+
+
+LSH_ANY, LINEAR = ("lsh", (), "lsh"), ("linear", (), "linear")
+# Issue 48's aims for the kernels at long N: time per element within 1.5x (max/min) from N=16,384
+# to 262,144; memory linear in N, read as peak bytes per element within 1.3x (max/min) over the same
+# lengths. A linear kernel's peak is a + b N with a small constant a (the clusterings' and hashes'
+# tables, independent of N), so its bytes per element barely move from N=16,384 on; a term growing as
+# N log N would move them 1.29x over those 16x lengths, a quadratic one 16x.
+LONG_TIME_FACTOR, LONG_MEMORY_FACTOR = 1.5, 1.3
+LONG_SCALING_TARGETS = tuple(
+    LongScalingTarget(name, options, factor, title, quantity)
+    for quantity, factor in (("time", LONG_TIME_FACTOR), ("memory", LONG_MEMORY_FACTOR))
+    for name, options, title in (CLUSTERED, ICLUSTERED, LSH_ANY, LINEAR))
+
+
+def evaluate_long_targets(measurements: list[Measurement], batch: int, device_type: str,
+                          lengths: list[int]) -> list[TargetResult]:
+    """The long table's targets over `lengths` (the run's), for every measured case they apply to.
+    On the CPU time and memory; on CUDA memory only (at N=16,384 a GPU pass is bound by kernel
+    launches, so its time per element is no reading of the kernels' growth)."""
+    cells = {(cell.case.label, cell.length): cell for cell in measurements}
+    cases = {cell.case.label: cell.case for cell in measurements}
+    results = []
+    for target in LONG_SCALING_TARGETS:
+        if device_type != "cpu" and target.quantity == "time":
+            continue
+        memory = target.quantity == "memory"
+        unit = "KiB" if memory else "us"
+        for label, case in cases.items():
+            if not _applies(case, target.name, target.options):
+                continue
+            what = (f"{label}: {target.quantity} per element within {target.factor:g}x over "
+                    f"N={min(lengths)}..{max(lengths)} (target for {target.title})")
+            per_element, missing = {}, []
+            for length in sorted(lengths):
+                cell = cells.get((label, length))
+                value = None if cell is None else (cell.memory_per_element_kib(batch) if memory
+                                                   else cell.time_per_element_us(batch))
+                if value:
+                    per_element[length] = value
+                else:
+                    missing.append(f"N={length}: {cell.status if cell is not None else 'not measured'}")
+            if missing:
+                results.append(TargetResult(False, f"{what}: not measured at every length ({'; '.join(missing)})"))
+                continue
+            spread = max(per_element.values()) / min(per_element.values())
+            values = ", ".join(f"N={length}: {value:.3g} {unit}" for length, value in per_element.items())
+            results.append(TargetResult(spread <= target.factor, f"{what}: max/min = {spread:.2f} ({values})"))
     return results

@@ -1,4 +1,4 @@
-"""The measured passes: random inputs, one forward+backward, interleaved rounds over all cells."""
+"""The measured passes: random inputs, one forward (+backward), interleaved rounds over all cells."""
 from __future__ import annotations
 
 import sys
@@ -8,7 +8,7 @@ from typing import Callable
 
 import torch
 
-from .cases import BenchmarkCase, BenchmarkConfig, Measurement, add_ratios_to_full, build_cases
+from .cases import BenchmarkCase, BenchmarkConfig, Measurement, add_ratios_to_full, build_cases, sdpa_context
 from .memory import peak_memory_bytes
 
 
@@ -48,8 +48,21 @@ def clear_gradients(inputs: Inputs) -> None:
 def forward_backward(case: BenchmarkCase, inputs: Inputs) -> None:
     """One forward+backward, the measured region."""
     keys = inputs.q if case.shared_qk else inputs.k
-    out = case.module(inputs.q, keys, inputs.v)
-    out.backward(inputs.grad_out)
+    with sdpa_context(case):
+        out = case.module(inputs.q, keys, inputs.v)
+        out.backward(inputs.grad_out)
+
+
+def forward_only(case: BenchmarkCase, inputs: Inputs) -> None:
+    """One forward under torch.no_grad (nothing kept for a backward, as at inference)."""
+    keys = inputs.q if case.shared_qk else inputs.k
+    with sdpa_context(case), torch.no_grad():
+        case.module(inputs.q, keys, inputs.v)
+
+
+def measured_pass(config: BenchmarkConfig) -> Callable[[BenchmarkCase, Inputs], None]:
+    """The pass a run measures: forward_backward, or forward_only when config.backward is False."""
+    return forward_backward if config.backward else forward_only
 
 
 def _synchronize(device: torch.device) -> None:
@@ -57,13 +70,26 @@ def _synchronize(device: torch.device) -> None:
         torch.cuda.synchronize(device)
 
 
-def time_forward_backward_ms(case: BenchmarkCase, inputs: Inputs, device: torch.device) -> float:
+def time_pass_ms(case: BenchmarkCase, inputs: Inputs, device: torch.device,
+                 run: Callable[[BenchmarkCase, Inputs], None] = forward_backward) -> float:
     clear_gradients(inputs)
     _synchronize(device)
     start = time.perf_counter()
-    forward_backward(case, inputs)
+    run(case, inputs)
     _synchronize(device)
     return (time.perf_counter() - start) * 1e3
+
+
+def estimated_pass_seconds(seconds_by_length: dict[int, float], length: int) -> tuple[float, int] | None:
+    """(estimated seconds of one pass at `length`, the length it is estimated from): the pass at the
+    longest shorter length measured, scaled by (length / that length)^2: exact attention's growth,
+    the fastest of any attention here, so for the others the estimate is an upper bound. None
+    without a shorter length measured."""
+    shorter = [measured for measured in seconds_by_length if measured < length]
+    if not shorter:
+        return None
+    basis = max(shorter)
+    return seconds_by_length[basis] * (length / basis) ** 2, basis
 
 
 def _is_out_of_memory(error: BaseException) -> bool:
@@ -93,10 +119,16 @@ class Progress:
 class BenchmarkRounds:
     """The (N, attention) cells of one benchmark and the rounds over them. Each round visits every
     cell, every length and every attention; a pass that runs out of memory retires its attention at
-    that length and every larger one."""
+    that length and every larger one. With a time budget (config.time_budget_s), a cell whose first
+    pass is estimated (estimated_pass_seconds, from the same attention's latest pass at a shorter
+    length) to take longer than the budget is skipped, and its attention with it at every larger
+    length (exact attention, whose time grows as N^2, at the long table's longest N)."""
 
     def __init__(self, config: BenchmarkConfig, cases: list[BenchmarkCase], progress: Progress):
         self.config, self.cases, self.progress = config, cases, progress
+        self.run_pass = measured_pass(config)
+        # per attention label: seconds of its latest recorded pass at each length (warm-up, timed, memory)
+        self.pass_seconds: dict[str, dict[int, float]] = {case.label: {} for case in cases}
         self.cells = {(length, case.label): Measurement(length, case)
                       for length in config.lengths for case in cases}
         self.active: dict[int, list[BenchmarkCase]] = {}
@@ -115,14 +147,19 @@ class BenchmarkRounds:
                 yield length, case
 
     def attempt(self, length: int, case: BenchmarkCase, description: str,
-                work: Callable[[Inputs], object]):
-        """Runs one pass of `case` at `length`; out of memory retires it there and above."""
+                work: Callable[[Inputs], object], record: bool = True):
+        """Runs one pass of `case` at `length`; out of memory retires it there and above. `record`:
+        whether its seconds may estimate longer lengths' (not a first call's, see warm_up)."""
         self.progress.step(f"N={length} {case.label} {description}")
-        if case not in self.active[length]:
+        if case not in self.active[length] or self._over_budget(length, case):
             return None
         clear_gradients(self.inputs[length])
         try:
-            return work(self.inputs[length])
+            start = time.perf_counter()
+            result = work(self.inputs[length])
+            if record:
+                self.pass_seconds[case.label][length] = time.perf_counter() - start
+            return result
         except Exception as error:
             if not _is_out_of_memory(error):
                 if hasattr(error, "add_note"):  # Python >= 3.11
@@ -132,28 +169,50 @@ class BenchmarkRounds:
             self._retire(length, case)
             return None
 
-    def _retire(self, length: int, case: BenchmarkCase) -> None:
+    def _over_budget(self, length: int, case: BenchmarkCase) -> bool:
+        """Before the first pass of a cell: whether its estimate exceeds the time budget (then the
+        cell and its attention's larger lengths are retired, saying why)."""
+        budget, measured = self.config.time_budget_s, self.pass_seconds[case.label]
+        if budget is None or length in measured:
+            return False
+        estimate = estimated_pass_seconds(measured, length)
+        if estimate is None or estimate[0] <= budget:
+            return False
+        seconds, basis = estimate
+        reason = (f"skipped (estimated {seconds:.3g} s per pass > time budget {budget:g} s: "
+                  f"{measured[basis]:.3g} s at N={basis} x (N/{basis})^2)")
+        self._retire(length, case, reason, f"skipped (over the time budget at N={length})")
+        return True
+
+    def _retire(self, length: int, case: BenchmarkCase, status: str = "out of memory",
+                status_above: str | None = None) -> None:
         for larger in self.config.lengths:
             if larger >= length and case in self.active[larger]:
                 self.active[larger].remove(case)
                 self.cells[larger, case.label].status = (
-                    "out of memory" if larger == length
-                    else f"skipped (out of memory at N={length})")
-        self.progress.line(f"N={length:>6} {case.label}: out of memory")
+                    status if larger == length
+                    else status_above or f"skipped (out of memory at N={length})")
+        self.progress.line(f"N={length:>6} {case.label}: {status}")
         if self.config.device.type == "cuda":
             torch.cuda.empty_cache()
 
     def warm_up(self) -> None:
+        if self.config.time_budget_s is not None:
+            # A first call may compile (Triton) or set up libraries: not a pass to estimate from.
+            for case in self.cases:
+                shortest = min((length for length in self.config.lengths if case in self.active[length]),
+                               default=min(self.config.lengths))
+                self.attempt(shortest, case, "first call", lambda x: self.run_pass(case, x), record=False)
         for index in range(self.config.warmup):
             for length, case in self.each_cell():
                 self.attempt(length, case, f"warm-up {index + 1}/{self.config.warmup}",
-                             lambda x: forward_backward(case, x))
+                             lambda x: self.run_pass(case, x))
 
     def time_repeats(self) -> None:
         for index in range(self.config.repeats):
             for length, case in self.each_cell():
                 elapsed = self.attempt(length, case, f"repeat {index + 1}/{self.config.repeats}",
-                                       lambda x: time_forward_backward_ms(case, x, self.config.device))
+                                       lambda x: time_pass_ms(case, x, self.config.device, self.run_pass))
                 if elapsed is not None:
                     self.cells[length, case.label].times_ms.append(elapsed)
 
@@ -161,7 +220,7 @@ class BenchmarkRounds:
         for length, case in self.each_cell():
             cell = self.cells[length, case.label]
             peak = self.attempt(length, case, "memory", lambda x: peak_memory_bytes(
-                lambda: forward_backward(case, x), self.config.device))
+                lambda: self.run_pass(case, x), self.config.device))
             if peak is not None:
                 cell.peak_bytes = peak
             if cell.status == "ok" and cell.median_ms is not None:
@@ -180,7 +239,8 @@ def run_benchmark(config: BenchmarkConfig, cases: list[BenchmarkCase] | None = N
         torch.set_num_threads(config.threads)
     cases = build_cases(config) if cases is None else cases
     passes_per_case = config.warmup + config.repeats + 1
-    progress = Progress(total=len(config.lengths) * len(cases) * passes_per_case)
+    first_calls = len(cases) if config.time_budget_s is not None else 0
+    progress = Progress(total=len(config.lengths) * len(cases) * passes_per_case + first_calls)
     rounds = BenchmarkRounds(config, cases, progress)
     try:
         rounds.warm_up()

@@ -9,7 +9,8 @@ Runs the parts of parts.PARTS (the CUDA tests; the benchmark tables in bfloat16 
 their overtaking points against SDPA; LSH's memory per element to N=65,536; profiles of clustered-100
 and i-clustered-100; the centroid routes; 200 training steps of the demo preset eager and with CUDA
 graphs; the training-step table of the demo and WSJ presets at a GPU-filling batch, eager, graphed
-and compiled, against the plain SDPA model; by name only, 200 compiled steps of the demo preset),
+and compiled, against the plain SDPA model; by name only, 200 compiled steps of the demo preset and
+the kernels at long N, the benchmark's long table in bfloat16 with full through FlashAttention),
 each in its own process within its budget, saving each part's result in <out>/parts/, and writes
 <out>/REPORT.md with the raw CSVs under <out>/csv/. A part that finished (passed or failed) is not
 run again; one that errored, timed out or did not fit in the time left is. Exit status: 0 when

@@ -15,7 +15,8 @@ tiling assertion asr.model.encoder.compile_encoder now works around); then its f
 first batch's shape, again with dynamic shapes from the second batch on, and once more for
 validation (eval mode), each forward and backward. 250 s holds that and 200 steps at 0.15 s, but
 with the compiled step tables it does not fit in the 10 minutes, so it runs by name only
-(--parts training_compiled).
+(--parts training_compiled). So does long_n, the kernels at long N (estimated, not yet run: about
+30 s of passes, the first call's Triton compilations and the process's start; budget 90 s).
 """
 from __future__ import annotations
 
@@ -186,6 +187,13 @@ PARTS = (
     # steps, and with them this part's compilations do not fit in the report's 10 minutes.
     Part("training_compiled", "200 training steps of the demo preset, trainer.compile=true", 250,
          _training("compiled"), read_training, default=False),
+    # Not in the default run (--parts long_n): the default parts' budgets fill the 10 minutes.
+    Part("long_n", "The kernels at long N (the benchmark's long table, bfloat16): N = 16,384 to 262,144, 4 heads "
+         "x 32, forward and forward+backward, full through SDPA's FlashAttention kernel beside the others", 90,
+         lambda out: [PYTHON, "-m", "attention_ext.benchmark", "--device", "cuda", "--dtype", "bfloat16",
+                      "--shapes", "long", "--full-backend", "flash", "--time-budget", "10", "--repeats", "3",
+                      "--out", str(out / "csv" / "long_n")],
+         read_benchmark, default=False),
 )
 PART_NAMES = tuple(p.name for p in PARTS)
 DEFAULT_PART_NAMES = tuple(p.name for p in PARTS if p.default)

@@ -12,12 +12,26 @@ from asr.model.recognizer import CheckpointMismatchError, check_state_dict_fits
 
 def tiny_encoder(**overrides):
     settings = dict(feature_dim=12, layers=2, heads=2, head_dim=4, ff_dim=16, dropout=0.0, subsampling=1,
-                    subsampling_channels=4, shared_qk=False, attention=validate_attention("full"))
+                    subsampling_channels=4, shared_qk=False, positions="sinusoidal",
+                    attention=validate_attention("full"))
     settings.update(overrides)
     return TransformerEncoder(**settings).eval()
 
 
-def brute_force_layer(layer: EncoderLayer, x: torch.Tensor, length: int) -> torch.Tensor:
+def brute_force_rotation(x: torch.Tensor) -> torch.Tensor:
+    """(N, E) rows turned by RoFormer's rotation: row p's pair (i, i + E/2) by the 2x2 matrix of
+    angle p * 10000^(-2i/E), one matrix at a time."""
+    out = torch.empty_like(x)
+    half = x.shape[-1] // 2
+    for p in range(x.shape[0]):
+        for i in range(half):
+            angle = p * 10000.0 ** (-2 * i / x.shape[-1])
+            rotation = torch.tensor([[math.cos(angle), -math.sin(angle)], [math.sin(angle), math.cos(angle)]])
+            out[p, [i, i + half]] = rotation @ x[p, [i, i + half]]
+    return out
+
+
+def brute_force_layer(layer: EncoderLayer, x: torch.Tensor, length: int, rotary: bool = False) -> torch.Tensor:
     """One pre-norm layer for ONE sequence written out with explicit loops over heads."""
     x = x[:length]
     h = torch.nn.functional.layer_norm(x, (x.shape[-1],), layer.attention_norm.weight, layer.attention_norm.bias)
@@ -28,7 +42,10 @@ def brute_force_layer(layer: EncoderLayer, x: torch.Tensor, length: int) -> torc
     heads = []
     for i in range(layer.heads):
         part = slice(i * dim, (i + 1) * dim)
-        scores = q[:, part] @ k[:, part].T / math.sqrt(dim)
+        head_q, head_k = q[:, part], k[:, part]
+        if rotary:
+            head_q, head_k = brute_force_rotation(head_q), brute_force_rotation(head_k)
+        scores = head_q @ head_k.T / math.sqrt(dim)
         heads.append(torch.softmax(scores, dim=-1) @ v[:, part])
     x = x + torch.cat(heads, dim=-1) @ layer.output.weight.T + layer.output.bias
     h = torch.nn.functional.layer_norm(x, (x.shape[-1],), layer.ff_norm.weight, layer.ff_norm.bias)
@@ -48,6 +65,62 @@ def test_layer_equals_brute_force_transformer_layer_on_valid_positions(shared_qk
         for b, length in enumerate(lengths.tolist()):
             torch.testing.assert_close(out[b, :length], brute_force_layer(layer, x[b], length),
                                        rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("shared_qk", [False, True])
+def test_rotary_layer_equals_brute_force_rotation_of_queries_and_keys(shared_qk):
+    from asr.model.encoder import rotary_angles
+    torch.manual_seed(0)
+    encoder = tiny_encoder(shared_qk=shared_qk, positions="rotary")
+    layer = encoder.layers[0]
+    x = torch.randn(2, 7, 8)
+    lengths = torch.tensor([7, 4])
+    with torch.no_grad():
+        out = layer(x, lengths, rotary_angles(7, 4))
+        for b, length in enumerate(lengths.tolist()):
+            torch.testing.assert_close(out[b, :length], brute_force_layer(layer, x[b], length, rotary=True),
+                                       rtol=1e-5, atol=1e-5)
+
+
+def test_rotary_scores_depend_on_the_distance_alone():
+    """q at p and k at p + d score the same for every p, also far beyond any training length."""
+    from asr.model.encoder import rotary_angles, rotate
+    torch.manual_seed(0)
+    q, k = torch.randn(8, dtype=torch.float64), torch.randn(8, dtype=torch.float64)
+    cos, sin = (table.double() for table in rotary_angles(200_021, 8))
+    scores = []
+    for p in (0, 17, 5_000, 200_000):
+        at = slice(p, p + 1)
+        rotated_q = rotate(q[None, None, None], cos[at], sin[at])
+        rotated_k = rotate(k[None, None, None], cos[p + 20:p + 21], sin[p + 20:p + 21])
+        scores.append(float((rotated_q * rotated_k).sum()))
+    assert scores == pytest.approx([scores[0]] * 4, abs=1e-5)
+
+
+@pytest.mark.parametrize("positions", ["sinusoidal", "rotary", "none"])
+def test_the_encoder_takes_each_position_scheme_as_written_out(positions):
+    """The whole encoder against its parts run by hand: sinusoidal adds the table to the scaled
+    front end's output, rotary turns every layer's queries and keys, none adds nothing."""
+    torch.manual_seed(0)
+    encoder = tiny_encoder(positions=positions, subsampling=2, subsampling_channels=3)
+    features, lengths = torch.randn(1, 14, 12), torch.tensor([14])
+    with torch.no_grad():
+        out, _ = encoder(features, lengths)
+        x, out_lengths = encoder.frontend(features, lengths)
+        x = x[0] * math.sqrt(8)
+        if positions == "sinusoidal":
+            x = x + sinusoidal_positions(len(x), 8)
+        for layer in encoder.layers:
+            x = brute_force_layer(layer, x, len(x), rotary=positions == "rotary")
+        expected = encoder.final_norm(x)
+    torch.testing.assert_close(out[0], expected, rtol=1e-5, atol=1e-5)
+
+
+def test_positions_none_needs_a_convolutional_front_end():
+    with pytest.raises(ValueError, match="subsampling 2 or 4"):
+        tiny_encoder(positions="none", subsampling=1)
+    with pytest.raises(ValueError, match="must be one of sinusoidal, rotary, none"):
+        tiny_encoder(positions="alibi")
 
 
 def test_shared_qk_passes_the_same_tensor_as_queries_and_keys():
@@ -250,3 +323,22 @@ def test_compiled_encoder_trains_on_batches_of_any_length():
             torch.testing.assert_close(got_grads[name], expected_grads[name], rtol=1e-4, atol=1e-5, msg=name)
     assert torch._dynamo.utils.counters["stats"]["unique_graphs"] == 1     # no recompilation per length
     torch._dynamo.reset()
+
+
+def test_a_long_input_in_evaluation_runs_in_pieces_with_the_same_numbers(monkeypatch):
+    """The front end's convolutions and the feed-forward blocks run piece by piece on inputs over
+    their thresholds (here 16 frames and 8 positions): the output equals the whole run's."""
+    from asr.model.encoder import ConvSubsampling
+    torch.manual_seed(0)
+    for factor in (2, 4):
+        encoder = tiny_encoder(subsampling=factor, subsampling_channels=3, layers=2)
+        features, lengths = torch.randn(2, 101, 12), torch.tensor([101, 57])
+        with torch.no_grad():
+            whole, whole_lengths = encoder(features, lengths)
+            monkeypatch.setattr(ConvSubsampling, "PIECE_FRAMES", 16)
+            monkeypatch.setattr(EncoderLayer, "PIECE_POSITIONS", 8)
+            pieces, piece_lengths = encoder(features, lengths)
+            monkeypatch.undo()
+        assert torch.equal(piece_lengths, whole_lengths)
+        for b, n in enumerate(whole_lengths.tolist()):
+            torch.testing.assert_close(pieces[b, :n], whole[b, :n], rtol=1e-5, atol=1e-5)

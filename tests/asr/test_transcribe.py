@@ -169,3 +169,89 @@ def test_the_pieces_join_into_the_whole_recordings_output(tiny_checkpoint, tiny_
     assert len(whole["phones"]["hypothesis"].split()) > 20
     for window in (seconds / 2.5, seconds / 4):
         assert run(window=window, overlap=1.0) == whole
+
+
+# ---- one pass (window=none) -------------------------------------------------------------------------------
+def test_one_pass_decodes_the_models_output_on_the_whole_recordings_features(tiny_checkpoint, tiny_synth, tmp_path,
+                                                                              monkeypatch):
+    """window=none: the record is the greedy decoding of the model run by hand on the features of
+    the whole file computed at once (the features are computed in blocks: 7 frames here)."""
+    import asr.evaluation.transcription as transcription
+    from asr.evaluation.evaluation import load_model
+    from asr.model.ctc import decode_transcripts
+    monkeypatch.setattr(transcription, "FEATURE_BLOCK_FRAMES", 7)
+    samples, _ = concatenated_test_utterances(tiny_synth, gap_seconds=0.4, repeat=2)
+    soundfile.write(str(tmp_path / "long.wav"), samples, 16000, subtype="FLOAT")
+    model = load_model(str(tiny_checkpoint), "cpu")
+    outcome = transcribe_files(model, [tmp_path / "long.wav"], TranscribeConfig(window=None, progress=False))
+    assert not outcome.failures
+    features = model.frontend(samples)
+    with torch.no_grad():
+        transcription.seed_evaluation_batch(0, 0)
+        log_probs, lengths = model(features[None], torch.tensor([len(features)]))
+    for kind, tokenizer in model.tokenizers.items():
+        expected = decode_transcripts(log_probs[kind], lengths, tokenizer, "greedy", 1)[0]
+        assert outcome.records[0][kind]["hypothesis"] == expected
+
+
+def test_one_pass_estimates_a_long_file_reports_each_layer_and_refuses_what_does_not_fit(
+        tiny_checkpoint, tiny_synth, tmp_path, monkeypatch):
+    import asr.evaluation.transcription as transcription
+    from asr.evaluation.evaluation import load_model
+    samples, _ = concatenated_test_utterances(tiny_synth, gap_seconds=0.4, repeat=2)
+    soundfile.write(str(tmp_path / "long.wav"), samples, 16000, subtype="FLOAT")
+    model = load_model(str(tiny_checkpoint), "cpu")
+    monkeypatch.setattr(transcription, "ONE_PASS_CHECK_SECONDS", 1.0)       # "long" from 1 s on
+    monkeypatch.setattr(transcription, "CALIBRATION_SECONDS", (1.0, 2.0))
+    notes = []
+    outcome = transcribe_files(model, [tmp_path / "long.wav"], TranscribeConfig(window=None, progress=False),
+                               warn=notes.append)
+    assert not outcome.failures and len(outcome.records) == 1
+    assert "one pass over" in notes[0] and "full attention: about" in notes[0]
+    layers = len(model.encoder.layers)
+    assert len(notes) == 1 + layers
+    assert all(f"layer {i + 1}/{layers} done" in note for i, note in enumerate(notes[1:]))
+    assert not model.encoder.layers[0]._forward_hooks             # removed after the file
+
+    # runs of n frames that take 1 MB per frame, and 1 GB left: refused
+    monkeypatch.setattr(transcription, "_timed_run", lambda model, features: (0.01, 1e6 * len(features)))
+    monkeypatch.setattr(transcription, "available_memory_bytes", lambda: 1e9)
+    notes.clear()
+    outcome = transcribe_files(model, [tmp_path / "long.wav"], TranscribeConfig(window=None, progress=False),
+                               warn=notes.append)
+    reason = outcome.failures[str(tmp_path / "long.wav")]
+    frames = 1 + (len(samples) - 400) // 160
+    assert f"would need about {frames * 1e6 / 1e9:.1f} GB, more than the 1.0 GB available" in reason
+    assert "window=20" in reason and "iclustered-100" in reason
+    assert not outcome.records
+
+
+@pytest.mark.parametrize("quadratic", [False, True])
+def test_the_one_pass_estimate_extrapolates_as_the_attentions_cost_grows(quadratic, monkeypatch):
+    """Runs whose time is a n + c n^2 (c = 0 for a linear attention) and memory m0 + b n: the
+    estimate at a long n is exact."""
+    import asr.evaluation.transcription as transcription
+    a, c, m0, b = 2e-4, (1e-8 if quadratic else 0.0), 5e6, 3e3
+    monkeypatch.setattr(transcription, "_timed_run",
+                        lambda model, features: (a * len(features) + c * len(features) ** 2, m0 + b * len(features)))
+    monkeypatch.setattr(transcription, "available_memory_bytes", lambda: 8e9)
+
+    class Model:
+        frontend = type("Frontend", (), {"frame_shift_ms": 10.0})()
+    if not quadratic:   # the linear fit has a constant: a run of n frames takes t0 + a n
+        monkeypatch.setattr(transcription, "_timed_run",
+                            lambda model, features: (0.5 + a * len(features), m0 + b * len(features)))
+    n = 360_000
+    estimate = transcription.estimate_one_pass(Model(), torch.zeros(12_000, 40), quadratic, n)
+    expected_seconds = a * n + c * n * n if quadratic else 0.5 + a * n
+    assert estimate.seconds == pytest.approx(expected_seconds, rel=1e-6)
+    assert estimate.peak_bytes == pytest.approx(m0 + b * n, rel=1e-6)
+    assert estimate.available_bytes == 8e9
+
+
+def test_window_none_is_one_pass_and_a_short_window_names_the_alternative(tiny_checkpoint, capsys):
+    from asr.transcribe import parse_arguments
+    config, _ = parse_arguments([f"checkpoint={tiny_checkpoint}", "a.wav", "window=none"])
+    assert config.window is None
+    assert main([f"checkpoint={tiny_checkpoint}", "a.wav", "window=0.5"]) == USAGE_ERROR
+    assert "window=0.5 must be at least 1 second, or none (one pass)" in capsys.readouterr().err

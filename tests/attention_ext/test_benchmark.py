@@ -1,6 +1,7 @@
 """The benchmark entry point: peak-memory method, a tiny run's CSV/PNG, ratios and targets."""
 import csv
 import math
+import re
 import sys
 
 import matplotlib.image
@@ -361,3 +362,209 @@ def test_an_attention_bug_is_raised_with_the_attention_and_length(test_registry,
               "--heads", "1", "--dim", "8", "--out", str(tmp_path)])
     if sys.version_info >= (3, 11):  # exception notes
         assert "while benchmarking broken-test = broken_test() at N=16" in error.value.__notes__
+
+
+# ---- the long table: forward passes, the time budget, the forced SDPA kernel, its targets ----
+
+class GradModeProbe(torch.nn.Module):
+    """out = 2 v; records, per call, whether autograd was recording (False in a forward-only pass)."""
+    grad_enabled: list = []
+
+    def forward(self, q, k, v, lengths=None):
+        GradModeProbe.grad_enabled.append(torch.is_grad_enabled())
+        return v * 2.0
+
+
+class QuadraticSleeper(torch.nn.Module):
+    """out = v after sleeping 4 N^2 microseconds: 16 ms at N=64, 66 ms at 128, 262 ms at 256."""
+
+    def forward(self, q, k, v, lengths=None):
+        import time
+        time.sleep(q.shape[2] ** 2 * 4e-6)
+        return v * 1.0
+
+
+REAL_LINEAR = registry.available_attentions()["linear"]   # before test_registry replaces the registry
+
+
+@pytest.fixture
+def long_registry(test_registry):
+    """test_registry plus the two probes above and the real linear attention (a long target's)."""
+    registry._REGISTRY["linear"] = REAL_LINEAR
+    register_attention("grad_mode_probe")(GradModeProbe)
+    register_attention("quadratic_sleeper")(QuadraticSleeper)
+    GradModeProbe.grad_enabled.clear()
+    yield
+
+
+def test_long_table_defaults_are_the_demo_models_attention_and_both_passes():
+    from attention_ext.benchmark.__main__ import build_parser, config_from_args
+
+    def configs(argv):
+        parser = build_parser()
+        return config_from_args(parser.parse_args(argv), parser)
+
+    forward, both = configs(["--shapes", "long"])
+    for config in (forward, both):
+        assert (config.shape, config.batch, config.heads, config.dim, config.lengths) == (
+            "long", 1, 4, 32, [16384, 65536, 262144])
+        assert (config.time_budget_s, config.full_backend) == (120.0, "flash")
+    assert (forward.backward, both.backward) == (False, True)
+    assert (forward.pass_name, both.pass_name) == ("forward", "forward+backward")
+    [only] = configs(["--shapes", "long", "--passes", "forward+backward", "--time-budget", "none",
+                      "--full-backend", "auto", "--lengths", "256", "1024"])
+    assert (only.backward, only.time_budget_s, only.full_backend, only.lengths) == (True, None, "auto", [256, 1024])
+    [paper] = configs([])   # the other tables as before
+    assert (paper.backward, paper.time_budget_s, paper.full_backend) == (True, None, "auto")
+
+
+def test_forward_pass_runs_without_autograd_and_is_written_to_its_own_files(long_registry, tmp_path, capsys):
+    main(["--shapes", "long", "--lengths", "64", "128", "--attentions", "full", "grad-mode-probe", "linear",
+          "--repeats", "1", "--warmup", "0", "--threads", "1", "--time-budget", "none", "--out", str(tmp_path)])
+    stdout = capsys.readouterr().out
+    # forward table first (2 lengths x (1 repeat + 1 memory pass)), then forward+backward's
+    assert GradModeProbe.grad_enabled == [False] * 4 + [True] * 4
+    _, forward_rows = read_rows(tmp_path / "benchmark_cpu_long_forward.csv")
+    _, both_rows = read_rows(tmp_path / "benchmark_cpu_long.csv")
+    assert {row["pass"] for row in forward_rows} == {"forward"}
+    assert {row["pass"] for row in both_rows} == {"forward+backward"}
+    assert all(row["status"] == "ok" and (row["heads"], row["dim"]) == ("4", "32") for row in forward_rows + both_rows)
+    # the probe's forward keeps out = 2v alone; forward+backward adds grad_v of the same size
+    out_bytes = {length: 4 * length * 32 * FLOAT for length in (64, 128)}
+    for rows, expected in ((forward_rows, out_bytes), (both_rows, {n: 2 * b for n, b in out_bytes.items()})):
+        for row in rows:
+            if row["name"] == "grad_mode_probe":
+                assert int(row["peak_memory_bytes"]) == pytest.approx(expected[int(row["length"])], abs=4096)
+    assert (tmp_path / "benchmark_cpu_long_forward.png").exists() and (tmp_path / "benchmark_cpu_long.png").exists()
+    assert "== long sequences" in stdout and ", forward ==" in stdout and ", forward+backward ==" in stdout
+    assert "full = full()  [SDPA kernel flash]" in stdout
+    assert "linear: time per element within 1.5x over N=64..128 (target for linear)" in stdout
+
+
+def test_estimated_pass_seconds_scales_the_longest_shorter_length_quadratically():
+    from attention_ext.benchmark import estimated_pass_seconds
+    assert estimated_pass_seconds({}, 1024) is None
+    assert estimated_pass_seconds({2048: 1.0}, 1024) is None          # only longer lengths measured
+    assert estimated_pass_seconds({256: 0.5, 512: 1.0}, 2048) == (16.0, 512)
+    assert estimated_pass_seconds({256: 0.5, 512: 1.0, 4096: 9.0}, 1024) == (4.0, 512)
+
+
+def test_time_budget_skips_what_would_take_too_long_and_says_why(long_registry, tmp_path, capsys):
+    # 16, 66 and 262 ms per pass at N = 64, 128, 256; budget 150 ms: 128 is estimated at ~66 ms
+    # (16 ms x 2^2) and runs, 256 at ~262 ms (66 ms x 2^2) and is skipped; full is far below it.
+    main(["--shapes", "long", "--passes", "forward", "--lengths", "64", "128", "256", "--attentions", "full",
+          "quadratic-sleeper", "--repeats", "1", "--warmup", "1", "--threads", "1", "--time-budget", "0.15",
+          "--out", str(tmp_path)])
+    captured = capsys.readouterr()
+    _, rows = read_rows(tmp_path / "benchmark_cpu_long_forward.csv")
+    status = {(row["attention"], row["length"]): row["status"] for row in rows}
+    assert status[("quadratic-sleeper", "64")] == status[("quadratic-sleeper", "128")] == "ok"
+    skipped = status[("quadratic-sleeper", "256")]
+    match = re.fullmatch(r"skipped \(estimated ([0-9.]+) s per pass > time budget 0.15 s: ([0-9.]+) s at "
+                         r"N=128 x \(N/128\)\^2\)", skipped)
+    assert match and float(match[1]) == pytest.approx(4 * float(match[2]), rel=0.01)
+    assert float(match[2]) == pytest.approx(0.0655, abs=0.03)
+    assert all(status[("full", length)] == "ok" for length in ("64", "128", "256"))
+    assert "time budget 0.15 s per pass" in captured.out and skipped in captured.out
+    assert "N=   256 quadratic-sleeper: skipped (estimated" in captured.err
+    # no target for the sleeper: only clustered, i-clustered, lsh and linear have long targets
+    assert "quadratic-sleeper: time per element" not in captured.out
+
+
+def test_a_forced_sdpa_kernel_is_used_and_one_torch_lacks_is_a_usage_error(test_registry, tmp_path, capsys):
+    # math materialises the (N, N) weights of every head, FlashAttention does not: the forward's peak
+    # tells which kernel ran.
+    length, heads = 512, 2
+    weights_bytes = heads * length * length * FLOAT
+    peaks = {}
+    for backend in ("math", "flash"):
+        main(["--shapes", "long", "--passes", "forward", "--lengths", str(length), "--heads", str(heads),
+              "--attentions", "full", "--full-backend", backend, "--repeats", "1", "--warmup", "0",
+              "--threads", "1", "--out", str(tmp_path / backend)])
+        _, [row] = read_rows(tmp_path / backend / "benchmark_cpu_long_forward.csv")
+        peaks[backend] = int(row["peak_memory_bytes"])
+    assert peaks["math"] >= weights_bytes > 4 * peaks["flash"]
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as exit:
+        main(["--shapes", "long", "--attentions", "full", "--full-backend", "efficient", "--out", str(tmp_path)])
+    assert exit.value.code == 2
+    assert "--full-backend efficient: torch's SDPA has no such kernel for torch.float32 on cpu" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--time-budget", "0"], "give seconds > 0, or none"),
+    (["--time-budget", "soon"], "'soon' is neither a number of seconds nor none"),
+    (["--passes", "backward"], "invalid choice: 'backward'"),
+])
+def test_bad_long_options_name_the_value(test_registry, tmp_path, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit:
+        main(argv + ["--out", str(tmp_path)])
+    assert exit.value.code == 2 and message in capsys.readouterr().err
+
+
+def test_long_targets_on_hand_made_rows():
+    from attention_ext.benchmark import evaluate_long_targets
+    lengths = [256, 1024, 4096]   # standing in for 16,384, 65,536 and 262,144
+    clustered = fake_case("clustered-100", "clustered", clusters=100)
+    iclustered = fake_case("i-clustered-64", "iclustered", clusters=64, topk=32)
+    lsh = fake_case("lsh-4", "lsh", rounds=4, chunk_size=32)
+    linear = fake_case("linear", "linear")
+    other = fake_case("agglomerative-8", "agglomerative", classes=8)
+    full = fake_case("full", "full")
+
+    def linear_bytes(per_element_kib):
+        return {n: int(n * per_element_kib * KIB) for n in lengths}
+
+    measurements = (
+        # time per element 1.0, 1.2, 1.4 us (ms = us * N / 1000): 1.4x, within 1.5x; memory 4 KiB flat
+        cells(clustered, {256: 0.256, 1024: 1.2288, 4096: 5.7344}, linear_bytes(4))
+        # time 1, 1, 2 us per element: 2x, fails; memory 4, 5, 6 KiB per element: 1.5x, fails
+        + cells(iclustered, {256: 0.256, 1024: 1.024, 4096: 8.192},
+                {256: 256 * 4 * KIB, 1024: 1024 * 5 * KIB, 4096: 4096 * 6 * KIB})
+        # lsh: measured at 256 and 1024, skipped at 4096 (what the budget writes)
+        + cells(lsh, {256: 1.0, 1024: 4.0}, linear_bytes(2))
+        + cells(linear, {256: 0.5, 1024: 2.0, 4096: 8.0}, linear_bytes(3))
+        + cells(other, {256: 1.0, 1024: 100.0, 4096: 9000.0}, linear_bytes(1))
+        + cells(full, {256: 1.0, 1024: 16.0}, linear_bytes(1)))
+    measurements.append(Measurement(4096, lsh, status="skipped (estimated 999 s per pass > time budget 120 s: ...)"))
+    results = {result.text.split(" (target")[0]: result
+               for result in evaluate_long_targets(measurements, 1, "cpu", lengths)}
+    assert set(results) == {f"{label}: {quantity} per element within {factor}x over N=256..4096"
+                            for label in ("clustered-100", "i-clustered-64", "lsh-4", "linear")
+                            for quantity, factor in (("time", "1.5"), ("memory", "1.3"))}
+    assert [label for label, result in results.items() if result.passed] == [
+        "clustered-100: time per element within 1.5x over N=256..4096",
+        "linear: time per element within 1.5x over N=256..4096",
+        "clustered-100: memory per element within 1.3x over N=256..4096",
+        "linear: memory per element within 1.3x over N=256..4096"]
+    assert "max/min = 1.40 (N=256: 1 us, N=1024: 1.2 us, N=4096: 1.4 us)" in results[
+        "clustered-100: time per element within 1.5x over N=256..4096"].text
+    assert "max/min = 2.00" in results["i-clustered-64: time per element within 1.5x over N=256..4096"].text
+    assert "max/min = 1.50 (N=256: 4 KiB, N=1024: 5 KiB, N=4096: 6 KiB)" in results[
+        "i-clustered-64: memory per element within 1.3x over N=256..4096"].text
+    lsh_time = results["lsh-4: time per element within 1.5x over N=256..4096"].text
+    assert "not measured at every length (N=4096: skipped (estimated 999 s per pass" in lsh_time
+
+    # On CUDA only the memory targets (a GPU pass at the shortest N is launch-bound).
+    on_cuda = evaluate_long_targets(measurements, 1, "cuda", lengths)
+    assert len(on_cuda) == 4 and all(" memory per element " in result.text for result in on_cuda)
+    # batch divides per element: two sequences of the same cells halve every value, not the spread
+    halved = evaluate_long_targets(measurements, 2, "cpu", lengths)
+    assert [result.passed for result in halved] == [result.passed for result in results.values()]
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_long_table_on_cuda_with_flash_attention(tmp_path, capsys):
+    """The long table as the GPU report's long_n part runs it (bfloat16, full through FlashAttention),
+    at short lengths: every cell measured, and the memory targets (the only ones on CUDA) evaluated."""
+    main(["--device", "cuda", "--dtype", "bfloat16", "--shapes", "long", "--full-backend", "flash",
+          "--lengths", "1024", "4096", "--attentions", "full", "clustered-100", "lsh-1", "linear",
+          "--repeats", "1", "--warmup", "0", "--out", str(tmp_path)])
+    stdout = capsys.readouterr().out
+    for name in ("benchmark_cuda_long.csv", "benchmark_cuda_long_forward.csv"):
+        _, rows = read_rows(tmp_path / name)
+        assert all(row["status"] == "ok" and row["dtype"] == "bfloat16" for row in rows)
+        assert all(int(row["peak_memory_bytes"]) > 0 for row in rows)
+    assert "full = full()  [SDPA kernel flash]" in stdout
+    assert "time per element within" not in stdout
+    assert stdout.count("memory per element within 1.3x over N=1024..4096") == 2 * 3   # 2 passes, 3 attentions

@@ -22,8 +22,8 @@ def test_the_parts_fit_in_ten_minutes_and_cover_the_issue(tmp_path):
     assert len(set(names)) == len(names)
     assert {"cuda_tests", "benchmark_bfloat16", "benchmark_float32", "lsh_memory", "profiles",
             "centroid_routes", "training_eager", "training_graphed", "steps_demo", "steps_wsj",
-            "training_compiled"} == set(names)
-    assert [p.name for p in PARTS if not p.default] == ["training_compiled"]
+            "training_compiled", "long_n"} == set(names)
+    assert [p.name for p in PARTS if not p.default] == ["training_compiled", "long_n"]
     for part in PARTS:
         command = part.command(tmp_path)
         assert command[0] == sys.executable and all(isinstance(a, str) for a in command)
@@ -215,3 +215,29 @@ def test_corpus_option_links_a_prepared_corpus_for_the_training_parts(tmp_path):
     assert seen.read_text() == "True"
     assert gpu_report.main(["--out", str(tmp_path / "r3"), "--corpus", str(tmp_path)], parts=(part,),
                            cuda_available=lambda: True) == 2
+
+
+def test_long_n_part_runs_the_long_table_and_reads_its_targets_on_the_cpu(tmp_path, capsys):
+    """The long_n part's benchmark command, with cuda and bfloat16 swapped for cpu and float32 and
+    tiny lengths standing in for 16,384..262,144: it runs here, and read_benchmark takes its targets
+    (the long table's) as checks."""
+    from attention_ext.benchmark.__main__ import main as benchmark_main
+    [part] = [p for p in PARTS if p.name == "long_n"]
+    command = part.command(tmp_path)
+    assert command[1:3] == ["-m", "attention_ext.benchmark"]
+    text = " ".join(command)
+    assert "--device cuda --dtype bfloat16 --shapes long --full-backend flash" in text
+    argv = [{"cuda": "cpu", "bfloat16": "float32"}.get(arg, arg) for arg in command[3:]]
+    assert benchmark_main(argv + ["--lengths", "64", "128", "--attentions", "full", "clustered-4", "linear",
+                                  "--repeats", "1", "--warmup", "0", "--threads", "1"]) == 0
+    log = capsys.readouterr().out
+    checks, summary, files = read_benchmark(log, tmp_path)
+    assert checks[0].what == "the benchmark wrote its tables" and "2 'wrote' lines" in checks[0].detail
+    targets = [check.what for check in checks[1:]]
+    for label in ("clustered-4", "linear"):
+        for quantity, factor in (("time", "1.5"), ("memory", "1.3")):
+            # once per pass (forward, forward+backward)
+            assert sum(what.startswith(f"{label}: {quantity} per element within {factor}x over N=64..128")
+                       for what in targets) == 2
+    assert files == ["csv/long_n/benchmark_cpu_long.csv", "csv/long_n/benchmark_cpu_long_forward.csv"]
+    assert "full = full()  [SDPA kernel flash]" in summary
