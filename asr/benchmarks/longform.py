@@ -14,8 +14,8 @@ Options (key=value):
                   clustered-200,iclustered-100,lsh,linear]; quote a spec with commas:
                   attentions=[full,'iclustered-100:topk=16,bits=32']); lsh needs a model with shared
                   query/key projections and is skipped with a note on others
-  modes           pieces (asr.transcribe's default 20-s pieces) and/or onepass (the whole recording
-                  through the encoder at once); default [pieces,onepass]
+  modes           pieces (asr.transcribe's default 20-s pieces) and/or onepass (window=none: the whole
+                  recording through the encoder at once); default [pieces,onepass]
   wer             true (default): also decode with the model's lexicon and LM (a second transcription
                   in the same process, timed apart: lexicon_wall_s); lexicon=, lm=, lm_weight=,
                   word_score=, beam= as in asr.transcribe

@@ -11,7 +11,6 @@ peak memory.
 from __future__ import annotations
 
 import json
-import math
 import resource
 import sys
 import time
@@ -22,14 +21,13 @@ from asr.evaluation.transcription import TranscribeConfig, transcribe
 from asr.text.metrics import phone_error_rate, word_error_rate
 
 def mode_settings(mode: str, recording_seconds: float) -> dict:
-    """The TranscribeConfig fields of a mode. One pass, until TranscribeConfig(window=None) exists:
-    a window (and a batch) longer than the recording, so it is one piece."""
+    """The TranscribeConfig fields of a mode: pieces, asr.transcribe's defaults; onepass, window=None
+    (the whole recording through the encoder at once; asr.transcribe window=none)."""
     if mode == "pieces":
         return {}
     if mode != "onepass":
         raise ValueError(f"mode {mode!r} is neither pieces nor onepass")
-    whole = float(math.ceil(recording_seconds) + 10)
-    return {"window": whole, "batch_seconds": whole}
+    return {"window": None}
 
 
 def peak_resident_mb() -> float:
