@@ -1,6 +1,6 @@
 """Reformer LSH attention (Kitaev et al. 2020) for shared queries and keys.
 
-    attn = build_attention("lsh", rounds=4, chunk_size=32)
+    attn = build_attention("lsh", rounds=4, chunk_size=32)   # max_buckets=256 by default
     out = attn(q, q, v, lengths)          # k must be q: a model with shared QK projections
 
 What one call does, per sequence b of valid length L and per head:
@@ -9,9 +9,10 @@ What one call does, per sequence b of valid length L and per head:
    including "no attention to self unless nothing else is there").
 2. Hashing, `rounds` times independently: draw a random rotation R of shape
    (E, n_buckets / 2) and put each valid key x in bucket argmax([xR, -xR]).
-   n_buckets = `lsh_bucket_count(L, chunk_size)`: the smallest even number >= L / chunk_size,
-   at least 2, so a bucket holds about one chunk. It depends on the sequence's own
-   length, not on the padded length.
+   n_buckets = `lsh_bucket_count(L, chunk_size, max_buckets)`:
+   min(the smallest even number >= L / chunk_size, at least 2; max_buckets), so a bucket
+   holds about one chunk up to max_buckets * chunk_size positions (8,192 with the defaults)
+   and more beyond. It depends on the sequence's own length, not on the padded length.
 3. The valid positions are sorted by (bucket, position) and the sorted order is cut into
    chunks of chunk_size (the last one may be shorter). Each chunk's queries attend to the
    keys of their own chunk and of the previous chunk, cyclically (chunk 0 looks at the
@@ -22,6 +23,15 @@ What one call does, per sequence b of valid length L and per head:
    r the logit of key j is lowered by log(n_ij), n_ij being the number of rounds whose
    window of query i holds j. The result is exactly softmax attention over the union of
    the rounds' windows, every key counted once.
+
+Decision, the cap `max_buckets` (even, >= 2, default 256): hashing projects each position on
+n_buckets / 2 directions, so with one bucket per chunk its arithmetic grows with the square of
+L; capped, it is linear in L. The Reformer paper treats the bucket count as a hyper-parameter,
+and a bucket larger than a chunk only means that the sorted order cuts it into several chunks,
+which step 3 already handles (as it does a bucket that spills over into the next chunk). Below
+the cap the rule is the uncapped one, bit for bit: with the defaults every sequence up to 8,192
+positions hashes, sorts and attends exactly as before the cap existed, and so does every model
+trained in this project (none has seen sequences that long).
 
 Randomness: on the CPU one seed is drawn from torch's default generator per call
 (`contract.draw_seed`); the rotations of batch element b come from a generator seeded
@@ -53,11 +63,20 @@ from .contract import autocast_disabled, check_inputs, draw_seed, hashing_dtype,
 from .registry import Option, register_attention
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # spreads consecutive batch indices over the seed space
+DEFAULT_MAX_BUCKETS = 256         # the `max_buckets` option's default (see the module doc)
 
 
-def lsh_bucket_count(length: int, chunk_size: int) -> int:
-    """Buckets for a sequence of `length` valid positions: even, >= 2, about length / chunk_size."""
-    return 2 * max(1, math.ceil(length / (2 * chunk_size)))
+def lsh_bucket_count(length: int, chunk_size: int, max_buckets: int | None = None) -> int:
+    """Buckets for a sequence of `length` valid positions: even, >= 2, about length / chunk_size,
+    at most `max_buckets` (an even number >= 2; None: no cap)."""
+    natural = 2 * max(1, math.ceil(length / (2 * chunk_size)))
+    return natural if max_buckets is None else min(natural, max_buckets)
+
+
+def _check_max_buckets(max_buckets: int) -> None:
+    """The hashing functions' own check (the registry checks the option where it enters)."""
+    if isinstance(max_buckets, bool) or not isinstance(max_buckets, int) or max_buckets < 2 or max_buckets % 2:
+        raise ValueError(f"lsh: max_buckets={max_buckets!r} must be an even integer >= 2")
 
 
 def lsh_rotations(seed: int, batch_index: int, heads: int, rounds: int, dim: int,
@@ -82,18 +101,20 @@ class LSHHashing:
 
 
 def lsh_hash(queries: torch.Tensor, lengths: torch.Tensor, rounds: int, chunk_size: int,
-             seed: int) -> LSHHashing:
-    """Buckets and sorted order of the keys of `queries` (B, H, N, E) for every round (no gradient).
+             seed: int, max_buckets: int = DEFAULT_MAX_BUCKETS) -> LSHHashing:
+    """Buckets and sorted order of the keys of `queries` (B, H, N, E) for every round (no gradient);
+    sequence b has lsh_bucket_count(L_b, chunk_size, max_buckets) buckets.
 
     The bucket of a unit key k = q / ||q|| is argmax([kR, -kR]); a positive scale does not
     change the argmax, so the queries are projected as they are.
     """
+    _check_max_buckets(max_buckets)
     batch, heads, length, dim = queries.shape
     # The rotations' shapes depend on the lengths, so they are read on the host, once (on a GPU
     # a synchronisation). What is drawn is put together on the host and goes to the GPU in one
     # copy that does not wait for it; the kernel gets the host lengths and bucket counts.
     lengths_host = lengths.cpu()
-    n_buckets = [lsh_bucket_count(valid, chunk_size) for valid in lengths_host.tolist()]
+    n_buckets = [lsh_bucket_count(valid, chunk_size, max_buckets) for valid in lengths_host.tolist()]
     rotations = [lsh_rotations(seed, b, heads, rounds, dim, n_buckets[b]) for b in range(batch)]
     # The kernel takes every element's rotations zero-padded to one width, a multiple of 16
     # columns (its SIMD tiles), and uses the first n_buckets[b] / 2 of them.
@@ -107,18 +128,21 @@ def lsh_hash(queries: torch.Tensor, lengths: torch.Tensor, rounds: int, chunk_si
     return LSHHashing(rotations, n_buckets, buckets, order)
 
 
-def device_rotations(queries: torch.Tensor, rounds: int, chunk_size: int) -> torch.Tensor:
+def device_rotations(queries: torch.Tensor, rounds: int, chunk_size: int,
+                     max_buckets: int = DEFAULT_MAX_BUCKETS) -> torch.Tensor:
     """The rotations of a CUDA forward call, (B, H, E, R, P), drawn on q's device from torch's
-    generator there. P: n_buckets(N) / 2 for the padded length N (static), in tiles of 16;
-    sequence b uses its first lsh_bucket_count(L_b, chunk_size) / 2 columns."""
+    generator there. P: n_buckets(N) / 2 for the padded length N (static; at most max_buckets / 2),
+    in tiles of 16; sequence b uses its first lsh_bucket_count(L_b, chunk_size, max_buckets) / 2
+    columns."""
+    _check_max_buckets(max_buckets)
     batch, heads, length, dim = queries.shape
-    width = -(-lsh_bucket_count(length, chunk_size) // 32) * 16
+    width = -(-lsh_bucket_count(length, chunk_size, max_buckets) // 32) * 16
     return torch.randn(batch, heads, dim, rounds, width, dtype=hashing_dtype(queries.dtype),
                        device=queries.device)
 
 
 def lsh_hash_on_device(queries: torch.Tensor, lengths: torch.Tensor, rounds: int,
-                       chunk_size: int) -> torch.Tensor:
+                       chunk_size: int, max_buckets: int = DEFAULT_MAX_BUCKETS) -> torch.Tensor:
     """The sorted order (B, H, R, N) of a CUDA forward call, without reading anything on the host.
 
     `lsh_hash` needs each sequence's bucket count on the host to draw rotations of its width: on
@@ -129,9 +153,10 @@ def lsh_hash_on_device(queries: torch.Tensor, lengths: torch.Tensor, rounds: int
     from its length. The buckets follow `lsh_hash`'s rule; what differs is the random stream: a
     sequence's rotations depend on its batch's shape here, not on (seed, batch index) alone.
     """
-    rotations = device_rotations(queries, rounds, chunk_size)
+    rotations = device_rotations(queries, rounds, chunk_size, max_buckets)
     valid = lengths.clamp(0, queries.shape[2])
-    half_buckets = torch.div(valid + 2 * chunk_size - 1, 2 * chunk_size, rounding_mode="floor").clamp(min=1)
+    half_buckets = torch.div(valid + 2 * chunk_size - 1, 2 * chunk_size,
+                             rounding_mode="floor").clamp(1, max_buckets // 2)
     return ops.lsh_hash(queries, rotations, valid, half_buckets)[1]
 
 
@@ -143,17 +168,18 @@ def lsh_hash_on_device(queries: torch.Tensor, lengths: torch.Tensor, rounds: int
 @torch.library.custom_op("attention_ext::lsh_sorted_order", mutates_args=(),
                          tags=(torch.Tag.nondeterministic_seeded,))
 def _lsh_sorted_order_op(queries: torch.Tensor, lengths: torch.Tensor, rounds: int,
-                         chunk_size: int) -> torch.Tensor:
+                         chunk_size: int, max_buckets: int) -> torch.Tensor:
     """The sorted order (B, H, R, N) int64 of a forward call: on the CPU
-    `lsh_hash(queries, lengths, rounds, chunk_size, draw_seed()).order`, on CUDA
-    `lsh_hash_on_device(queries, lengths, rounds, chunk_size)`."""
+    `lsh_hash(queries, lengths, rounds, chunk_size, draw_seed(), max_buckets).order`, on CUDA
+    `lsh_hash_on_device(queries, lengths, rounds, chunk_size, max_buckets)`."""
     if queries.is_cuda:
-        return lsh_hash_on_device(queries, lengths, rounds, chunk_size)
-    return lsh_hash(queries, lengths, rounds, chunk_size, draw_seed()).order
+        return lsh_hash_on_device(queries, lengths, rounds, chunk_size, max_buckets)
+    return lsh_hash(queries, lengths, rounds, chunk_size, draw_seed(), max_buckets).order
 
 
 @_lsh_sorted_order_op.register_fake
-def _(queries, lengths, rounds, chunk_size):
+def _(queries, lengths, rounds, chunk_size, max_buckets):
+    _check_max_buckets(max_buckets)
     batch, heads, length, _ = queries.shape
     return lengths.new_empty((batch, heads, rounds, length), dtype=torch.long)
 
@@ -189,18 +215,22 @@ def lsh_chunked_attention(q: torch.Tensor, v: torch.Tensor, order: torch.Tensor,
 @register_attention("lsh", options=(
     Option("rounds", 1, 1, help="independent hashing rounds, combined by log-sum-exp"),
     Option("chunk_size", 32, 1, help="positions per chunk of the sorted buckets"),
+    Option("max_buckets", DEFAULT_MAX_BUCKETS, 2, multiple_of=2,
+           help="most buckets per round (below it one per chunk); keeps hashing linear in N"),
 ), summary="Reformer LSH attention (needs shared QK: k = q)",
    needs_shared_qk=True, number_option="rounds")
 class LSHAttention(torch.nn.Module):
-    """Reformer LSH attention: `rounds` hashing rounds, chunks of `chunk_size` (see module doc)."""
+    """Reformer LSH attention: `rounds` hashing rounds, chunks of `chunk_size`, at most
+    `max_buckets` buckets (see module doc)."""
 
-    def __init__(self, rounds: int = 1, chunk_size: int = 32):
+    def __init__(self, rounds: int = 1, chunk_size: int = 32, max_buckets: int = DEFAULT_MAX_BUCKETS):
         super().__init__()
         self.rounds = rounds
         self.chunk_size = chunk_size
+        self.max_buckets = max_buckets
 
     def extra_repr(self) -> str:
-        return f"rounds={self.rounds}, chunk_size={self.chunk_size}"
+        return f"rounds={self.rounds}, chunk_size={self.chunk_size}, max_buckets={self.max_buckets}"
 
     def hash(self, q: torch.Tensor, lengths: torch.Tensor | None = None,
              seed: int | None = None) -> LSHHashing:
@@ -209,7 +239,7 @@ class LSHAttention(torch.nn.Module):
         lengths = check_inputs(q, q, q, lengths)
         seed = draw_seed() if seed is None else seed
         return lsh_hash(q.detach().to(kernel_dtype(q.dtype, q.device)), lengths, self.rounds,
-                        self.chunk_size, seed)
+                        self.chunk_size, seed, self.max_buckets)
 
     def forward(self, q, k, v, lengths=None):
         lengths = check_inputs(q, k, v, lengths, attention=self)
@@ -219,6 +249,7 @@ class LSHAttention(torch.nn.Module):
             # Clipped as every attention clips an unchecked length (contract.set_input_validation):
             # on the device, where LSH's CUDA kernels would otherwise flag it and do nothing.
             lengths = lengths.clamp(0, q.shape[2])
-            order = _lsh_sorted_order_op(q_kernel.detach(), lengths, self.rounds, self.chunk_size)
+            order = _lsh_sorted_order_op(q_kernel.detach(), lengths, self.rounds, self.chunk_size,
+                                         self.max_buckets)
             out = lsh_chunked_attention(q_kernel, v_kernel, order, lengths, self.chunk_size)
             return out.to(v.dtype)

@@ -31,7 +31,8 @@ class SharedQKRequiredError(AttentionConfigError):
 
 @dataclass(frozen=True)
 class Option:
-    """One option of an attention type: an int with a default and an allowed range."""
+    """One option of an attention type: an int with a default, an allowed range and, optionally,
+    a step (`multiple_of`)."""
     name: str
     default: int
     minimum: int
@@ -40,10 +41,14 @@ class Option:
     # The value may not exceed the head dim E of q (known only where a model or a call fixes
     # it): checked by ValidatedAttention.check_head_dim and by the module at each call.
     at_most_head_dim: bool = False
+    # The value must be a multiple of this (LSH's bucket cap: buckets come in +/- pairs).
+    multiple_of: int = 1
 
     def rule(self) -> str:
         upper = "" if self.maximum is None else f"..{self.maximum}"
         bound = f"{self.minimum}{upper}" if upper else f">= {self.minimum}"
+        if self.multiple_of > 1:
+            bound += f", a multiple of {self.multiple_of}"
         if self.at_most_head_dim:
             bound += ", <= head dim"
         return f"{self.name}: int {bound} (default {self.default}){' - ' + self.help if self.help else ''}"
@@ -59,6 +64,10 @@ class Option:
         if value < self.minimum or (self.maximum is not None and value > self.maximum):
             raise AttentionConfigError(
                 f"attention '{attention}': option {self.name}={value} is out of range; "
+                f"allowed: {self.rule()}")
+        if value % self.multiple_of:
+            raise AttentionConfigError(
+                f"attention '{attention}': option {self.name}={value} is not a multiple of {self.multiple_of}; "
                 f"allowed: {self.rule()}")
         return value
 

@@ -152,7 +152,9 @@ def check_overrides_follow_model(cfg: DictConfig, overrides: list[str], source: 
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         if key == "attention" or key.startswith("attention."):
-            if attention_settings(cfg.attention).as_config() != hyper["attention"]:
+            # both with the registry's defaults filled in: a checkpoint from before an option existed
+            # holds the attention that option's default gives
+            if attention_settings(cfg.attention).as_config() != attention_settings(hyper["attention"]).as_config():
                 raise ConfigError(f"{key}: the attention is the model's ({hyper['attention']}){FOLLOWS_THE_MODEL}; "
                                   "evaluate it with another attention with asr.evaluate attention=...")
         elif key.startswith("model.") and key[6:] in MODEL_SHAPE:

@@ -27,7 +27,7 @@ from asr.data.datamodule import SpeechDataModule
 from asr.evaluation.evaluation import EvaluateConfig, evaluate
 from asr.evaluation.transcription import TranscribeConfig, transcribe
 from asr.model.recognizer import SpeechRecognizer
-from asr.training.adaptation import adaptation_source
+from asr.training.adaptation import adaptation_source, check_overrides_follow_model
 from asr.training.fit import train
 from tiny_runs import ROOT, subprocess_environment, tiny_config
 
@@ -197,6 +197,19 @@ def test_the_command_line_refuses_a_setting_the_model_fixes(source_run, voice, t
     assert result.returncode == 2
     assert "asr.train: error: attention: the attention is the model's ({'name': 'full'})" in result.stderr
     assert not any(tmp_path.iterdir())   # the run folder of a refused run is removed
+
+
+def test_an_attention_option_added_since_the_checkpoint_compares_at_its_default():
+    """A model saved before lsh had max_buckets holds {"rounds", "chunk_size"} only: that is the
+    attention max_buckets' default gives, so naming it again is no change; another value is."""
+    from types import SimpleNamespace
+    from omegaconf import OmegaConf
+    source = SimpleNamespace(hyper_parameters={"attention": {"name": "lsh", "rounds": 1, "chunk_size": 32}})
+    same = OmegaConf.create({"attention": {"name": "lsh", "rounds": 1, "chunk_size": 32, "max_buckets": 256}})
+    check_overrides_follow_model(same, ["attention=lsh"], source)
+    other = OmegaConf.create({"attention": {"name": "lsh", "rounds": 1, "chunk_size": 32, "max_buckets": 64}})
+    with pytest.raises(ConfigError, match="attention.max_buckets: the attention is the model's"):
+        check_overrides_follow_model(other, ["attention.max_buckets=64"], source)
 
 
 def test_the_held_out_sentences_are_seeded_whole_and_never_all():

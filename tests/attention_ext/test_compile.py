@@ -191,7 +191,7 @@ def operator_samples():
         ("lsh_attention_forward", (q, v, order, lengths, 2)),
         ("lsh_attention_backward", (torch.randn_like(v), q, v, order, lengths, out, lse, 2)),
         ("cluster_queries", (zeros, lengths, clusters, 5, 2)),
-        ("lsh_sorted_order", (zeros, lengths, 2, 2)),
+        ("lsh_sorted_order", (zeros, lengths, 2, 2, 4)),
     ]
 
 

@@ -55,7 +55,7 @@ def test_unknown_option_and_bad_values_are_refused():
 
 @pytest.mark.parametrize("name,option,value", [
     ("clustered", "bits", 0), ("clustered", "bits", 64), ("clustered", "clusters", 0),
-    ("iclustered", "topk", 0), ("lsh", "rounds", 0), ("lsh", "chunk_size", 0),
+    ("iclustered", "topk", 0), ("lsh", "rounds", 0), ("lsh", "chunk_size", 0), ("lsh", "max_buckets", 3),
     ("oracle_top", "topk", 0), ("clustered", "clusters", "many"), ("clustered", "clusters", 2.5),
 ])
 def test_option_range_errors_name_option_and_rule(name, option, value):

@@ -10,11 +10,11 @@ import math
 import pytest
 import torch
 
-from attention_ext import AttentionConfigError, build_attention
+from attention_ext import AttentionConfigError, build_attention, parse_attention_spec
 from attention_ext._ops import ops
 from attention_ext.contract import draw_seed
-from attention_ext.lsh import (device_rotations, lsh_bucket_count, lsh_chunked_attention, lsh_hash_on_device,
-                                lsh_rotations)
+from attention_ext.lsh import (device_rotations, lsh_bucket_count, lsh_chunked_attention, lsh_hash,
+                                lsh_hash_on_device, lsh_rotations)
 
 
 def reference_buckets(q, length, rotation):
@@ -41,7 +41,16 @@ def reference_windows(buckets, chunk_size):
     return allowed
 
 
-def reference_lsh(q, v, lengths, rounds, chunk_size, seed, rotations_of=None):
+def reference_bucket_count(length, chunk_size, max_buckets=256):
+    """The module doc's rule, written out: the smallest even count >= length / chunk_size, at
+    least 2, at most max_buckets."""
+    natural = 2
+    while natural * chunk_size < length:
+        natural += 2
+    return min(natural, max_buckets)
+
+
+def reference_lsh(q, v, lengths, rounds, chunk_size, seed, rotations_of=None, max_buckets=256):
     """Dense LSH attention: per round the allowed-key masks, combined by log-sum-exp with
     each key's logit lowered by log(number of rounds holding it), as the module doc says.
     The rotations of element b: lsh_rotations(seed, b, ...), or rotations_of(b, n_buckets) if given.
@@ -52,7 +61,7 @@ def reference_lsh(q, v, lengths, rounds, chunk_size, seed, rotations_of=None):
     for b, valid in enumerate(lengths.tolist()):
         if valid == 0:
             continue
-        n_buckets = lsh_bucket_count(valid, chunk_size)
+        n_buckets = reference_bucket_count(valid, chunk_size, max_buckets)
         rotations = (lsh_rotations(seed, b, heads, rounds, dim, n_buckets) if rotations_of is None
                      else rotations_of(b, n_buckets))
         for h in range(heads):
@@ -97,14 +106,16 @@ def shared_full_reference(q, v, lengths):
     return out
 
 
-@pytest.mark.parametrize("rounds,chunk_size,length", [(1, 4, 23), (3, 4, 23), (2, 3, 9), (4, 5, 30),
-                                                      (2, 8, 16), (1, 1, 6)])
-def test_lsh_matches_dense_reference_from_the_same_rotations(rounds, chunk_size, length, device):
+@pytest.mark.parametrize("rounds,chunk_size,length,max_buckets", [
+    (1, 4, 23, 256), (3, 4, 23, 256), (2, 3, 9, 256), (4, 5, 30, 256), (2, 8, 16, 256), (1, 1, 6, 256),
+    # capped below the uncapped rule's count (22, 18 and 2 buckets for chunks of 2): buckets of several chunks
+    (2, 2, 41, 4), (1, 3, 41, 2), (3, 1, 41, 6)])
+def test_lsh_matches_dense_reference_from_the_same_rotations(rounds, chunk_size, length, max_buckets, device):
     torch.manual_seed(rounds * 100 + chunk_size)
     q = torch.randn(3, 2, length, 6, dtype=torch.float64, requires_grad=True)
     v = torch.randn(3, 2, length, 5, dtype=torch.float64, requires_grad=True)
     lengths = torch.tensor([length, length - 5, 2])
-    attention = build_attention("lsh", rounds=rounds, chunk_size=chunk_size)
+    attention = build_attention("lsh", rounds=rounds, chunk_size=chunk_size, max_buckets=max_buckets)
     # the attention runs on `device`; the reference is computed here, on the CPU
     qd, vd, lengths_d = q.detach().to(device).requires_grad_(), v.detach().to(device).requires_grad_(), \
         lengths.to(device)
@@ -114,20 +125,24 @@ def test_lsh_matches_dense_reference_from_the_same_rotations(rounds, chunk_size,
     hashing = attention.hash(qd, lengths_d, seed=seed)
     hashing.buckets = hashing.buckets.cpu()
     for b, valid in enumerate(lengths.tolist()):
+        n_buckets = reference_bucket_count(valid, chunk_size, max_buckets)
+        assert hashing.n_buckets[b] == n_buckets
+        assert hashing.rotations[b].shape == (2, rounds, 6, n_buckets // 2)
         for h in range(2):
             for r in range(rounds):
                 expected = reference_buckets(q[b, h].detach(), valid, hashing.rotations[b][h, r])
                 assert torch.equal(hashing.buckets[b, h, r, :valid], expected)
                 assert torch.all(hashing.buckets[b, h, r, valid:] == -1)
+                assert 0 <= hashing.buckets[b, h, r, :valid].min() and hashing.buckets[b, h, r].max() < n_buckets
 
     rotations_of = None
     if device.type == "cuda":   # a forward call there draws its rotations on the device
         torch.manual_seed(7)
-        drawn = device_rotations(qd, rounds, chunk_size).cpu()
+        drawn = device_rotations(qd, rounds, chunk_size, max_buckets).cpu()
         rotations_of = lambda b, n_buckets: drawn[b, :, :, :, :n_buckets // 2].permute(0, 2, 1, 3)  # noqa: E731
     torch.manual_seed(7)  # the call draws the same seed (on CUDA: the same rotations)
     out = attention(qd, qd, vd, lengths_d)
-    expected, masks = reference_lsh(q, v, lengths, rounds, chunk_size, seed, rotations_of)
+    expected, masks = reference_lsh(q, v, lengths, rounds, chunk_size, seed, rotations_of, max_buckets)
     torch.testing.assert_close(out.cpu(), expected)
     # The log-sum-exp combination with duplicates removed is softmax over the union.
     torch.testing.assert_close(expected, union_attention(q, v, lengths, masks))
@@ -285,11 +300,69 @@ def test_bad_options_fail_at_build_time(options):
         build_attention("lsh", **options)
 
 
+@pytest.mark.parametrize("value,message", [
+    (0, r"max_buckets=0 is out of range; allowed: max_buckets: int >= 2, a multiple of 2 \(default 256\)"),
+    (1, r"max_buckets=1 is out of range"),
+    (7, r"option max_buckets=7 is not a multiple of 2; allowed: max_buckets: int >= 2, a multiple of 2"),
+    ("many", r"max_buckets='many' must be an integer")])
+def test_max_buckets_must_be_even_and_at_least_two(value, message):
+    with pytest.raises(AttentionConfigError, match=message):
+        build_attention("lsh", max_buckets=value)
+    with pytest.raises(AttentionConfigError, match="max_buckets=5 is not a multiple of 2"):
+        parse_attention_spec("lsh-4:max_buckets=5")
+    assert parse_attention_spec("lsh-4:max_buckets=2").options == {"rounds": 4, "chunk_size": 32, "max_buckets": 2}
+    # the functions below the registry check it too
+    with pytest.raises(ValueError, match="max_buckets=3 must be an even integer >= 2"):
+        lsh_hash(torch.randn(1, 1, 4, 2), torch.tensor([4]), 1, 2, seed=0, max_buckets=3)
+    with pytest.raises(ValueError, match="max_buckets=0 must be an even integer >= 2"):
+        device_rotations(torch.randn(1, 1, 4, 2), 1, 2, max_buckets=0)
+
+
 def test_bucket_count_follows_the_sequence_length():
     assert lsh_bucket_count(1, 32) == 2
     assert lsh_bucket_count(64, 32) == 2
     assert lsh_bucket_count(65, 32) == 4
     assert lsh_bucket_count(4096, 32) == 128
+    assert lsh_bucket_count(4096, 32, max_buckets=256) == 128
+    assert lsh_bucket_count(4096, 32, max_buckets=16) == 16
+    assert lsh_bucket_count(262144, 32, max_buckets=256) == 256
+    assert lsh_bucket_count(262144, 32) == 8192
+    for length in (1, 65, 500, 8192, 8193, 20000):
+        for chunk_size, cap in ((32, 256), (4, 10), (1, 2)):
+            assert lsh_bucket_count(length, chunk_size, cap) == reference_bucket_count(length, chunk_size, cap)
+
+
+def test_the_default_cap_changes_nothing_up_to_256_chunks():
+    """max_buckets=256 (the default) is the uncapped rule for every length up to 256 x chunk_size
+    (8,192 with chunks of 32, more than any model of the project has seen), and caps beyond."""
+    for chunk_size in (1, 4, 32, 64):
+        for length in range(0, 256 * chunk_size + 1):
+            assert lsh_bucket_count(length, chunk_size, 256) == lsh_bucket_count(length, chunk_size)
+        assert lsh_bucket_count(256 * chunk_size + 1, chunk_size) == 258
+        assert lsh_bucket_count(256 * chunk_size + 1, chunk_size, 256) == 256
+
+
+def test_the_default_cap_gives_bit_identical_results_at_8192_positions(device):
+    """The default module against one with a cap no sequence reaches (the uncapped rule): the same
+    rotations, buckets, order and output, to the bit, at exactly 256 chunks of 32 (and shorter)."""
+    generator = torch.Generator().manual_seed(31)
+    q = torch.randn(2, 1, 8192, 8, generator=generator).to(device)
+    v = torch.randn(2, 1, 8192, 8, generator=generator).to(device)
+    lengths = torch.tensor([8192, 3000], device=device)
+    default, uncapped = build_attention("lsh", rounds=2), build_attention("lsh", rounds=2, max_buckets=10**6)
+    hashing, uncapped_hashing = default.hash(q, lengths, seed=4), uncapped.hash(q, lengths, seed=4)
+    assert hashing.n_buckets == uncapped_hashing.n_buckets == [256, 94]
+    assert torch.equal(hashing.buckets, uncapped_hashing.buckets)
+    assert torch.equal(hashing.order, uncapped_hashing.order)
+    outs = []
+    for attention in (default, uncapped):
+        torch.manual_seed(5)
+        outs.append(attention(q, q, v, lengths))
+    assert torch.equal(*outs)
+    # one position more and the default caps: 256 buckets where the uncapped rule has 258
+    longer = torch.randn(1, 1, 8193, 8, generator=generator)
+    assert default.hash(longer, seed=4).n_buckets == [256]
+    assert uncapped.hash(longer, seed=4).n_buckets == [258]
 
 
 def test_buckets_and_order_of_long_sequences(device):
@@ -344,28 +417,43 @@ def test_hash_kernel_breaks_ties_as_torch_argmax(dtype, device):
     assert ties > 500  # the test does exercise ties
 
 
-def test_device_hashing_takes_each_sequences_buckets_from_rotations_of_the_padded_width(device):
+@pytest.mark.parametrize("max_buckets,width", [
+    (256, 32),   # n_buckets(200) = 50: 25 columns, 2 tiles of 16
+    (10, 16),    # capped: 5 columns, 1 tile; the sequence of 77 has 10 buckets too, not 20
+    (2, 16)])
+def test_device_hashing_takes_each_sequences_buckets_from_rotations_of_the_padded_width(
+        max_buckets, width, device):
     """lsh_hash_on_device, the CUDA forward's hashing (nothing read on the host): rotations of the
     padded length's width, drawn from the generator of q's device, of which sequence b uses its
-    first lsh_bucket_count(L_b) / 2 columns; the order lists its valid positions by (bucket,
-    position), then the padded ones. Also run on the CPU, where the same Python path is tested."""
+    first lsh_bucket_count(L_b, chunk_size, max_buckets) / 2 columns; the order lists its valid
+    positions by (bucket, position), then the padded ones. Also run on the CPU, where the same
+    Python path is tested."""
     torch.manual_seed(3)
     q = torch.randn(3, 2, 200, 6, dtype=torch.float64)
     lengths = torch.tensor([200, 77, 0])
     rounds, chunk_size = 2, 4
     torch.manual_seed(9)
-    rotations = device_rotations(q.to(device), rounds, chunk_size).cpu()
-    assert rotations.shape == (3, 2, 6, rounds, 32)   # n_buckets(200) / 2 = 25 columns, 2 tiles of 16
+    rotations = device_rotations(q.to(device), rounds, chunk_size, max_buckets).cpu()
+    assert rotations.shape == (3, 2, 6, rounds, width)
     torch.manual_seed(9)
-    order = lsh_hash_on_device(q.to(device), lengths.to(device), rounds, chunk_size).cpu()
+    order = lsh_hash_on_device(q.to(device), lengths.to(device), rounds, chunk_size, max_buckets).cpu()
     for b, valid in enumerate(lengths.tolist()):
-        half = lsh_bucket_count(valid, chunk_size) // 2
+        half = reference_bucket_count(valid, chunk_size, max_buckets) // 2
         for h in range(2):
             for r in range(rounds):
                 buckets = reference_buckets(q[b, h], valid, rotations[b, h, :, r, :half])
                 expected = sorted(range(valid), key=lambda position: (int(buckets[position]), position))
                 assert order[b, h, r, :valid].tolist() == expected
                 assert order[b, h, r, valid:].tolist() == list(range(valid, 200))
+
+
+def test_the_rotations_stay_within_max_buckets_at_any_length():
+    """The hashing's width (its multiply-adds per position) stops growing at max_buckets / 2
+    columns: a quarter of a million positions hash on 128 columns (8,192 uncapped)."""
+    queries = torch.empty(1, 1, 262144, 2)
+    assert device_rotations(queries, 1, 32).shape[-1] == 128
+    assert device_rotations(queries, 1, 32, max_buckets=64).shape[-1] == 32
+    assert device_rotations(queries, 1, 32, max_buckets=2**20).shape[-1] == 4096
 
 
 def test_kernel_rejects_an_order_that_is_not_a_permutation(device):

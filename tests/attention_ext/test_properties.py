@@ -103,8 +103,9 @@ def rarely(one_in: int):
 @st.composite
 def option_values(draw, name: str, length: int, dim: int) -> dict:
     """Each registered option of `name` within its registered range; unbounded ones up to
-    N + OPTION_BEYOND_LENGTH (chunk sizes that do not divide N, clusters and top-k above N),
-    those declared at_most_head_dim (agglomerative's classes) up to the head dim E."""
+    N + OPTION_BEYOND_LENGTH (chunk sizes that do not divide N, clusters and top-k above N, LSH's
+    bucket cap below and above its natural count), those declared at_most_head_dim (agglomerative's
+    classes) up to the head dim E; multiples of the option's multiple_of."""
     values = {}
     for option in available_attentions()[name].options:
         upper = option.maximum
@@ -112,7 +113,8 @@ def option_values(draw, name: str, length: int, dim: int) -> dict:
             upper = max(option.minimum, length) + OPTION_BEYOND_LENGTH
         if option.at_most_head_dim:
             upper = min(upper, dim)
-        values[option.name] = draw(st.integers(option.minimum, upper))
+        step = option.multiple_of
+        values[option.name] = draw(st.integers(-(-option.minimum // step), upper // step)) * step
     return values
 
 

@@ -94,8 +94,8 @@ def test_mini_librispeech_preset_is_sized_for_one_machine():
 EXPECTED_ATTENTION = {   # preset suffix -> (name, options after the registry's defaults, shared_qk)
     "full": ("full", {}, False),
     "shared_full": ("shared_full", {}, True),
-    "lsh1": ("lsh", {"rounds": 1, "chunk_size": 32}, True),
-    "lsh4": ("lsh", {"rounds": 4, "chunk_size": 32}, True),
+    "lsh1": ("lsh", {"rounds": 1, "chunk_size": 32, "max_buckets": 256}, True),
+    "lsh4": ("lsh", {"rounds": 4, "chunk_size": 32, "max_buckets": 256}, True),
     "clustered": ("clustered", {"clusters": 100, "bits": 63, "iterations": 10}, False),
     "iclustered": ("iclustered", {"clusters": 100, "bits": 63, "iterations": 10, "topk": 32}, False),
     "linear": ("linear", {}, False),                              # not in the paper: our defaults

@@ -21,8 +21,8 @@ using namespace lsh_cpu;
 // register tiles (kHashTileRows positions x kHashTileVectors SIMD vectors of columns, over
 // the whole depth E) and each tile's values go straight into a running maximum and minimum
 // per position and lane. Memory is that state for kHashBlockRows positions; time is the
-// product's N E P multiply-adds (P = n_buckets / 2 grows with N, so the arithmetic of
-// Reformer hashing is quadratic in N; the tiles keep it near the core's peak rate).
+// product's N E P multiply-adds (P = n_buckets / 2 grows with N up to lsh.py's max_buckets / 2:
+// linear in N beyond that; the tiles keep it near the core's peak rate).
 constexpr int64_t kHashBlockRows = 32;  // positions whose extremes are tracked at once
 // 2 vectors of columns per row; rows as small_gemm's tiles (8 on AVX-512: 16 accumulators in
 // its 32 vector registers; on AVX2 each vector is two of its 16 registers, so 3 rows: 8 rows

@@ -5,7 +5,7 @@
 //   lsh_hash               projections by matmuls in opmath over slices of positions (a
 //                          slice's projections hold at most about as many values as q, so
 //                          memory stays linear in N although P = n_buckets / 2 grows with
-//                          it), one thread per (round, position) takes the bucket (first
+//                          it, up to lsh.py's max_buckets / 2), one thread per (round, position) takes the bucket (first
 //                          index on ties, as the CPU), and a sort of (bucket, position) keys
 //                          per round gives the order.
 //   lsh_attention_forward  one warp per valid query: over every round it streams the keys
