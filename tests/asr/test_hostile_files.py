@@ -1,5 +1,6 @@
 """Files and options from someone else: a manifest or a Kaldi folder runs no command unless the user
-opts in (data.allow_commands) (SECURITY.md)."""
+opts in (data.allow_commands), NaN or infinite audio is an error naming the file, and JSON output
+never holds NaN (SECURITY.md)."""
 from __future__ import annotations
 
 import gzip
@@ -13,12 +14,13 @@ import pytest
 import soundfile
 
 from asr.core.errors import ConfigError
-from asr.core.exit_status import SUCCESS, USAGE_ERROR
+from asr.core.exit_status import FAILURE, SUCCESS, USAGE_ERROR
 from asr.data.manifests import ManifestError
 from asr.evaluate import main as evaluate_main
 from asr.prepare_shards import main as prepare_shards_main
 from asr.train import USAGE_ERRORS as TRAIN_USAGE_ERRORS
 from asr.training.fit import train
+from asr.transcribe import main as transcribe_main
 from tiny_runs import tiny_config
 
 COMMAND_LOG = "running the audio command"
@@ -179,3 +181,49 @@ def test_read_kaldi_data_dir_keeps_pipes_as_commands_only_when_allowed(tmp_path)
     allowed = read_kaldi_data_dir(tmp_path, require_utt2spk=False, allow_commands=True)
     assert allowed.recordings["b"].command == "sph2pipe -f wav /audio/b.sph"
     assert allowed.recordings["a"].path == "/audio/a.wav"
+
+
+# ---- NaN and infinite audio, NaN in JSON ----------------------------------------------------------
+def write_float_wav(path: Path, bad: float) -> Path:
+    samples = np.sin(np.arange(16000, dtype=np.float32) / 10.0) * 0.1
+    samples[4000] = bad
+    soundfile.write(path, samples, 16000, subtype="FLOAT")
+    return path
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_nan_or_infinite_samples_are_an_error_naming_the_file_for_features(tmp_path, bad):
+    from lhotse import Recording
+
+    from asr.data.feature_cache import load_waveform
+    path = write_float_wav(tmp_path / "bad.wav", bad)
+    cut = Recording.from_file(path).to_cut()
+    with pytest.raises(RuntimeError, match=f"the audio of cut {cut.id} \\({path}\\) holds NaN or infinite samples"):
+        load_waveform(cut)
+
+
+def strict_json(line: str):
+    def refuse(constant):
+        raise ValueError(f"{constant} is not JSON")
+    return json.loads(line, parse_constant=refuse)
+
+
+def test_transcribe_names_a_file_with_nan_samples_and_writes_only_json(checkpoint, tiny_synth, tmp_path, capsys,
+                                                                      monkeypatch):
+    folder = tmp_path / "audio"
+    folder.mkdir()
+    nan_file = write_float_wav(folder / "nan.wav", float("nan"))
+    shutil.copy(next((tiny_synth / "audio" / "test").glob("*.flac")), folder / "good.flac")
+    status = transcribe_main([f"checkpoint={checkpoint}", str(folder), f"out={tmp_path / 'out.jsonl'}"])
+    assert status == FAILURE
+    assert f"skipped {nan_file}: it holds NaN or infinite samples" in capsys.readouterr().err
+    records = {Path(r["file"]).stem: r for r in map(strict_json, (tmp_path / "out.jsonl").read_text().splitlines())}
+    assert "error" in records["nan"] and records["good"]["chars"]["hypothesis"] is not None
+
+    # a model whose outputs are not numbers: its confidence is null, the file still JSON
+    from asr.evaluation import transcription
+    monkeypatch.setattr(transcription, "mean_confidence", lambda log_probs: float("nan"))
+    assert transcribe_main([f"checkpoint={checkpoint}", str(folder / "good.flac"),
+                            f"out={tmp_path / 'nan_model.jsonl'}"]) == SUCCESS
+    (record,) = map(strict_json, (tmp_path / "nan_model.jsonl").read_text().splitlines())
+    assert record["chars"]["confidence"] is None and record["phones"]["confidence"] is None
