@@ -1,6 +1,6 @@
 """Files and options from someone else: a manifest or a Kaldi folder runs no command unless the user
-opts in (data.allow_commands), NaN or infinite audio is an error naming the file, and JSON output
-never holds NaN (SECURITY.md)."""
+opts in (data.allow_commands), NaN or infinite audio is an error naming the file, JSON output never
+holds NaN, and decoding options that could only give empty hypotheses are refused (SECURITY.md)."""
 from __future__ import annotations
 
 import gzip
@@ -227,3 +227,26 @@ def test_transcribe_names_a_file_with_nan_samples_and_writes_only_json(checkpoin
                             f"out={tmp_path / 'nan_model.jsonl'}"]) == SUCCESS
     (record,) = map(strict_json, (tmp_path / "nan_model.jsonl").read_text().splitlines())
     assert record["chars"]["confidence"] is None and record["phones"]["confidence"] is None
+
+
+# ---- decoding options that can only give empty hypotheses --------------------------------------------
+@pytest.mark.parametrize("option, says", [
+    ("lm_weight=nan", "lm_weight=nan must be a finite number"),
+    ("lm_weight=inf", "lm_weight=inf must be a finite number"),
+    ("word_score=nan", "word_score=nan must be a finite number"),
+    ("word_score=-inf", "word_score=-inf must be a finite number"),
+    ("beam=0", "beam=0 must be >= 1"),
+])
+def test_decoding_options_that_give_no_hypothesis_are_refused(checkpoint, tmp_path, capsys, option, says):
+    assert evaluate_main([f"checkpoint={checkpoint}", "decoder=lexicon", option, f"out={tmp_path / 'e'}",
+                          "progress=false"]) == USAGE_ERROR
+    assert one_error_line(capsys) == f"asr.evaluate: error: {says}" + one_error_line_tail(says)
+    assert not (tmp_path / "e").exists()
+    assert transcribe_main([f"checkpoint={checkpoint}", str(tmp_path), "decoder=lexicon", option]) == USAGE_ERROR
+    assert says in one_error_line(capsys)
+
+
+def one_error_line_tail(says: str) -> str:
+    name = says.split("=", 1)[0]
+    return {"lm_weight": " (e.g. lm_weight=1.0)", "word_score": " (e.g. word_score=0.0)",
+            "beam": " (the lexicon decoder's hypotheses kept per frame)"}[name]
