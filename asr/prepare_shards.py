@@ -3,7 +3,7 @@ and written as shards, once (asr/data/stream_shards.py; asr/docs/data.md, "Large
 
     python -m asr.prepare_shards root=data/big corpus=big [splits=[train,dev,test]] [jobs=4]
                                  [cache_dir=/scratch/big_features] [num_mel_bins=40]
-                                 [stream_shard_cuts=1000] [skip_bad_audio=false]
+                                 [stream_shard_cuts=1000] [skip_bad_audio=false] [allow_commands=false]
 
 Then train with the same root, corpus, cache_dir and num_mel_bins, and `data.streaming=true` (or
 the default `auto`, which finds the shards): `python -m asr.train conf=... data.root=data/big
@@ -38,6 +38,7 @@ class PrepareShardsArguments:
     stream_shard_cuts: int = 1000         # utterances per shard
     jobs: int = 1                         # processes computing shards (data.feature_jobs)
     skip_bad_audio: bool = False          # false: stop listing every utterance with unusable audio
+    allow_commands: bool = False          # audio from shell commands in the manifests (data.allow_commands)
     progress: bool = True
 
 
@@ -48,7 +49,7 @@ def prepare(arguments: list[str]) -> None:
     try:
         config = DataConfig(corpus=args.corpus, root=args.root, cache_dir=args.cache_dir, num_mel_bins=args.num_mel_bins,
                             stream_shard_cuts=args.stream_shard_cuts, feature_jobs=args.jobs,
-                            skip_bad_audio=args.skip_bad_audio, progress=args.progress, streaming=True,
+                            skip_bad_audio=args.skip_bad_audio, allow_commands=args.allow_commands, progress=args.progress, streaming=True,
                             train_split=args.splits[0], targets=["chars"])
         module = SpeechDataModule(config)
     except ValueError as error:

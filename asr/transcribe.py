@@ -25,8 +25,9 @@ Output: one line per file on stdout, in the order the files finish (shortest fir
 and with out=PATH one JSON object per line:
     {"file": ..., "duration": seconds, "<head>": {"hypothesis": ..., "confidence": ...}, ...,
      "lexicon": {"head": <the head decoded>, "hypothesis": <words>}}     (decoder=lexicon only)
-(a file that failed: {"file": ..., "error": ...}). A head's confidence is the mean posterior of the
-frames where the best path emits a token (the mean blank posterior when it emits none).
+(a file that failed: {"file": ..., "error": ...}; NaN or infinite samples are such a failure). A
+head's confidence is the mean posterior of the frames where the best path emits a token (the mean
+blank posterior when it emits none; null if the model's outputs are not numbers).
 decoder=lexicon decodes the words of the phone head (or the first head, when there is none)
 through the lexicon and LM, as asr.evaluate does; every head also keeps its greedy hypothesis.
 

@@ -4,7 +4,9 @@ Kaldi's wav.scp entries are either a path or a command ending in `|` whose stand
 WAV file (`sph2pipe -f wav -p -c 1 /corpus/sw02001.sph |`). `AudioSource.load()` turns either into
 int16 samples. A `sph2pipe` command is run as written when sph2pipe is installed; when it is not,
 we read the SPHERE file it names ourselves (sphere.py), so Kaldi data directories prepared on
-another machine work here without sph2pipe.
+another machine work here without sph2pipe. A wav.scp pipe is read at all only with
+data.allow_commands=true (asr.data.kaldi_dir refuses it otherwise); each command that runs is logged
+the first time (asr.data.command_sources).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
+from asr.data.command_sources import announce_command
 from asr.data.sphere import SphereError, is_sphere, read_sphere
 
 
@@ -98,6 +101,7 @@ def run_audio_command(command: str) -> tuple[np.ndarray, int]:
         raise AudioSourceError(
             f"wav.scp command `{command} |` needs `{program}`, which is not installed (not on PATH)"
         )
+    announce_command(command)
     result = subprocess.run(command, shell=True, capture_output=True)
     if result.returncode != 0:
         message = result.stderr.decode(errors="replace").strip().splitlines()

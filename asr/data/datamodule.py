@@ -119,6 +119,9 @@ class DataConfig:
     num_workers: int = 0                  # DataLoader workers (0 is fastest with precomputed features)
     max_train_utterances: Optional[int] = None  # use only the first N training cuts (quick runs)
     skip_bad_audio: bool = False          # false: missing/corrupt audio is an error listing every cut
+    # true: audio may come from shell commands (a manifest source of type "command", a Kaldi wav.scp line
+    # ending in '|'), each logged when it first runs; false: such a file is refused before any work
+    allow_commands: bool = False
     # The streaming data path for large corpora (asr/data/stream_sampler.py, asr/docs/data.md): every
     # split read from shards prepared once, memory and start-up flat in the corpus's size. true | false |
     # auto: streams when the training manifest is over 50 MB (about 500 h of cuts) or its shards exist,
@@ -192,6 +195,8 @@ def validate_data_config(cfg: DataConfig) -> None:
     if cfg.num_workers < 0 or cfg.feature_jobs < 1:
         raise ValueError(f"data.num_workers={cfg.num_workers} must be >= 0 and data.feature_jobs="
                          f"{cfg.feature_jobs} >= 1")
+    if not isinstance(cfg.allow_commands, bool):
+        raise ValueError(f"data.allow_commands={cfg.allow_commands!r}; give true or false")
     if cfg.streaming not in (True, False, "auto"):
         raise ValueError(f"data.streaming={cfg.streaming!r}; choose true, false or auto")
     if not 1 <= cfg.stream_shard_cuts <= MAX_SHARD_CUTS or cfg.stream_window_shards < 1:
@@ -280,7 +285,8 @@ class SpeechDataModule(lightning.LightningDataModule):
                 self.split(cfg.train_split, features=False)   # step 3 needs the training text's tokenizers
             # 1. load the cuts
             cuts = load_cuts(self.corpus.root, self.corpus.name, name, need_phones="phones" in cfg.targets,
-                             limit=cfg.max_train_utterances if name == cfg.train_split else None)
+                             limit=cfg.max_train_utterances if name == cfg.train_split else None,
+                             allow_commands=cfg.allow_commands)
             # 2. check and drop bad ones
             data = drop_unusable_cuts(name, cuts, "phones" in cfg.targets, cfg.max_duration, self.filterbank,
                                       cfg.skip_bad_audio)
@@ -324,7 +330,7 @@ class SpeechDataModule(lightning.LightningDataModule):
             data = open_streamed_split(name, self.corpus.cuts_path(name), self.corpus.root,
                                        stream_folder(self.feature_directory / name), self.filterbank,
                                        cfg.stream_shard_cuts, cfg.feature_jobs, cfg.progress, cfg.skip_bad_audio,
-                                       self.cache_lock)
+                                       self.cache_lock, allow_commands=cfg.allow_commands)
             if self._tokenizers is None:
                 self._tokenizers = stream_tokenizers(cfg.targets, data.index, name, cfg.sentencepiece_vocab,
                                                      cfg.sentencepiece_type)
@@ -357,7 +363,8 @@ class SpeechDataModule(lightning.LightningDataModule):
         # 5. build the dataset
         specaugment = SpecAugment(cfg.freq_masks, cfg.freq_mask_width, cfg.time_masks, cfg.time_mask_width,
                                   cfg.time_mask_max_fraction) if train and cfg.specaugment else None
-        augmenter = WaveformAugmenter(cfg.augment, self.seed, self.filterbank, self._training_originals) \
+        augmenter = WaveformAugmenter(cfg.augment, self.seed, self.filterbank, self._training_originals,
+                                      cfg.allow_commands) \
             if train and transforms_on_the_fly(cfg.augment) else None
         vtlp = VocalTractLengthPerturbation(cfg.augment.vtlp_prob, cfg.augment.vtlp_warp_range, self.seed,
                                             self.filterbank) if train and cfg.augment.vtlp_prob > 0 else None

@@ -51,6 +51,7 @@ import lilcom
 import numpy as np
 import torch
 
+from asr.data.command_sources import announce_recording_commands
 from asr.data.features import FilterBank
 from asr.core.fault_injection import pause_point
 
@@ -86,14 +87,20 @@ def fingerprint_digest(fingerprint: str) -> bytes:
 
 
 def load_waveform(cut) -> np.ndarray:
-    """The cut's samples (1-D float32); RuntimeError naming the cut and its file if they cannot be read."""
+    """The cut's samples (1-D float32); RuntimeError naming the cut and its file if they cannot be read
+    or are not all finite (NaN or infinite samples would make NaN features, and an empty transcript).
+    Audio from a shell command gets here only with data.allow_commands (asr.data.command_sources),
+    which logs each command the first time it runs."""
+    paths = ", ".join(str(s.source) for s in cut.recording.sources if s.type == "file") or "non-file source"
+    announce_recording_commands(cut.recording)
     try:
         audio = cut.load_audio()
     except Exception as error:  # lhotse/soundfile raise many types for bad audio
-        paths = ", ".join(str(s.source) for s in cut.recording.sources if s.type == "file")
         first_line = (str(error).strip().splitlines() or [""])[0]   # lhotse appends pages of context
-        raise RuntimeError(f"cannot read the audio of cut {cut.id} ({paths or 'non-file source'}): "
+        raise RuntimeError(f"cannot read the audio of cut {cut.id} ({paths}): "
                            f"{type(error).__name__}: {first_line}") from error
+    if not np.isfinite(audio).all():
+        raise RuntimeError(f"the audio of cut {cut.id} ({paths}) holds NaN or infinite samples")
     return audio[0] if audio.ndim == 2 else audio
 
 

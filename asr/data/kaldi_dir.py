@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from asr.data.audio_source import AudioSource
+from asr.data.command_sources import CommandNotAllowedError, refuse_command
 
 
 class KaldiDataDirError(ValueError):
@@ -63,9 +64,12 @@ def read_kaldi_table(path: Path, min_fields: int = 2) -> list[tuple[int, list[st
     return rows
 
 
-def read_kaldi_data_dir(path: str | Path, require_utt2spk: bool = True) -> KaldiDataDir:
+def read_kaldi_data_dir(path: str | Path, require_utt2spk: bool = True, allow_commands: bool = False,
+                        allow_option: str = "data.allow_commands=true") -> KaldiDataDir:
     """Reads a data directory. With require_utt2spk=False a missing utt2spk means every
-    utterance is its own speaker (enough for scoring a model on a user's audio)."""
+    utterance is its own speaker (enough for scoring a model on a user's audio). A wav.scp pipe
+    (`... |`) runs a shell command, so it is a KaldiDataDirError naming its line and `allow_option`
+    unless `allow_commands` (asr.data.command_sources)."""
     path = Path(path)
     required = ("wav.scp", "text", "utt2spk") if require_utt2spk else ("wav.scp", "text")
     needs = (f"a data directory is a folder holding {', '.join(required[:-1])} and {required[-1]}, as written by "
@@ -77,7 +81,15 @@ def read_kaldi_data_dir(path: str | Path, require_utt2spk: bool = True) -> Kaldi
     for name in required:
         if not (path / name).is_file():
             raise KaldiDataDirError(f"{path} is not a Kaldi data directory: {name} is missing ({needs})")
-    recordings = {fields[0]: parse_wav_scp_value(fields[1]) for _, fields in read_kaldi_table(path / "wav.scp")}
+    recordings = {}
+    for number, fields in read_kaldi_table(path / "wav.scp"):
+        recordings[fields[0]] = parse_wav_scp_value(fields[1])
+        if recordings[fields[0]].command is not None:
+            try:
+                refuse_command(path / "wav.scp", f"line {number} ({fields[0]})", recordings[fields[0]].command,
+                               allow_commands, allow_option)
+            except CommandNotAllowedError as error:
+                raise KaldiDataDirError(str(error)) from None
     texts = {}
     for _, fields in read_kaldi_table(path / "text", min_fields=1):
         texts[fields[0]] = tuple(fields[1:])

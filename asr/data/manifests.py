@@ -22,6 +22,7 @@ from pathlib import Path
 from lhotse import CutSet
 from lhotse.cut import MixedCut
 
+from asr.data.command_sources import CommandNotAllowedError, recording_commands, refuse_command
 from asr.data.corpus_recipes import preparation_hint
 
 
@@ -99,9 +100,10 @@ def other_corpora(root: Path, corpus: str, split: str) -> list[str]:
 
 
 def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: bool,
-              limit: int | None = None) -> CutSet:
+              limit: int | None = None, allow_commands: bool = False) -> CutSet:
     """Read `{root}/{corpus}_cuts_{split}.jsonl.gz` into memory (the first `limit` cuts when given),
-    check its structure and make audio paths absolute."""
+    check its structure and make audio paths absolute. A recording whose audio comes from a shell
+    command is a ManifestError unless `allow_commands` (data.allow_commands; asr.data.command_sources)."""
     root = corpus_root(root)
     path = cuts_path(root, corpus, split)
     if not path.is_file():
@@ -125,6 +127,8 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
         for cut in CutSet.from_jsonl_lazy(path):
             if len(cut.supervisions) != 1:
                 not_one.append(cut.id)
+            for command in recording_commands(getattr(cut, "recording", None)):
+                refuse_command(path, f"cut {cut.id}", command, allow_commands)
             if not cut.has_recording:
                 no_audio.append(cut.id)
             elif need_phones and len(cut.supervisions) == 1 and "phones" not in (cut.supervisions[0].custom or {}):
@@ -132,6 +136,8 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
             cuts.append(with_absolute_sources(cut, root))
             if limit is not None and len(cuts) >= limit:
                 break
+    except CommandNotAllowedError as error:
+        raise ManifestError(str(error)) from None
     except Exception as error:  # lhotse raises many types for a malformed manifest
         raise ManifestError(f"cannot read manifest {path}: {type(error).__name__}: {error}") from error
     if not cuts:

@@ -29,6 +29,8 @@ from lhotse import CutSet
 from lhotse.serialization import deserialize_item
 
 from asr.core.fault_injection import pause_point
+from asr.data.command_sources import (COMMAND_SOURCE_TYPE, CommandNotAllowedError, recording_commands,
+                                     refuse_command)
 from asr.data.cut_checks import UtteranceProblems, find_bad_audio, find_empty_transcripts
 from asr.data.feature_cache import (compress_frames, filterbank_worker_options, load_waveform, single_torch_thread,
                                     write_atomic)
@@ -133,6 +135,26 @@ def _source_chunks(manifest: Path, shard_cuts: int):
         yield shard, chunk
 
 
+def refuse_manifest_commands(manifest: Path, allowed: bool) -> None:
+    """ManifestError at the first cut of `manifest` whose audio comes from a shell command, unless
+    `allowed`. One pass over the lines; only those that mention a command source are parsed."""
+    if allowed:
+        return
+    with gzip.open(manifest, "rt", encoding="utf-8") as f:
+        for number, line in enumerate(f, start=1):
+            if COMMAND_SOURCE_TYPE not in line:
+                continue
+            try:
+                cut = json.loads(line)
+            except ValueError:
+                continue    # a malformed line: the shard that holds it says so
+            for command in recording_commands(cut.get("recording") if isinstance(cut, dict) else None):
+                try:
+                    refuse_command(manifest, f"line {number} (cut {cut.get('id')})", command, allowed)
+                except CommandNotAllowedError as error:
+                    raise ManifestError(str(error)) from None
+
+
 def _finished_summary(folder: Path, shard: int, source: str) -> dict | None:
     path = folder / f"{shard_name(shard)}.json"
     try:
@@ -144,18 +166,21 @@ def _finished_summary(folder: Path, shard: int, source: str) -> dict | None:
 
 def prepare_stream(manifest: Path, root: Path, folder: Path, filterbank: FilterBank, shard_cuts: int = 1000,
                    jobs: int = 1, progress: bool = True, skip_bad_audio: bool = False,
-                   description: str = "shards") -> "StreamIndex":
+                   description: str = "shards", allow_commands: bool = False) -> "StreamIndex":
     """Write the shards of `manifest` that are missing or stale, then the index; returns the index.
-    Finished shards are kept whatever fails later (the next call resumes)."""
+    Finished shards are kept whatever fails later (the next call resumes). A cut whose audio comes
+    from a shell command is a ManifestError unless `allow_commands` (asr.data.command_sources),
+    found before any shard is written."""
     from tqdm.auto import tqdm
 
     if not 1 <= shard_cuts <= MAX_SHARD_CUTS:
         raise ValueError(f"shard_cuts={shard_cuts} must lie in [1, {MAX_SHARD_CUTS}]")
     manifest, folder = Path(manifest), Path(folder)
-    folder.mkdir(parents=True, exist_ok=True)
-    existing = StreamIndex.open(folder, manifest)
+    existing = StreamIndex.open(folder, manifest) if folder.is_dir() else None
     if existing is not None and existing.shard_cuts == shard_cuts:
         return existing
+    refuse_manifest_commands(manifest, allow_commands)
+    folder.mkdir(parents=True, exist_ok=True)
     source = source_key(manifest)
     options = filterbank_worker_options(filterbank)
     summaries: dict[int, dict] = {}

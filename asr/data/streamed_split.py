@@ -49,7 +49,8 @@ class StreamedSplit:
 
 
 def open_streamed_split(name: str, manifest: Path, root: Path, folder: Path, filterbank: FilterBank, shard_cuts: int,
-                        jobs: int, progress: bool, skip_bad_audio: bool, lock=None) -> StreamedSplit:
+                        jobs: int, progress: bool, skip_bad_audio: bool, lock=None,
+                        allow_commands: bool = False) -> StreamedSplit:
     """The split's shards in `folder`, written now (under `lock`, resumably) if they are missing or
     not of `manifest` as it is. A finished stream whose manifest is gone is used as it is."""
     index = StreamIndex.open(folder, manifest if Path(manifest).is_file() else None)
@@ -58,7 +59,7 @@ def open_streamed_split(name: str, manifest: Path, root: Path, folder: Path, fil
             raise ManifestError(f"manifest {manifest} not found, and no prepared shards of it in {folder}")
         with lock() if lock is not None else contextlib.nullcontext():
             index = prepare_stream(manifest, root, folder, filterbank, shard_cuts, jobs, progress,
-                                   skip_bad_audio, description=f"shards {name}")
+                                   skip_bad_audio, description=f"shards {name}", allow_commands=allow_commands)
     elif not Path(manifest).is_file():
         log.info("%s: manifest %s is gone; streaming its prepared shards in %s", name, manifest, folder)
     if index.index["filterbank"] != filterbank.options:

@@ -62,6 +62,8 @@ import soundfile
 import torch
 from lhotse import CutSet, MonoCut, Recording, RecordingSet, load_manifest
 
+from asr.data.command_sources import CommandNotAllowedError, announce_command, recording_commands, refuse_command
+from asr.data.manifests import ManifestError
 from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures, load_waveform, single_torch_thread
 from asr.data.features import SAMPLING_RATE, FilterBank
 from asr.data.speaker_change import change_speaker, draw_speaker_change, require_parselmouth
@@ -204,8 +206,10 @@ def simulated_room_response(rng: np.random.Generator, sampling_rate: int = SAMPL
     return response
 
 
-def recordings_of(source: str) -> list[Recording]:
-    """The recordings of a lhotse RecordingSet manifest, or of every audio file under a folder."""
+def recordings_of(source: str, allow_commands: bool = False) -> list[Recording]:
+    """The recordings of a lhotse RecordingSet manifest, or of every audio file under a folder. A
+    recording whose audio comes from a shell command is a ValueError unless `allow_commands`
+    (data.allow_commands); with it, each command is logged here, before any of them runs."""
     path = Path(source)
     if path.is_dir():
         files = sorted(p for p in path.rglob("*") if p.suffix.lower() in NOISE_AUDIO_SUFFIXES)
@@ -216,7 +220,15 @@ def recordings_of(source: str) -> list[Recording]:
     if not isinstance(manifest, RecordingSet):
         raise ValueError(f"{source}: a {type(manifest).__name__} manifest, not a RecordingSet "
                          f"(take a *recordings*.jsonl.gz file)")
-    return list(manifest)
+    recordings = list(manifest)
+    for recording in recordings:
+        for command in recording_commands(recording):
+            try:
+                refuse_command(source, f"recording {recording.id}", command, allow_commands)
+            except CommandNotAllowedError as error:
+                raise ManifestError(str(error)) from None
+            announce_command(command)
+    return recordings
 
 
 class WaveformAugmenter:
@@ -224,14 +236,15 @@ class WaveformAugmenter:
     transformed cut, or None when no on-the-fly transform was drawn; `features(cut, epoch, stored)`
     the features a training batch gets."""
 
-    def __init__(self, cfg: AugmentConfig, seed: int, filterbank: FilterBank, babble_cuts: list):
+    def __init__(self, cfg: AugmentConfig, seed: int, filterbank: FilterBank, babble_cuts: list,
+                 allow_commands: bool = False):
         validate_augment_config(cfg)
         self.cfg = cfg
         self.seed = int(seed)
         self.filterbank = filterbank
         self.babble_cuts = list(babble_cuts)   # the talkers of babble noise: the training utterances
-        self.noise_recordings = recordings_of(cfg.noise_source) if cfg.noise_source else None
-        self.room_recordings = recordings_of(cfg.rir_source) if cfg.rir_source else None
+        self.noise_recordings = recordings_of(cfg.noise_source, allow_commands) if cfg.noise_source else None
+        self.room_recordings = recordings_of(cfg.rir_source, allow_commands) if cfg.rir_source else None
         if cfg.speaker_prob > 0:
             require_parselmouth()
         if cfg.noise_prob > 0 and self.noise_recordings is None and len(self.babble_cuts) <= BABBLE_TALKERS:
@@ -259,7 +272,7 @@ class WaveformAugmenter:
         numbers = np.random.default_rng(stream.getrandbits(64))
         original = cut
         if speaker:   # first: the voice itself, then where and how it is heard
-            samples = change_speaker(cut.load_audio()[0], cut.sampling_rate, speaker)
+            samples = change_speaker(load_waveform(cut), cut.sampling_rate, speaker)
             cut = whole_cut(in_memory_recording(samples, f"{cut.id}-speaker", cut.sampling_rate), cut.id)
         if reverb:
             cut = cut.reverb_rir(rir_recording=self._room(stream, numbers))

@@ -12,6 +12,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Optional
@@ -78,11 +79,20 @@ USAGE_ERRORS = (EvaluationError, AttentionConfigError, ManifestError, Checkpoint
 
 def check_decoding_options(config: Any) -> None:
     """The decoding options asr.evaluate and asr.transcribe share (decoder, beam_size, lexicon, lm,
-    extra_lexicon, device), checked before anything is loaded: EvaluationError saying what to give."""
+    extra_lexicon, lm_weight, word_score, beam, device), checked before anything is loaded:
+    EvaluationError saying what to give."""
     if config.decoder not in DECODERS:
         raise EvaluationError(f"decoder={config.decoder!r}; choose one of {', '.join(DECODERS)}")
     if config.beam_size < 1:
         raise EvaluationError(f"beam_size={config.beam_size} must be >= 1")
+    # NaN or an infinite weight makes every hypothesis's score NaN or infinite, and the lexicon
+    # decoder then returns nothing: an empty transcript scored as 100% WER, not an error
+    for name in ("lm_weight", "word_score"):
+        if not math.isfinite(getattr(config, name)):
+            raise EvaluationError(f"{name}={getattr(config, name)} must be a finite number (e.g. {name}="
+                                  f"{getattr(type(config), name)})")
+    if config.beam < 1:
+        raise EvaluationError(f"beam={config.beam} must be >= 1 (the lexicon decoder's hypotheses kept per frame)")
     from asr.evaluation.decoding.evaluation import check_lexicon_options
     try:
         check_lexicon_options(config.decoder, config.lexicon, config.lm, config.extra_lexicon)

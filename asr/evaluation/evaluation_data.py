@@ -17,18 +17,20 @@ log = logging.getLogger("asr.evaluate")
 KALDI_CORPUS, KALDI_SPLIT = "kaldi", "eval"
 
 
-def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, skip_bad_audio: bool = False) -> Path:
+def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, skip_bad_audio: bool = False,
+                    allow_commands: bool = False) -> Path:
     """Converts a Kaldi-style data directory into the manifests asr.data reads (split 'eval' of
     corpus 'kaldi') under out_dir; the audio is converted once and reused by later runs.
     Unreadable, empty, multi-channel audio stops it with the recipe's list of problems, or with
-    data.skip_bad_audio=true is left out and counted (the recipes' --bad-data drop)."""
+    data.skip_bad_audio=true is left out and counted (the recipes' --bad-data drop). A wav.scp pipe
+    (a shell command) is refused unless `allow_commands` (data.allow_commands=true)."""
     from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
     from asr.data.manifest_builder import (NoUtterancesError, PreparationError, RecordingSpec, UtteranceSpec,
                                            build_manifests, file_identity)
     from asr.data.preparation_report import Problem
     from asr.text.normalisation import normalise_transcript
     try:
-        kaldi = read_kaldi_data_dir(data_dir, require_utt2spk=False)
+        kaldi = read_kaldi_data_dir(data_dir, require_utt2spk=False, allow_commands=allow_commands)
     except KaldiDataDirError as error:
         raise EvaluationError(f"data_dir: {error}") from None
     recordings = [RecordingSpec(rid, source) for rid, source in kaldi.recordings.items()]
@@ -137,7 +139,12 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
     # the utterances): a split named as the training split, or a data_dir, is scored as it is
     trained = trained_data_config(checkpoint)
     settings = {key: value for key, value in trained.items() if key not in TRAINING_ONLY}
+    # commands run only when this command line asks: a run folder's stored config (perhaps from
+    # someone else) cannot switch them on
+    settings["allow_commands"] = False
     settings.update(overrides)
+    if not isinstance(settings["allow_commands"], bool):
+        raise EvaluationError(f"data.allow_commands={settings['allow_commands']!r}; give true or false")
     kinds = list(model.tokenizers)
     frontend = model.frontend                   # features as the model was trained on (from its checkpoint)
     settings["num_mel_bins"] = frontend.num_mel_bins
@@ -146,7 +153,8 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
     if data_dir is not None:
         root = kaldi_manifests(data_dir, Path(settings["root"]) if "root" in overrides
                                else Path(data_dir) / "asr_manifests", progress,
-                               skip_bad_audio=bool(overrides.get("skip_bad_audio", False)))
+                               skip_bad_audio=bool(overrides.get("skip_bad_audio", False)),
+                               allow_commands=settings["allow_commands"])
         # A Kaldi directory has word transcripts only: the phone heads decode but are not scored.
         scored = [kind for kind in kinds if model.tokenizers[kind].field == "text"]
         settings.update(corpus=KALDI_CORPUS, root=str(root), test_split=KALDI_SPLIT, dev_split=KALDI_SPLIT,

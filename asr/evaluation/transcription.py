@@ -148,6 +148,8 @@ def read_audio(path: Path, sample_rate: int) -> Audio:
             raise AudioReadError(f"neither soundfile ({soundfile_error}) nor ffmpeg ({error}) can read it") from None
     if data.size == 0:
         raise AudioReadError("it holds no samples")
+    if not np.isfinite(data).all():   # NaN features would decode to an empty transcript, silently
+        raise AudioReadError("it holds NaN or infinite samples")
     mono = data.mean(axis=1) if data.shape[1] > 1 else data[:, 0]
     return Audio(resample(np.ascontiguousarray(mono, dtype=np.float32), rate, sample_rate), rate, data.shape[1],
                  len(data) / rate)
@@ -273,7 +275,9 @@ def finish(model: SpeechRecognizer, recording: Recording, decoder: str, beam_siz
         joined = torch.cat([recording.kept[index][kind] for index in range(len(recording.pieces))])
         hypothesis = decode_transcripts(joined[None], torch.tensor([len(joined)]), tokenizer, head_decoder,
                                         beam_size)[0]
-        record[kind] = {"hypothesis": hypothesis, "confidence": round(mean_confidence(joined), 4)}
+        confidence = mean_confidence(joined)   # NaN only from a model whose outputs are NaN: JSON null
+        record[kind] = {"hypothesis": hypothesis,
+                        "confidence": round(confidence, 4) if math.isfinite(confidence) else None}
         if word_decoder is not None and kind == word_decoder[0]:
             words = word_decoder[1].submit(joined.numpy()).get()
             record["lexicon"] = {"head": kind, "hypothesis": words}
@@ -553,7 +557,7 @@ def transcribe(config: TranscribeConfig, attention_options: dict[str, str] | Non
             if "error" not in record:
                 print_line(format_line(record, kinds))
             if out is not None:
-                out.write(json.dumps(record) + "\n")
+                out.write(json.dumps(record, allow_nan=False) + "\n")   # JSON has no NaN
                 out.flush()
         return transcribe_files(model, files, config, emit,
                                 warn=warn,

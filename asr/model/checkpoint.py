@@ -190,7 +190,14 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file in its folder, fsyncs it, and renames it over the
     old one, so `last.ckpt` and `best.ckpt` are always either the old or the new file, whole: a run
     killed (kill -9, out of memory, a lost machine) during a write leaves at most a stray
-    `.<name>.*.tmp`, never a truncated checkpoint that a resume would then trust."""
+    `.<name>.*.tmp`, never a truncated checkpoint that a resume would then trust.
+
+    Reads as `read_checkpoint` does (weights_only, whatever TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says), so
+    the file Lightning opens itself for a resume (trainer.fit(ckpt_path=...)) or a test
+    (trainer.test(ckpt_path=...)) cannot run code either, even if it was swapped after our own check."""
+
+    def load_checkpoint(self, path, map_location=None, weights_only=None) -> dict:
+        return _read(Path(path))   # CPU tensors: what Lightning's own map_location gives
 
     def save_checkpoint(self, checkpoint: dict, path, storage_options=None) -> None:
         path = Path(path)

@@ -228,7 +228,8 @@ def prepare_data(cfg: DictConfig, run_dir: Path) -> None:
         with one_process_at_a_time(run_dir / ".data_preparation.lock"):
             report = prepare_adaptation_data(folders, cfg.data.root, dev_fraction=adapt.dev_fraction,
                                              seed=adapt.dev_seed, phones="phones" in cfg.data.targets,
-                                             skip_bad_audio=cfg.data.skip_bad_audio, progress=bool(cfg.data.progress))
+                                             skip_bad_audio=cfg.data.skip_bad_audio, progress=bool(cfg.data.progress),
+                                             allow_commands=cfg.data.allow_commands)
             if adapt.rehearsal:   # written at every start: one pass over the manifest, the same for the same settings
                 taken = write_rehearsal_split(cfg.data.root, adapt.rehearsal_cuts, adapt.rehearsal,
                                               seed=adapt.dev_seed, phones="phones" in cfg.data.targets)

@@ -111,15 +111,15 @@ def sentence_phones(texts: list[str], progress: bool) -> list[str | Exception]:
                          unit="utt", disable=not progress))
 
 
-def _read_folder(option: str, folder: str):
+def _read_folder(option: str, folder: str, allow_commands: bool = False):
     from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
     try:
-        return read_kaldi_data_dir(folder, require_utt2spk=False)
+        return read_kaldi_data_dir(folder, require_utt2spk=False, allow_commands=allow_commands)
     except KaldiDataDirError as error:
         raise AdaptationDataError(f"{option}={folder!r}: {error}") from None
 
 
-def _specs(folders: AdaptationFolders, dev_fraction: float, seed: int):
+def _specs(folders: AdaptationFolders, dev_fraction: float, seed: int, allow_commands: bool = False):
     """RecordingSpecs, UtteranceSpecs (without phones) and Problems of every folder."""
     from asr.data.manifest_builder import RecordingSpec, UtteranceSpec
     from asr.data.preparation_report import Problem
@@ -127,7 +127,7 @@ def _specs(folders: AdaptationFolders, dev_fraction: float, seed: int):
 
     recordings, utterances, problems = [], [], []
     for option, split, folder in folders.named():
-        kaldi = _read_folder(option, folder)
+        kaldi = _read_folder(option, folder, allow_commands)
         prefix = "" if split == TRAIN else f"{split}-"
         recordings += [RecordingSpec(prefix + rid, source) for rid, source in kaldi.recordings.items()]
         problems += [Problem(kind, prefix + item, f"{option}: {message}") for kind, item, message in kaldi.problems]
@@ -141,10 +141,11 @@ def _specs(folders: AdaptationFolders, dev_fraction: float, seed: int):
 
 def prepare_adaptation_data(folders: AdaptationFolders, out_dir: str | Path, *, dev_fraction: float = 0.1,
                             seed: int = 0, phones: bool = True, skip_bad_audio: bool = False,
-                            progress: bool = True) -> dict:
+                            progress: bool = True, allow_commands: bool = False) -> dict:
     """Writes the manifests of corpus `adapt` (module doc) into out_dir; returns the preparation report.
     AdaptationDataError for a folder that is missing, not Kaldi-style, without usable utterances,
-    or with bad audio (unless skip_bad_audio: then those utterances are left out and counted)."""
+    or with bad audio (unless skip_bad_audio: then those utterances are left out and counted), or with a
+    wav.scp pipe (a shell command) unless allow_commands (data.allow_commands)."""
     from asr.data.manifest_builder import (NoUtterancesError, PreparationError, UtteranceSpec, build_manifests,
                                            file_identity)
     from asr.data.preparation_report import Problem, previous_complete_report
@@ -159,11 +160,11 @@ def prepare_adaptation_data(folders: AdaptationFolders, out_dir: str | Path, *, 
                 "phones": f"espeak-ng {ESPEAK_VOICE} {PHONE_SET}" if phones else None,
                 "skip_bad_audio": skip_bad_audio}
     for option, _, folder in folders.named():
-        _read_folder(option, folder)   # a missing or malformed folder stops us before anything is written
+        _read_folder(option, folder, allow_commands)   # a missing or malformed folder stops us before anything is written
     done = previous_complete_report(out_dir, ADAPTATION_CORPUS, settings)
     if done is not None:
         return done
-    recordings, utterances, problems = _specs(folders, dev_fraction, seed)
+    recordings, utterances, problems = _specs(folders, dev_fraction, seed, allow_commands)
     left_out = []
     if phones:
         spoken = [u for u in utterances if u.text]

@@ -9,8 +9,9 @@ Two ways in, chosen from what `--corpus-dir` holds:
 1. A Kaldi data directory (the `data/` folder made by egs/wsj/s5/local/wsj_data_prep.sh and
    wsj_format_data.sh): `train_si284/`, `test_dev93/`, `test_eval92/`, each with `wav.scp` (entries
    such as `sph2pipe -f wav /corpus/11-1.1/wsj0/si_tr_s/011/011c0201.wv1 |`), `text`, `utt2spk`.
-   sph2pipe commands work without sph2pipe (we read the SPHERE file they name); other commands
-   are run as written.
+   Those `|` lines are shell commands, so they are read only with `--allow-commands` (give it for
+   a folder you trust; each command is logged the first time it runs). sph2pipe commands work
+   without sph2pipe (we read the SPHERE file they name); other commands are run as written.
 2. The LDC disc folders themselves (`11-1.1/`, ..., `13-34.1/`, found anywhere up to three folders
    below each `--corpus-dir`; give both the wsj0 and the wsj1 folders). The utterance lists come from
    the discs' index files, as in Kaldi:
@@ -39,7 +40,8 @@ manifests, `--oov drop` leaves those utterances out, and `--extra-lexicon FILE` 
 
     python -m recipes.wsj.prepare --corpus-dir /data/LDC93S6B /data/LDC94S13B \\
         --lexicon /data/cmudict-0.7b --out data/wsj
-    python -m recipes.wsj.prepare --corpus-dir ~/kaldi/egs/wsj/s5/data --lexicon cmudict-0.7b --out data/wsj
+    python -m recipes.wsj.prepare --corpus-dir ~/kaldi/egs/wsj/s5/data --lexicon cmudict-0.7b --out data/wsj \\
+        --allow-commands
 """
 
 from __future__ import annotations
@@ -102,14 +104,14 @@ def is_kaldi_layout(corpus_dirs: list[Path], train_set: str) -> bool:
     return any((d / KALDI_SETS["train"].format(train_set=train_set) / "wav.scp").is_file() for d in corpus_dirs)
 
 
-def read_kaldi_sets(corpus_dirs: list[Path], train_set: str):
+def read_kaldi_sets(corpus_dirs: list[Path], train_set: str, allow_commands: bool = False):
     recordings, utterances, problems = [], [], []
     for split, pattern in KALDI_SETS.items():
         name = pattern.format(train_set=train_set)
         folders = [d / name for d in corpus_dirs if (d / name).is_dir()]
         if not folders:
             raise WsjLayoutError(f"Kaldi data directory {name}/ not found in {', '.join(map(str, corpus_dirs))}")
-        data = read_kaldi_data_dir(folders[0])
+        data = read_kaldi_data_dir(folders[0], allow_commands=allow_commands, allow_option="--allow-commands")
         problems += [Problem(kind, item, f"{data.path}: {message}") for kind, item, message in data.problems]
         for recording_id, source in data.recordings.items():
             recordings.append(RecordingSpec(recording_id, source))
@@ -243,10 +245,11 @@ def read_ldc_sets(corpus_dirs: list[Path], train_set: str):
 # ----------------------------------------------------------------------------- the recipe
 def prepare_wsj(corpus_dirs, out_dir, lexicon, *, extra_lexicon=(), train_set: str = "si284",
                 oov_policy: str = "error", bad_data_policy: str = "error", jobs: int | None = None,
-                progress: bool = True) -> dict:
+                progress: bool = True, allow_commands: bool = False) -> dict:
     """Prepare WSJ's train/dev/test manifests under out_dir; returns the report (see manifest_builder).
 
     corpus_dirs: one or more folders (a Kaldi `data/` folder, or folders holding the LDC discs).
+    allow_commands: run a Kaldi wav.scp's `... |` commands (else KaldiDataDirError naming the line).
     lexicon / extra_lexicon: CMUdict-format files; extra entries override the main lexicon.
     """
     if train_set not in TRAIN_SETS:
@@ -270,7 +273,7 @@ def prepare_wsj(corpus_dirs, out_dir, lexicon, *, extra_lexicon=(), train_set: s
         return done
     pronunciations = Lexicon.load(lexicon_files)
     if is_kaldi_layout(corpus_dirs, train_set):
-        recordings, rows, problems = read_kaldi_sets(corpus_dirs, train_set)
+        recordings, rows, problems = read_kaldi_sets(corpus_dirs, train_set, allow_commands)
     else:
         recordings, rows, problems = read_ldc_sets(corpus_dirs, train_set)
     utterances = []
@@ -302,13 +305,16 @@ def main(argv=None) -> int:
                         help="an ARPA LM for lexicon decoding, e.g. WSJ1's 20k closed-vocabulary trigram "
                              "13-32.1/wsj1/doc/lng_modl/base_lm/tcb20onp.z; installed into --out with the lexicon "
                              "restricted to its vocabulary")
+    parser.add_argument("--allow-commands", action="store_true",
+                        help="run the shell commands of a Kaldi wav.scp (lines ending in '|'); give it only for a "
+                             "folder you trust")
     add_preparation_arguments(parser, lexicon="required", lexicon_help="CMUdict-format lexicon (e.g. cmudict-0.7b)")
     args = parser.parse_args(argv)
 
     def prepare():
         report = prepare_wsj(args.corpus_dir, args.out, args.lexicon, extra_lexicon=args.extra_lexicon,
                              train_set=args.train_set, oov_policy=args.oov, bad_data_policy=args.bad_data,
-                             jobs=args.jobs, progress=not args.no_progress)
+                             jobs=args.jobs, progress=not args.no_progress, allow_commands=args.allow_commands)
         if args.lm:
             from recipes.decoding_files import install_decoding_files
             install_decoding_files(args.out, [args.lexicon, *(args.extra_lexicon or [])], args.lm)

@@ -104,3 +104,47 @@ def test_a_run_killed_before_its_first_checkpoint_starts_again_with_ckpt_path_la
                                             "ckpt_path=last"), run)
     assert result["steps"] == 1
     assert "has no checkpoint yet (the run stopped before its first one); starting it from the beginning" in caplog.text
+
+
+# ---- Lightning's own read of a checkpoint is as safe as ours ---------------------------------------
+class _WritesAMarker:
+    """Unpickled, it opens (creates) the marker file: a stand-in for a pickle that runs any code."""
+
+    def __init__(self, marker):
+        self.marker = str(marker)
+
+    def __reduce__(self):
+        return open, (self.marker, "w")
+
+
+def test_lightnings_read_refuses_a_pickle_that_runs_code_even_when_torch_is_told_to_allow_it(tmp_path,
+                                                                                            monkeypatch):
+    from asr.model.checkpoint import CheckpointError
+    marker, path = tmp_path / "ran", tmp_path / "last.ckpt"
+    torch.save({"state_dict": {}, "payload": _WritesAMarker(marker)}, path)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(CheckpointError, match="holds Python objects besides tensors"):
+        AtomicCheckpointIO().load_checkpoint(path)   # what trainer.fit(ckpt_path=...) calls
+    assert not marker.exists()
+
+
+def test_a_checkpoint_swapped_after_our_own_check_runs_no_code_on_resume(tiny_synth, tmp_path, monkeypatch):
+    """The file asr.train resumes from is checked (resolve_checkpoint), then opened again by Lightning:
+    a file swapped in between is refused by that second read too."""
+    from asr.model.checkpoint import CheckpointError
+    from tiny_runs import tiny_config
+    run, marker = tmp_path / "run", tmp_path / "ran"
+    common = ("conf=synth_full", "test=false")
+    training.train(tiny_config(tiny_synth, *common), run)
+    checked = training.resolve_checkpoint
+
+    def check_then_swap(ckpt_path, run_dir):
+        resume_from, checkpoint = checked(ckpt_path, run_dir)
+        torch.save({"state_dict": {}, "payload": _WritesAMarker(marker)}, resume_from)
+        return resume_from, checkpoint
+
+    monkeypatch.setattr(training, "resolve_checkpoint", check_then_swap)
+    monkeypatch.setenv("TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD", "1")
+    with pytest.raises(CheckpointError, match="holds Python objects besides tensors"):
+        training.train(tiny_config(tiny_synth, *common, "trainer.max_epochs=2", "ckpt_path=last"), run)
+    assert not marker.exists()

@@ -12,6 +12,7 @@ import pytest
 import soundfile
 
 from corpus_fixtures import flac_samples, read_gz_jsonl, tone, write_sphere_pcm, write_sphere_shorten
+from asr.data.kaldi_dir import KaldiDataDirError
 from asr.data.manifest_builder import PreparationError
 from asr.data.sphere import SphereError, read_sphere
 from recipes.wsj.prepare import clean_wsj_tokens, main, prepare_wsj
@@ -174,14 +175,21 @@ def test_kaldi_data_dir(tmp_path, monkeypatch):
     # installed gets a message naming it.
     real_which = shutil.which
     monkeypatch.setattr(audio_source.shutil, "which", lambda p: None if "sph2pipe" in p else real_which(p))
-    with pytest.raises(PreparationError, match=r"46gc0201: wav.scp command .*needs `sph_decoder_not_installed`, which is not installed"):
+    # wav.scp's `|` lines are shell commands: nothing runs without --allow-commands
+    with pytest.raises(KaldiDataDirError, match=r"train_si284/wav.scp: line 1 \(011c0201\) gets its audio by running "
+                                                r"the shell command `/usr/bin/sph2pipe .*only with --allow-commands"):
         prepare_wsj(tmp_path / "kaldi" / "data", tmp_path / "out", tmp_path / "cmudict", progress=False)
+    assert not (tmp_path / "out" / "audio").exists()
+    with pytest.raises(PreparationError, match=r"46gc0201: wav.scp command .*needs `sph_decoder_not_installed`, which is not installed"):
+        prepare_wsj(tmp_path / "kaldi" / "data", tmp_path / "out", tmp_path / "cmudict", progress=False,
+                    allow_commands=True)
 
     # Any installed command is run as written; its output may be any format libsndfile reads (here the
     # SPHERE stream itself).
     wav_scp = tmp_path / "kaldi" / "data" / "train_si284" / "wav.scp"
     wav_scp.write_text(wav_scp.read_text().replace("sph_decoder_not_installed", "cat"))
-    prepare_wsj(tmp_path / "kaldi" / "data", tmp_path / "out", tmp_path / "cmudict", progress=False)
+    prepare_wsj(tmp_path / "kaldi" / "data", tmp_path / "out", tmp_path / "cmudict", progress=False,
+                allow_commands=True)
     check_manifests(tmp_path / "out", samples, SPLITS)
 
 
