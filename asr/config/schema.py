@@ -38,7 +38,7 @@ class ModelConfig:
     subsampling: int = 1               # 1, 2 or 4 (convolutional, stride 2 per factor of 2)
     subsampling_channels: int = 32     # channels of the subsampling convolutions
     shared_qk: bool = False            # one query/key projection; needed by shared_full and lsh
-    positions: str = "sinusoidal"      # sinusoidal (added to the input) | rotary (queries, keys) | none
+    positions: str = "sinusoidal"      # sinusoidal | sinusoidal_offset (random offset in training) | rotary | none
     # CTC loss weight per target kind (data.targets); a kind not named weighs 1.0.
     loss_weights: Dict[str, float] = field(default_factory=dict)
 

@@ -14,11 +14,10 @@ from __future__ import annotations
 import ctypes
 import json
 import math
-import os
 import shutil
-import time
 import subprocess
 import sys
+import time
 from dataclasses import dataclass, field
 from fractions import Fraction
 from pathlib import Path

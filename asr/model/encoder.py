@@ -18,6 +18,11 @@ shared-full).
 Positions (`positions`, POSITION_SCHEMES):
 - sinusoidal: the fixed table of Vaswani et al. added to the input (the paper's encoder). Absolute:
   a model reads positions far beyond those it was trained on when it runs on a long recording.
+- sinusoidal_offset: the same table, but in training each sequence reads it from a random offset
+  in [0, MAX_POSITION_OFFSET) (Ruoss et al., 2023, "Randomized positional encodings boost length
+  generalization of transformers", with a random shift instead of random sorted positions): the
+  model learns to use where frames are relative to each other, not where an utterance starts, and
+  has seen every position an hour's one pass reads. Evaluation reads it from 0, like sinusoidal.
 - rotary: RoFormer's rotary positions (Su et al., 2021) applied to every layer's queries and keys
   before the attention, so a score depends on the two positions' distance alone. The same rotated
   tensor is passed as q and k in a shared-QK model, so every attention takes it as it is.
@@ -52,7 +57,9 @@ def valid_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
     return torch.arange(length, device=lengths.device) < lengths[:, None]
 
 
-POSITION_SCHEMES = ("sinusoidal", "rotary", "none")
+POSITION_SCHEMES = ("sinusoidal", "sinusoidal_offset", "rotary", "none")
+# sinusoidal_offset's training offsets: 2^18 encoder positions, 87 minutes at subsampling 2.
+MAX_POSITION_OFFSET = 1 << 18
 
 
 # (time, frequency) stride of each convolution per subsampling factor; asr.config.schema allows these factors.
@@ -173,6 +180,18 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tenso
     two contiguous halves), each turned by its position's angle."""
     first, second = x.chunk(2, dim=-1)
     return torch.cat((first * cos - second * sin, second * cos + first * sin), dim=-1).to(x.dtype)
+
+
+def sinusoidal_positions_from(offsets: torch.Tensor, length: int, d_model: int) -> torch.Tensor:
+    """(B, length, d_model): sinusoidal_positions' table read from position offsets[b] on for each
+    sequence b. The angles are float64: in float32 the fastest dims' angle is off by up to 0.02 rad
+    at position 2^18."""
+    position = (offsets[:, None].to(torch.float64)
+                + torch.arange(length, device=offsets.device, dtype=torch.float64))[..., None]
+    frequency = torch.exp(torch.arange(0, d_model, 2, device=offsets.device, dtype=torch.float64)
+                          * (-math.log(10000.0) / d_model))
+    angle = position * frequency                                       # (B, length, d_model / 2)
+    return torch.stack((angle.sin(), angle.cos()), dim=-1).flatten(2).float()
 
 
 class EncoderLayer(nn.Module):
@@ -297,7 +316,10 @@ class TransformerEncoder(nn.Module):
         x, lengths = self.frontend(features, lengths)
         # sqrt(d_model) keeps the content well above the unit-amplitude positions (as in ESPnet)
         x = x * self.input_scale
-        if self.positions == "sinusoidal":
+        if self.positions == "sinusoidal_offset" and self.training:
+            offsets = torch.randint(0, MAX_POSITION_OFFSET, (x.shape[0],), device=x.device)
+            x = x + sinusoidal_positions_from(offsets, x.shape[1], self.d_model)
+        elif self.positions in ("sinusoidal", "sinusoidal_offset"):
             x = x + sinusoidal_positions(x.shape[1], self.d_model, x.device)
         rotary = rotary_angles(x.shape[1], self.head_dim, x.device) if self.positions == "rotary" else None
         x = self.input_dropout(x)

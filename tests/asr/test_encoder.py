@@ -116,10 +116,37 @@ def test_the_encoder_takes_each_position_scheme_as_written_out(positions):
     torch.testing.assert_close(out[0], expected, rtol=1e-5, atol=1e-5)
 
 
+def test_sinusoidal_offset_reads_the_table_from_a_random_offset_in_training_and_from_0_in_evaluation():
+    """Training: sequence b gets rows [o_b, o_b + N) of the sinusoidal formula (o_b drawn below
+    MAX_POSITION_OFFSET); evaluation: rows [0, N), exactly what positions=sinusoidal adds."""
+    from asr.model import encoder as encoder_module
+    torch.manual_seed(0)
+    encoder = tiny_encoder(positions="sinusoidal_offset", subsampling=2, subsampling_channels=3, layers=0)
+    encoder.input_dropout = torch.nn.Identity()
+    encoder.final_norm = torch.nn.Identity()
+    features, lengths = torch.randn(3, 20, 12), torch.tensor([20, 20, 20])
+    with torch.no_grad():
+        content = encoder.frontend(features, lengths)[0] * math.sqrt(8)
+        encoder.eval()
+        torch.testing.assert_close(encoder(features, lengths)[0] - content, sinusoidal_positions(10, 8).expand(3, 10, 8),
+                                   rtol=0, atol=1e-5)
+        encoder.train()
+        torch.manual_seed(3)
+        offsets = torch.randint(0, encoder_module.MAX_POSITION_OFFSET, (3,))
+        torch.manual_seed(3)
+        added = encoder(features, lengths)[0] - content
+    for b, offset in enumerate(offsets.tolist()):
+        for row in (0, 9):
+            position = offset + row
+            expected = [f(position / 10000.0 ** (2 * i / 8)) for i in range(4) for f in (math.sin, math.cos)]
+            torch.testing.assert_close(added[b, row], torch.tensor(expected), rtol=0, atol=1e-4)
+    assert len(set(offsets.tolist())) == 3 and max(offsets.tolist()) > 1000
+
+
 def test_positions_none_needs_a_convolutional_front_end():
     with pytest.raises(ValueError, match="subsampling 2 or 4"):
         tiny_encoder(positions="none", subsampling=1)
-    with pytest.raises(ValueError, match="must be one of sinusoidal, rotary, none"):
+    with pytest.raises(ValueError, match="must be one of sinusoidal, sinusoidal_offset, rotary, none"):
         tiny_encoder(positions="alibi")
 
 
