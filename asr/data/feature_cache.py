@@ -86,13 +86,25 @@ def fingerprint_digest(fingerprint: str) -> bytes:
     return hashlib.blake2b(fingerprint.encode(), digest_size=8).digest()
 
 
+def recordings_read_by(cut) -> list:
+    """The recordings whose audio a cut reads: its own, or a mixed cut's tracks' (an augmented cut
+    mixed with noise; padding reads none)."""
+    tracks = getattr(cut, "tracks", None)
+    if tracks is not None:
+        return [recording for track in tracks for recording in recordings_read_by(track.cut)]
+    recording = getattr(cut, "recording", None)
+    return [] if recording is None else [recording]
+
+
 def load_waveform(cut) -> np.ndarray:
     """The cut's samples (1-D float32); RuntimeError naming the cut and its file if they cannot be read
     or are not all finite (NaN or infinite samples would make NaN features, and an empty transcript).
     Audio from a shell command gets here only with data.allow_commands (asr.data.command_sources),
     which logs each command the first time it runs."""
-    paths = ", ".join(str(s.source) for s in cut.recording.sources if s.type == "file") or "non-file source"
-    announce_recording_commands(cut.recording)
+    recordings = recordings_read_by(cut)
+    paths = ", ".join(str(s.source) for r in recordings for s in r.sources if s.type == "file") or "non-file source"
+    for recording in recordings:
+        announce_recording_commands(recording)
     try:
         audio = cut.load_audio()
     except Exception as error:  # lhotse/soundfile raise many types for bad audio
