@@ -195,6 +195,11 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         del checkpoint
     if source is not None:   # its weights (a resumed run's come from its checkpoint) and adapt.freeze
         adaptation.start_model(model, source, cfg.adapt.freeze, resuming=resume_from is not None)
+    elif cfg.data.join_seconds and checkpoint is None:
+        log.warning("data.join_seconds=%s from freshly drawn weights: such runs stayed on CTC's all-blank "
+                    "plateau far longer than on one utterance per example (asr/RESULTS.md, 'Long recordings "
+                    "in one pass'); train on utterances first, then join with init_from=RUN "
+                    "(conf=synth_longform)", cfg.data.join_seconds)
     log.info("%s", model_line(model, attention))
 
     timer = EpochTimer()

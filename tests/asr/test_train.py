@@ -29,7 +29,8 @@ from tiny_runs import CONF, ROOT, TINY, compose_config, tiny_config
 
 # The synth presets train here on the tiny synthetic corpus; the corpus presets (wsj_*, timit_*, ...)
 # are composed, validated and trained on the recipe fixtures in tests/recipes/test_presets_on_fixtures.py.
-PRESETS = [name for name in preset_names() if name.startswith("synth_")]
+# (synth_longform goes on from a trained model: its own test below)
+PRESETS = [name for name in preset_names() if name.startswith("synth_") and name != "synth_longform"]
 
 def metrics_rows(run_dir: Path) -> list[dict]:
     rows = []
@@ -66,6 +67,24 @@ def test_every_preset_trains_validates_and_tests(preset, tiny_synth, tmp_path):
                                      progress=False))
     assert {m: report["error_rates"][m] for m in ("per", "wer", "cer")} == {m: saved["test"][m]
                                                                           for m in ("per", "wer", "cer")}
+
+
+def test_synth_longform_goes_on_from_a_trained_model_on_joined_examples(tiny_synth, tmp_path):
+    """conf=synth_longform init_from=RUN: the model (positions included) and attention are the
+    trained run's, the weights start from it, and the training examples are joined utterances."""
+    first = tmp_path / "first"
+    train(tiny_config(tiny_synth, "conf=synth_iclustered", "model.positions=sinusoidal_offset", "test=false"), first)
+    cfg = tiny_config(tiny_synth, "conf=synth_longform", f"init_from={first}", "data.join_seconds=20",
+                      "test=false", "trainer.max_steps=2", "trainer.record_batches=true")
+    train(cfg, tmp_path / "second")
+    stored = (tmp_path / "second" / "config.yaml").read_text()
+    assert "positions: sinusoidal_offset" in stored and "join_by: none" in stored
+    checkpoint = torch.load(tmp_path / "second" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
+    assert checkpoint["hyper_parameters"]["model"]["positions"] == "sinusoidal_offset"
+    assert checkpoint["hyper_parameters"]["attention"] == {"name": "iclustered", "clusters": 64, "bits": 63,
+                                                           "iterations": 10, "topk": 32}
+    records = [json.loads(line) for line in (tmp_path / "second" / "batches" / "rank0.jsonl").read_text().splitlines()]
+    assert any("+" in example for record in records for example in record["ids"])
 
 
 def test_presets_cover_the_attention_types():

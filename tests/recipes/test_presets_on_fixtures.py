@@ -39,8 +39,9 @@ from test_wsj import LEXICON, build_ldc_discs
 
 ROOT = Path(__file__).resolve().parents[2]
 CONF = ROOT / "conf"
-# (conf=adapt fine-tunes a trained model on a user's folder, no corpus's setup: tests/asr/test_adapt.py)
-PRESETS = [name for name in preset_names() if name not in corpus_setups() and name != "adapt"]
+# (conf=adapt fine-tunes a trained model on a user's folder, no corpus's setup: tests/asr/test_adapt.py;
+# conf=synth_longform goes on from a trained model too: tests/asr/test_train.py)
+PRESETS = [name for name in preset_names() if name not in corpus_setups() and name not in ("adapt", "synth_longform")]
 CORPORA = ("wsj", "timit", "librispeech", "switchboard")
 SMALL_PRESETS = ("librispeech_mini_iclustered",)   # sized for a CPU or one GPU, not the paper's setups
 ATTENTIONS = ("full", "shared_full", "lsh1", "lsh4", "clustered", "iclustered", "linear", "agglomerative")
