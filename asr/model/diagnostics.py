@@ -78,8 +78,8 @@ def layer_attention_entropy(model, features: torch.Tensor, lengths: torch.Tensor
             hook.remove()
     sums = []
     for index, layer in enumerate(model.encoder.layers):
-        x, layer_lengths = inputs[index]
-        q, k = layer.queries_and_keys(layer.attention_norm(x))
+        x, layer_lengths, *rotary = inputs[index]        # (x, lengths, rotary positions or None)
+        q, k = layer.queries_and_keys(layer.attention_norm(x), *rotary)
         relative, counted = relative_attention_entropy(q, k, layer_lengths, layer.shared_qk)
         sums.append((float(relative[counted].sum()), int(counted.sum())))
     return sums
@@ -91,7 +91,7 @@ class TrainingDiagnostics(Callback):
 
     def __init__(self, every_n_steps: int, path: Path):
         self.every_n_steps, self.path = every_n_steps, Path(path)
-        self._layer_inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        self._layer_inputs: dict[int, tuple] = {}
         self._hooks = []
         self._row: dict[str, float] = {}
 
@@ -102,9 +102,9 @@ class TrainingDiagnostics(Callback):
         if not self._due(trainer):
             return
         for index, layer in enumerate(module.encoder.layers):
-            def keep(layer_module, args, index=index):
-                x, lengths = args
-                self._layer_inputs[index] = (x.detach(), lengths.detach())
+            def keep(layer_module, args, index=index):   # (x, lengths, rotary positions or None)
+                self._layer_inputs[index] = tuple(arg if arg is None or isinstance(arg, tuple) else arg.detach()
+                                                  for arg in args)
             self._hooks.append(layer.register_forward_pre_hook(keep))
 
     def on_before_optimizer_step(self, trainer, module, optimizer) -> None:
@@ -128,8 +128,8 @@ class TrainingDiagnostics(Callback):
         loss = outputs["loss"] if isinstance(outputs, dict) else outputs
         row = {"step": trainer.global_step - 1, "loss": float(loss), **self._row}
         for index, layer in enumerate(module.encoder.layers):
-            x, lengths = self._layer_inputs[index]
-            q, k = layer.queries_and_keys(layer.attention_norm(x))
+            x, lengths, *rotary = self._layer_inputs[index]
+            q, k = layer.queries_and_keys(layer.attention_norm(x), *rotary)
             valid = (torch.arange(q.shape[2], device=q.device) < lengths[:, None])[:, None, :]
             row[f"query_norm/layer{index}"] = float(q.norm(dim=-1)[valid.expand(q.shape[:3])].mean())
             row[f"entropy/layer{index}"] = float(attention_entropy(q, k, lengths, layer.shared_qk))

@@ -221,18 +221,21 @@ class EncoderLayer(nn.Module):
         batch, length, width = x.shape
         return x.view(batch, length, self.heads, width // self.heads).transpose(1, 2)
 
-    def queries_and_keys(self, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, H, N, E) queries and keys of the normalised input h; the same object when shared."""
+    def queries_and_keys(self, h: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None
+                         ) -> tuple[torch.Tensor, torch.Tensor]:
+        """(B, H, N, E) queries and keys of the normalised input h, turned by `rotary` (cos and sin,
+        rotary_angles) when given; the same object when shared."""
         q = self._split_heads(self.query(h))
-        return q, (q if self.shared_qk else self._split_heads(self.key(h)))
+        k = q if self.shared_qk else self._split_heads(self.key(h))
+        if rotary is not None:
+            q, k = (rotate(q, *rotary),) * 2 if k is q else (rotate(q, *rotary), rotate(k, *rotary))
+        return q, k
 
     def forward(self, x: torch.Tensor, lengths: torch.Tensor,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """rotary: the (N, E/2) cos and sin of rotary positions (rotary_angles), or None."""
         h = self.attention_norm(x)
-        q, k = self.queries_and_keys(h)
-        if rotary is not None:
-            q, k = (rotate(q, *rotary),) * 2 if k is q else (rotate(q, *rotary), rotate(k, *rotary))
+        q, k = self.queries_and_keys(h, rotary)
         v = self._split_heads(self.value(h))
         del h          # each tensor let go as soon as it is used: a long evaluation holds fewer at once
         attended = self.attention(q, k, v, lengths)                    # (B, H, N, E)
