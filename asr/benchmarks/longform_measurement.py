@@ -17,7 +17,7 @@ import time
 from pathlib import Path
 
 from asr.data.long_recordings import read_long_recording
-from asr.evaluation.transcription import TranscribeConfig, transcribe
+from asr.evaluation.transcription import TranscribeConfig, process_status_kib, transcribe
 from asr.text.metrics import phone_error_rate, word_error_rate
 
 def mode_settings(mode: str, recording_seconds: float) -> dict:
@@ -32,12 +32,9 @@ def mode_settings(mode: str, recording_seconds: float) -> dict:
 
 def peak_resident_mb() -> float:
     """This process's peak resident memory so far (VmHWM; ru_maxrss where /proc is missing)."""
-    try:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return int(line.split()[1]) / 1024
-    except OSError:
-        pass
+    peak_kib = process_status_kib("VmHWM")
+    if peak_kib is not None:
+        return peak_kib / 1024
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak / 1024 / (1024 if sys.platform == "darwin" else 1)     # bytes on macOS, kB on Linux
 

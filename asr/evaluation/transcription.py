@@ -330,7 +330,8 @@ def limit_heap_growth() -> None:
         pass
 
 
-def _status_kib(field_name: str) -> int | None:
+def process_status_kib(field_name: str) -> int | None:
+    """A kB field of this process's /proc/self/status (VmRSS, VmHWM); None where there is none."""
     try:
         with open("/proc/self/status") as status:
             for line in status:
@@ -373,13 +374,13 @@ def available_memory_bytes() -> float | None:
 
 def _timed_run(model: SpeechRecognizer, features: torch.Tensor) -> tuple[float, float | None]:
     """Seconds and peak resident bytes above the resident memory before, of the model on `features`."""
-    before = _status_kib("VmRSS")
+    before = process_status_kib("VmRSS")
     measured = before is not None and _reset_peak_resident()
     started = time.perf_counter()
     with torch.no_grad():
         model(features[None].to(model.device), torch.tensor([len(features)], device=model.device))
     seconds = time.perf_counter() - started
-    peak = _status_kib("VmHWM") if measured else None
+    peak = process_status_kib("VmHWM") if measured else None
     return seconds, (None if peak is None else max(0.0, (peak - before) * 1024.0))
 
 
