@@ -39,7 +39,8 @@ from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.encoder import compile_encoder
 from asr.model.graphed_encoder import graph_encoder
 from asr.model.recognizer import SpeechRecognizer, check_state_dict_fits
-from asr.model.run_folder import check_launch_shares_run_folder, one_process_at_a_time, resolve_checkpoint
+from asr.model.run_folder import (check_launch_shares_run_folder, claim_run_folder, one_process_at_a_time,
+                                  resolve_checkpoint)
 from asr.training import adaptation
 from asr.training.callbacks import (BatchRecorder, EpochCheckpoint, EpochTimer, LatestStepCheckpoint, StepCheckpoint,
                                    ValidateAtStepBudget)
@@ -170,6 +171,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     attention = validate_config(cfg)
     check_launch_shares_run_folder(cfg.run_dir)
     check_launch_matches_trainer(cfg.trainer)
+    if rank_zero_only.rank == 0 and run_dir.is_dir():   # before anything reads it: a second run stops here
+        claim_run_folder(run_dir)
     resume_from, checkpoint = resolve_checkpoint(cfg.ckpt_path, run_dir)
     adaptation.check_resume(cfg, run_dir, resume_from)
     if source is not None:   # adapt.data_dir's Kaldi-style folders -> manifests, once
@@ -184,6 +187,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         torch.set_num_threads(cfg.trainer.torch_threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank_zero_only.rank == 0:   # the processes of a multi-process run share the folder; one writes it
+        claim_run_folder(run_dir)   # a folder made just now (one that existed was claimed above)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     L.seed_everything(cfg.seed, workers=True)
     datamodule = prepare_data(cfg, corpus, run_dir, checkpoint, generate_corpus=prepared_here, source=source)
