@@ -328,7 +328,8 @@ def plot_layers(points: list[dict], probe: str, title: str, path: Path) -> None:
     for layer in range(count):
         axis.plot(steps, [point["layers"][layer]["cluster_spread_fraction"] for point in points], marker=".",
                   color=colours[layer], label=f"layer {layer}")
-    axis.axhline(12 ** -0.5, color="gray", linestyle=":", linewidth=1)   # evenly spread over the utterance
+    axis.axhline(12 ** -0.5, color="gray", linestyle=":", linewidth=1, label="spread evenly over the utterance")
+    axis.legend(fontsize=7, ncol=2, loc="lower right")
     axis.set_ylim(bottom=0)
     axis.set_ylabel(f"{probe} cluster spread\n(std of positions / length)")
     axis.set_xlabel("training step")
