@@ -293,8 +293,10 @@ class TransformerEncoder(nn.Module):
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         return self.frontend.output_lengths(lengths)
 
-    def set_attention(self, attention: ValidatedAttention, reformer_keys: bool = False) -> None:
-        """Replaces every layer's attention by `attention` (weights unchanged).
+    def set_attention(self, attention: ValidatedAttention, reformer_keys: bool = False,
+                      layers: list[int] | None = None) -> None:
+        """Replaces every layer's attention by `attention` (weights unchanged); with `layers`
+        (indexes), only those layers' attention, the others keeping theirs.
 
         reformer_keys: run it in the Reformer key form of a shared-QK model (unit keys, no
         attention to self; attention_ext.build_in_reformer_form), the form a model trained with
@@ -303,16 +305,21 @@ class TransformerEncoder(nn.Module):
         for training, asr.evaluation.attention_choice.evaluation_attention for an evaluation). Raises
         attention_ext.SharedQKRequiredError for reformer_keys on a model without shared query/key
         projections, AttentionConfigError for an attention without a Reformer form, and then
-        changes nothing.
+        changes nothing. `attention_name` and `attention_options` name the attention last set in
+        every layer: a swap of some layers (the gap by layer of recipes/synth/sharpening.py) leaves them.
         """
+        chosen = range(len(self.layers)) if layers is None else list(layers)
+        if any(not 0 <= index < len(self.layers) for index in chosen):
+            raise IndexError(f"layers {list(chosen)}: this encoder has layers 0 to {len(self.layers) - 1}")
         if reformer_keys and not self.shared_qk:
             raise SharedQKRequiredError("the Reformer key form (unit keys, no attention to self) needs shared "
                                         "query/key projections, but this model has model.shared_qk=false")
         build = (lambda: build_in_reformer_form(attention)) if reformer_keys else attention.build
-        modules = [build() for _ in self.layers]   # all built before any layer changes
-        for layer, module in zip(self.layers, modules):
-            layer.attention = module
-        self.attention_name, self.attention_options = attention.name, dict(attention.options)
+        modules = [build() for _ in chosen]   # all built before any layer changes
+        for index, module in zip(chosen, modules):
+            self.layers[index].attention = module
+        if layers is None:
+            self.attention_name, self.attention_options = attention.name, dict(attention.options)
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, F) normalised features, (B,) frame counts -> (B, T', D) states, (B,) lengths T'."""

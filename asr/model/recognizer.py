@@ -133,9 +133,11 @@ class SpeechRecognizer(L.LightningModule):
         self.feature_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
         self.feature_std.copy_(torch.as_tensor(std, dtype=torch.float32).clamp(min=1e-5))
 
-    def set_attention(self, attention: ValidatedAttention, reformer_keys: bool = False) -> None:
-        """Runs the same weights under another attention (see TransformerEncoder.set_attention)."""
-        self.encoder.set_attention(attention, reformer_keys)
+    def set_attention(self, attention: ValidatedAttention, reformer_keys: bool = False,
+                      layers: list[int] | None = None) -> None:
+        """Runs the same weights under another attention, in every layer or in `layers` only (see
+        TransformerEncoder.set_attention)."""
+        self.encoder.set_attention(attention, reformer_keys, layers)
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor
                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

@@ -221,6 +221,18 @@ def test_set_attention_swaps_every_layer_and_keeps_the_weights():
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_set_attention_with_layers_swaps_those_layers_only():
+    encoder = tiny_encoder(layers=3)
+    encoder.set_attention(validate_attention("clustered", clusters=2), layers=[1])
+    assert [type(layer.attention).__name__ for layer in encoder.layers] == \
+        ["FullAttention", "ClusteredAttention", "FullAttention"]
+    assert encoder.attention_name == "full"          # names the attention of every layer, which a partial swap leaves
+    encoder.set_attention(validate_attention("full"))
+    assert all(type(layer.attention).__name__ == "FullAttention" for layer in encoder.layers)
+    with pytest.raises(IndexError, match=r"layers \[3\]: this encoder has layers 0 to 2"):
+        encoder.set_attention(validate_attention("clustered", clusters=2), layers=[3])
+
+
 def test_an_attention_that_does_not_fit_the_model_is_refused_by_the_one_check():
     """check_attention_fits is the one check of an attention against a model (asr.config at
     composition, asr.evaluation where a spec is read); the encoder takes what it is given."""
