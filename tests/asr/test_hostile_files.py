@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -268,3 +269,11 @@ def test_a_lexicon_line_of_100000_phones_is_refused_by_line_not_a_native_crash(c
         assert main(arguments) == USAGE_ERROR
         line = one_error_line(capsys)
         assert line.startswith(f"{name}: error: lexicon file {lexicon}: 1 pronunciations are longer than 1000 phones")
+
+
+def test_transcribe_named_on_a_fifo_says_so_instead_of_waiting_forever(checkpoint, tmp_path, capsys):
+    fifo = tmp_path / "speech.wav"
+    os.mkfifo(fifo)                 # nothing ever writes to it: opening it for reading would block
+    assert transcribe_main([f"checkpoint={checkpoint}", str(fifo)]) == USAGE_ERROR
+    assert one_error_line(capsys) == (f"asr.transcribe: error: {fifo} is not a regular file (a FIFO, device or "
+                                      "socket); give an audio file or a folder of them")
