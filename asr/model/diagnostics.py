@@ -222,7 +222,7 @@ class TrainingDiagnostics(Callback):
         row = {"step": trainer.global_step - 1, "loss": float(loss), **self._row}
         for index, layer in enumerate(module.encoder.layers):
             x, lengths, *rotary = self._layer_inputs[index]
-            q, k = layer.queries_and_keys(layer.attention_norm(x), *rotary)
+            q, k = layer.queries_and_keys(layer.attention_input(x), *rotary)
             valid = (torch.arange(q.shape[2], device=q.device) < lengths[:, None])[:, None, :]
             row[f"query_norm/layer{index}"] = float(q.norm(dim=-1)[valid.expand(q.shape[:3])].mean())
             row[f"entropy/layer{index}"] = float(attention_entropy(q, k, lengths, layer.shared_qk))
