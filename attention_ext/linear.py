@@ -161,8 +161,11 @@ def _output_chunk(q_rows, key_values, padded, rows, out=None):
 
 def _into(destination, dtype):
     """`destination` (a slice of a result) to compute into directly when it has the compute dtype,
-    else None (computed apart, then copied in with a cast)."""
-    return destination if destination.dtype == dtype else None
+    else None (computed apart, then copied in with a cast). Always None under torch.compile, whose
+    tracer takes no out= tensor that may be non-contiguous (the compiler fuses the copy)."""
+    if torch.compiler.is_compiling() or destination.dtype != dtype:
+        return None
+    return destination
 
 
 def _through_feature_map(grad_phi, phi, padded, rows, grad_x):

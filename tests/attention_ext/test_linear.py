@@ -241,3 +241,39 @@ def test_double_backward_is_refused_with_a_clear_error():
     out = build_attention("linear")(q, k, v)
     with pytest.raises(RuntimeError, match=r"linear attention .* has no double backward"):
         torch.autograd.grad(out.sum(), q, create_graph=True)
+
+
+def test_a_non_finite_valid_value_keeps_padded_rows_zero_and_other_sequences_unchanged(small_chunks):
+    """The contract (attention_ext/README.md): an inf in sequence 0's valid values may make its
+    output non-finite, but its padded output rows (and here their gradients) stay 0, and
+    sequence 1 gets what it gets alone."""
+    q, k, v = random_qkv((2, 2, 13, 3), seed=19)
+    with torch.no_grad():
+        v[0, :, 2] = float("inf")
+    out = build_attention("linear")(q, k, v, torch.tensor([9, 13]))
+    grads = torch.autograd.grad(out, (q, k, v), torch.ones_like(out))
+    assert not torch.isfinite(out[0, :, :9]).all()
+    assert torch.all(out[0, :, 9:] == 0) and all(torch.all(g[0, :, 9:] == 0) for g in grads)
+    alone = [x[1:].detach().requires_grad_() for x in (q, k, v)]
+    expected = build_attention("linear")(*alone)
+    torch.testing.assert_close(out[1:], expected)
+    for g, w in zip(grads, torch.autograd.grad(expected, alone, torch.ones_like(expected))):
+        torch.testing.assert_close(g[1:], w)
+
+
+@pytest.mark.parametrize("dynamic", [False, True])
+def test_compiled_over_several_chunks_matches_eager(small_chunks, dynamic):
+    attention = build_attention("linear")
+    compiled = torch.compile(attention, fullgraph=True, backend="aot_eager", dynamic=dynamic)
+    try:
+        for length in (13, 6, 9):
+            q, k, v = random_qkv((2, 2, length, 3), seed=length)
+            lengths = torch.tensor([length, length - 4])
+            expected = attention(q, k, v, lengths)
+            got = compiled(q, k, v, lengths)
+            torch.testing.assert_close(got, expected)
+            for g, w in zip(torch.autograd.grad(got.square().sum(), (q, k, v)),
+                            torch.autograd.grad(expected.square().sum(), (q, k, v))):
+                torch.testing.assert_close(g, w)
+    finally:
+        torch._dynamo.reset()
