@@ -34,7 +34,10 @@ EPS = 1e-6
 CHUNK_POSITIONS = 2048
 
 
-def _chunks(length: int, chunk_positions: int) -> list[slice]:
+def _chunks(length: int, chunk_positions: int | None) -> list[slice]:
+    """The chunks' position ranges; None: the whole sequence as one chunk."""
+    if chunk_positions is None:
+        return [slice(None)]
     return [slice(start, min(start + chunk_positions, length)) for start in range(0, length, chunk_positions)]
 
 
@@ -193,5 +196,8 @@ class LinearAttention(torch.nn.Module):
         # Given lengths, padding is masked even in a batch without any (asking would cost a host
         # synchronisation); a batch whose every length is 0 comes out as zeros that way too.
         mask = ~valid_positions(lengths, q.shape[2])[:, None, :, None] if padded else None
+        # Traced by torch.compile as one chunk: a loop over N / chunk would specialise the graph on
+        # N (a recompilation for every new length under dynamic shapes).
+        chunk_positions = None if torch.compiler.is_compiling() else CHUNK_POSITIONS
         with torch.autocast(device_type=q.device.type, enabled=False):
-            return _ChunkedLinearAttention.apply(q, k, v, mask, CHUNK_POSITIONS)
+            return _ChunkedLinearAttention.apply(q, k, v, mask, chunk_positions)
