@@ -9,11 +9,15 @@ which costs O(N E^2) instead of O(N^2 E). Non-causal (every query sees every val
 
 One autograd Function computes it over the sequence in chunks of CHUNK_POSITIONS positions: the
 forward sums the key-value product KV = sum_j phi(k_j) [v_j, 1]^T over key chunks, then gives
-each query chunk its output; the backward recomputes phi chunk by chunk. Only q, k, v, the
-padding mask and KV (E x (Ev + 1) per head) are kept for the backward, so memory beyond the
-inputs and outputs does not grow with N, and every elementwise pass works on one chunk that
-stays in the CPU's caches. Plain batched matmuls are already optimal for the per-chunk work,
-so there is no compiled kernel. Measurements: attention_ext/RESULTS.md.
+each query chunk its output; the backward (derived by hand, see _ChunkedLinearAttention)
+recomputes phi and the products chunk by chunk. Over several chunks only q, k, v, the padding
+mask and KV (E x (Ev + 1) per head) are kept for the backward, so memory beyond the inputs,
+outputs and gradients does not grow with N, and every elementwise pass works on one chunk that
+stays in the CPU's caches instead of streaming N-long intermediates through memory. A sequence
+of one chunk (every training utterance) keeps its phi(q), phi(k) and products instead of
+recomputing them. torch.compile traces the whole sequence as one chunk. Plain batched matmuls
+are already optimal for the per-chunk work, so there is no compiled kernel. No double backward.
+Measurements: attention_ext/RESULTS.md.
 """
 import torch
 import torch.nn.functional as F
@@ -25,12 +29,13 @@ from .registry import register_attention
 # underflows to 0 for very negative inputs, and 0 / 0 must not happen. Fixed, not an option.
 EPS = 1e-6
 
-# Positions per chunk. A chunk's temporaries (phi of a q or k chunk, the (chunk, Ev + 1) product,
-# the gradients) take about 4 KiB per position at 4 heads of 32 float32 channels: 2048 positions
-# keep the few live ones within a CPU's L2 + L3 share instead of streaming N-long tensors
-# through memory, while each chunk is still thousands of flops per Python-level op (the loop's
-# overhead stays small). Training utterances (a few hundred to ~2,500 frames) take one chunk or
-# two. Read at every call, so a test can make it small.
+# Positions per chunk. At the long-recording shape (one sequence, 4 heads of 32 float32 channels)
+# a chunk-sized tensor is 1 MiB and the backward holds a handful at a time: they stay in the
+# last-level cache, where the whole sequence's (N, E)-sized intermediates did not.
+# Smaller chunks save little more and add Python overhead (about 25 ops per chunk). A chunk's
+# tensors hold batch x heads x chunk rows, so a large batch of long sequences leaves the caches
+# again; long recordings are attended one at a time. Training utterances (a few hundred to
+# ~2,500 frames) are one chunk or two. Read at every call, so a test can make it small.
 CHUNK_POSITIONS = 2048
 
 
