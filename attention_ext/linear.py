@@ -30,13 +30,15 @@ from .registry import register_attention
 EPS = 1e-6
 
 # Positions per chunk. At the long-recording shape (one sequence, 4 heads of 32 float32 channels)
-# a chunk-sized tensor is 1 MiB and the backward holds a handful at a time: they stay in the
-# last-level cache, where the whole sequence's (N, E)-sized intermediates did not.
-# Smaller chunks save little more and add Python overhead (about 25 ops per chunk). A chunk's
-# tensors hold batch x heads x chunk rows, so a large batch of long sequences leaves the caches
-# again; long recordings are attended one at a time. Training utterances (a few hundred to
-# ~2,500 frames) are one chunk or two. Read at every call, so a test can make it small.
-CHUNK_POSITIONS = 2048
+# a chunk-sized tensor is 512 KiB and a pass holds two to four at a time: about a core's L2, where
+# the whole sequence's (N, E)-sized intermediates left every cache. The chunk's tensors are also
+# the only memory that does not grow with N (a few MiB), small beside the N-long output even at
+# 16k positions. Larger chunks were no faster; smaller ones add Python overhead (about 40 ops
+# per chunk, forward and backward). A chunk holds batch x heads x chunk rows, so a large batch
+# of long sequences leaves the caches again; long recordings are attended one at a time.
+# Training utterances of up to 1024 positions are one chunk. Read at every call, so a test can
+# make it small.
+CHUNK_POSITIONS = 1024
 
 
 def _chunks(length: int, chunk_positions: int | None) -> list[slice]:
@@ -74,17 +76,21 @@ class _ChunkedLinearAttention(torch.autograd.Function):
         chunks = _chunks(length, chunk_positions)
         key_values = torch.zeros(batch, heads, dim, value_dim, dtype=dtype, device=q.device)
         key_sum = torch.zeros(batch, heads, 1, dim, dtype=dtype, device=q.device)
+        # Each chunk's work is a function call, so its temporaries are freed before the next
+        # chunk allocates its own (a loop body's names would hold them one chunk longer).
         for rows in chunks:
-            phi_k = _feature_map(k[:, :, rows], dtype, padded, rows)
-            key_values += phi_k.transpose(2, 3) @ _values(v[:, :, rows], dtype, padded, rows)
-            key_sum += phi_k.sum(dim=2, keepdim=True)
+            phi_k = _add_key_chunk(key_values, key_sum, k, v, padded, rows, dtype)
         # The normaliser's sum as the last column: numerator and denominator in one matmul each way.
         key_values = torch.cat([key_values, key_sum.transpose(2, 3)], dim=3)   # (B, H, E, Ev + 1)
         out = torch.empty(batch, heads, length, value_dim, dtype=v.dtype, device=v.device)
-        for rows in chunks:
-            phi_q, both = _output_chunk(q[:, :, rows], key_values, padded, rows, out[:, :, rows])
-        kept = (phi_q, phi_k, both) if len(chunks) == 1 else (None, None, None)
-        ctx.save_for_backward(q, k, v, padded, key_values, *kept)
+        if len(chunks) == 1:   # kept for the backward: a chunk's worth, recomputing would cost more
+            phi_q, both = _output_chunk(q, key_values, padded, chunks[0], out)
+            ctx.save_for_backward(q, k, v, padded, key_values, phi_q, phi_k, both)
+        else:
+            del phi_k
+            for rows in chunks:
+                _output_chunk(q, key_values, padded, rows, out)
+            ctx.save_for_backward(q, k, v, padded, key_values, None, None, None)
         ctx.chunk_positions = chunk_positions
         return out
 
@@ -95,46 +101,66 @@ class _ChunkedLinearAttention(torch.autograd.Function):
                                "gradients are computed by hand): call backward without create_graph=True")
         q, k, v, padded, key_values, kept_phi_q, kept_phi_k, kept_both = ctx.saved_tensors
         need_q, need_k, need_v = ctx.needs_input_grad[:3]
-        dtype = key_values.dtype
-        value_dim = v.shape[-1]
         chunks = _chunks(q.shape[2], ctx.chunk_positions)
         grad_q = torch.empty_like(q) if need_q else None
         grad_key_values = torch.zeros_like(key_values) if need_k or need_v else None
         with torch.autocast(device_type=q.device.type, enabled=False):
             for rows in chunks:
-                if kept_both is None:
-                    phi_q, both = _output_chunk(q[:, :, rows], key_values, padded, rows)
-                else:
-                    phi_q, both = kept_phi_q, kept_both
-                grad = grad_out[:, :, rows].to(dtype)
-                if padded is not None:
-                    grad = grad.masked_fill(padded[:, :, rows], 0.0)
-                numerator, denominator = both[..., :value_dim], both[..., value_dim:]   # den + eps
-                grad_den = (grad * numerator).sum(dim=3, keepdim=True).div_(denominator).neg_()
-                grad_both = torch.cat([grad, grad_den], dim=3).div_(denominator)
-                if grad_key_values is not None:
-                    grad_key_values += phi_q.transpose(2, 3) @ grad_both
-                if need_q:
-                    _through_feature_map(grad_both @ key_values.transpose(2, 3), phi_q, padded, rows,
-                                         grad_q[:, :, rows])
+                _query_chunk_backward(grad_out, q, key_values, padded, rows, kept_phi_q, kept_both,
+                                      grad_q, grad_key_values)
             if grad_key_values is None:
                 return grad_q, None, None, None, None
             grad_k = torch.empty_like(k) if need_k else None
             grad_v = torch.empty_like(v) if need_v else None
-            grad_value_part = grad_key_values[..., :value_dim]                   # (B, H, E, Ev)
-            grad_sum_part = grad_key_values[..., value_dim:].transpose(2, 3)     # (B, H, 1, E)
             for rows in chunks:
-                phi_k = _feature_map(k[:, :, rows], dtype, padded, rows) if kept_phi_k is None else kept_phi_k
-                if need_v:   # 0 at padded positions, where phi(k) is 0
-                    target = grad_v[:, :, rows]
-                    grad_values = torch.matmul(phi_k, grad_value_part, out=_into(target, dtype))
-                    if grad_values is not target:
-                        target.copy_(grad_values)
-                if need_k:
-                    grad_phi = torch.matmul(_values(v[:, :, rows], dtype, padded, rows),
-                                            grad_value_part.transpose(2, 3)).add_(grad_sum_part)
-                    _through_feature_map(grad_phi, phi_k, padded, rows, grad_k[:, :, rows])
+                _key_chunk_backward(grad_key_values, k, v, padded, rows, kept_phi_k, grad_k, grad_v)
         return grad_q, grad_k, grad_v, None, None
+
+
+def _add_key_chunk(key_values, key_sum, k, v, padded, rows, dtype):
+    """Adds one key chunk's phi(k)^T v and sum of phi(k) to the sums; returns its phi(k)."""
+    phi_k = _feature_map(k[:, :, rows], dtype, padded, rows)
+    key_values += phi_k.transpose(2, 3) @ _values(v[:, :, rows], dtype, padded, rows)
+    key_sum += phi_k.sum(dim=2, keepdim=True)
+    return phi_k
+
+
+def _query_chunk_backward(grad_out, q, key_values, padded, rows, kept_phi_q, kept_both, grad_q, grad_key_values):
+    """The first backward pass on one query chunk: writes its grad_q (if wanted) and adds its
+    phi(q)^T grad_both to grad_key_values (if given)."""
+    dtype, value_dim = key_values.dtype, key_values.shape[-1] - 1
+    if kept_both is None:
+        phi_q, both = _output_chunk(q, key_values, padded, rows)
+    else:
+        phi_q, both = kept_phi_q, kept_both
+    grad = grad_out[:, :, rows].to(dtype)
+    if padded is not None:
+        grad = grad.masked_fill(padded[:, :, rows], 0.0)
+    numerator, denominator = both[..., :value_dim], both[..., value_dim:]   # den + eps
+    grad_den = (grad * numerator).sum(dim=3, keepdim=True).div_(denominator).neg_()
+    grad_both = torch.cat([grad, grad_den], dim=3).div_(denominator)
+    if grad_key_values is not None:
+        grad_key_values += phi_q.transpose(2, 3) @ grad_both
+    if grad_q is not None:
+        _through_feature_map(grad_both @ key_values.transpose(2, 3), phi_q, padded, rows, grad_q[:, :, rows])
+
+
+def _key_chunk_backward(grad_key_values, k, v, padded, rows, kept_phi_k, grad_k, grad_v):
+    """The second backward pass on one key chunk: writes its grad_k and grad_v (those given)."""
+    dtype, value_dim = grad_key_values.dtype, grad_key_values.shape[-1] - 1
+    grad_value_part = grad_key_values[..., :value_dim]                   # (B, H, E, Ev)
+    phi_k = _feature_map(k[:, :, rows], dtype, padded, rows) if kept_phi_k is None else kept_phi_k
+    if grad_v is not None:   # 0 at padded positions, where phi(k) is 0
+        target = grad_v[:, :, rows]
+        grad_values = torch.matmul(phi_k, grad_value_part, out=_into(target, dtype))
+        if grad_values is not target:
+            target.copy_(grad_values)
+        del grad_values
+    if grad_k is not None:
+        grad_sum_part = grad_key_values[..., value_dim:].transpose(2, 3)     # (B, H, 1, E)
+        grad_phi = torch.matmul(_values(v[:, :, rows], dtype, padded, rows),
+                                grad_value_part.transpose(2, 3)).add_(grad_sum_part)
+        _through_feature_map(grad_phi, phi_k, padded, rows, grad_k[:, :, rows])
 
 
 def _feature_map(x, dtype, padded, rows):
@@ -150,20 +176,21 @@ def _values(v, dtype, padded, rows):
     return v if padded is None else v.masked_fill(padded[:, :, rows], 0.0)
 
 
-def _output_chunk(q_rows, key_values, padded, rows, out=None):
+def _output_chunk(q, key_values, padded, rows, out=None):
     """One query chunk's phi(q) and its product [num, den + eps] with KV; the output num / (den +
-    eps) is written into `out` if given (0 in padded rows)."""
-    phi_q = _feature_map(q_rows, key_values.dtype, padded, rows)
+    eps) is written into out[:, :, rows] if `out` is given (0 in padded rows)."""
+    phi_q = _feature_map(q[:, :, rows], key_values.dtype, padded, rows)
     value_dim = key_values.shape[-1] - 1
     both = phi_q @ key_values                                              # (B, H, chunk, Ev + 1)
     both[..., value_dim:] += EPS
     if out is not None:
-        result = torch.div(both[..., :value_dim], both[..., value_dim:], out=_into(out, both.dtype))
+        target = out[:, :, rows]
+        result = torch.div(both[..., :value_dim], both[..., value_dim:], out=_into(target, both.dtype))
         if padded is not None:
             # 0 already unless KV holds an inf or NaN of a valid key (0 x inf): padded rows stay 0.
             result.masked_fill_(padded[:, :, rows], 0.0)
-        if result is not out:
-            out.copy_(result)
+        if result is not target:
+            target.copy_(result)
     return phi_q, both
 
 
