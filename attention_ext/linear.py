@@ -79,7 +79,7 @@ class _ChunkedLinearAttention(torch.autograd.Function):
         # Each chunk's work is a function call, so its temporaries are freed before the next
         # chunk allocates its own (a loop body's names would hold them one chunk longer).
         for rows in chunks:
-            phi_k = _add_key_chunk(key_values, key_sum, k, v, padded, rows, dtype)
+            phi_k = _add_key_chunk(key_values, key_sum, k, v, padded, rows, dtype, keep=len(chunks) == 1)
         # The normaliser's sum as the last column: numerator and denominator in one matmul each way.
         key_values = torch.cat([key_values, key_sum.transpose(2, 3)], dim=3)   # (B, H, E, Ev + 1)
         out = torch.empty(batch, heads, length, value_dim, dtype=v.dtype, device=v.device)
@@ -87,7 +87,6 @@ class _ChunkedLinearAttention(torch.autograd.Function):
             phi_q, both = _output_chunk(q, key_values, padded, chunks[0], out)
             ctx.save_for_backward(q, k, v, padded, key_values, phi_q, phi_k, both)
         else:
-            del phi_k
             for rows in chunks:
                 _output_chunk(q, key_values, padded, rows, out)
             ctx.save_for_backward(q, k, v, padded, key_values, None, None, None)
@@ -117,12 +116,12 @@ class _ChunkedLinearAttention(torch.autograd.Function):
         return grad_q, grad_k, grad_v, None, None
 
 
-def _add_key_chunk(key_values, key_sum, k, v, padded, rows, dtype):
-    """Adds one key chunk's phi(k)^T v and sum of phi(k) to the sums; returns its phi(k)."""
+def _add_key_chunk(key_values, key_sum, k, v, padded, rows, dtype, keep):
+    """Adds one key chunk's phi(k)^T v and sum of phi(k) to the sums; returns its phi(k) if `keep`."""
     phi_k = _feature_map(k[:, :, rows], dtype, padded, rows)
     key_values += phi_k.transpose(2, 3) @ _values(v[:, :, rows], dtype, padded, rows)
     key_sum += phi_k.sum(dim=2, keepdim=True)
-    return phi_k
+    return phi_k if keep else None
 
 
 def _query_chunk_backward(grad_out, q, key_values, padded, rows, kept_phi_q, kept_both, grad_q, grad_key_values):
