@@ -35,7 +35,7 @@ def relative_attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.
     of the queries that count: valid ones that see more than one key.
 
     q, k: (B, H, N, E); lengths: (B,). With shared_qk the keys are q / ||q|| and a query does
-    not see its own key (as attention_ext.shared_full).
+    not see its own key (as attention_ext.attentions.shared_full).
     """
     batch, heads, length, dim = q.shape
     valid = torch.arange(length, device=q.device) < lengths[:, None]           # (B, N)

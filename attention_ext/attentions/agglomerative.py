@@ -19,9 +19,9 @@ attention already gives each head its own projections. Cost O(N m E).
 """
 import torch
 
-from .contract import (check_inputs, compute_dtype, valid_positions, zero_padded_queries,
+from ..contract import (check_inputs, compute_dtype, valid_positions, zero_padded_queries,
                        zeros_without_valid_queries)
-from .registry import Option, check_options_fit_head_dim, register_attention
+from ..registry import Option, check_options_fit_head_dim, register_attention
 
 
 @register_attention("agglomerative", options=(

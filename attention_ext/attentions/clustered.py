@@ -43,10 +43,11 @@ from typing import NamedTuple
 
 import torch
 
-from ._ops import ops
+from .._ops import ops
+from ..contract import autocast_disabled, check_inputs, draw_clustering, kernel_dtype, valid_positions
+from ..dispatch import Route, RouteCall, RouteDispatch, takes_every_call
+from ..registry import Option, register_attention
 from .clustered_triton import TRITON_AVAILABLE, triton_interpreted
-from .contract import autocast_disabled, check_inputs, draw_clustering, kernel_dtype, valid_positions
-from .registry import Option, register_attention
 
 CLUSTERING_OPTIONS = (
     Option("clusters", 100, 1, help="query clusters per sequence and head"),
@@ -101,49 +102,47 @@ def cluster_queries(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bits:
     queries puts query i alone in cluster i.
     """
     cluster_op = _cluster_queries_op
-    if resolved_kernel_route(q, clusters) == "triton":
+    if kernel_route(q, clusters) == "triton":
         from .clustered_triton import clustering   # imports triton: only where this route runs
         cluster_op = clustering.cluster_queries_op
     assignment, offsets, members = cluster_op(q.detach(), lengths, clusters, bits, iterations)
     return _query_clusters(assignment, offsets, members)
 
 
-# Which kernels clustered and i-clustered attention run, per device type: "triton", the Triton kernels of
-# attention_ext/clustered_triton (the clustering as one launch: the hash, every Lloyd step and the
-# member lists; i-clustered's top-key attention as one launch each way); "extension", the extension's
-# kernels (csrc/clustering and group_by_cluster: one launch per Lloyd step, about 50 for the clustering;
-# i-clustered's sparse products). Both give the same clusters for the same draws and the same values
-# within rounding. "auto", CUDA's default: "triton" where triton is installed and takes the call
-# (float32 or half precision, at most clustering.MAX_SLOTS cluster slots), else "extension". The CPU
-# keeps "extension"; "triton" runs there only under Triton's interpreter (TRITON_INTERPRET=1, the tests).
-KERNEL_ROUTES = ("triton", "extension", "auto")
-_kernel_routes = {"cpu": "extension", "cuda": "auto"}
+# Which kernels clustered and i-clustered attention run: "triton", the Triton kernels of
+# attentions/clustered_triton (the clustering as one launch: the hash, every Lloyd step and the member
+# lists; i-clustered's top-key attention as one launch each way); "extension", the extension's kernels
+# (csrc/clustering and group_by_cluster: one launch per Lloyd step; i-clustered's sparse products).
+# Both give the same clusters for the same draws and the same values within rounding. CUDA prefers
+# triton where it takes the call; the CPU keeps the extension, and runs triton only when forced (under
+# Triton's interpreter, TRITON_INTERPRET=1: the tests).
+def _triton_declines(call: RouteCall) -> str | None:
+    if not TRITON_AVAILABLE:
+        return "triton is not installed (pip install triton)"
+    if call.device_type == "cpu" and not triton_interpreted():
+        return "Triton runs on the CPU only in its interpreter (TRITON_INTERPRET=1, for tests)"
+    if call.device_type == "cuda" and triton_interpreted():
+        return "Triton's interpreter (TRITON_INTERPRET=1) runs CPU tensors only"
+    if call.device_type not in ("cpu", "cuda"):
+        return f"no Triton kernels for {call.device_type}"
+    if call.dtype is None:
+        return None
+    from .clustered_triton import clustering   # imports triton: only where this route may run
+    if call.dtype not in clustering.DTYPES:
+        return f"{call.dtype} (its kernels take {', '.join(str(d) for d in clustering.DTYPES)})"
+    if call.slots > clustering.MAX_SLOTS:
+        return f"{call.slots} cluster slots (at most {clustering.MAX_SLOTS})"
+    return None
 
 
-def set_kernel_route(device_type: str, route: str) -> str:
-    """Chooses the kernels of clustered and i-clustered attention on `device_type` ("cpu", "cuda");
-    returns the previous route."""
-    if route not in KERNEL_ROUTES:
-        raise ValueError(f"kernel route {route!r}: choose one of {', '.join(KERNEL_ROUTES)}")
-    if route == "triton" and not TRITON_AVAILABLE:
-        raise ValueError("the triton kernel route needs triton (pip install triton); choose extension or auto")
-    if route == "triton" and device_type == "cpu" and not triton_interpreted():
-        raise ValueError("the triton kernel route runs on the CPU only under TRITON_INTERPRET=1 "
-                         "(Triton's interpreter, for tests); choose extension")
-    previous = _kernel_routes.get(device_type, "extension")
-    _kernel_routes[device_type] = route
-    return previous
+kernel_routes = RouteDispatch(
+    "kernel route", (Route("triton", _triton_declines), Route("extension", takes_every_call)),
+    preference=lambda call: ("triton", "extension") if call.device_type == "cuda" else ("extension",))
 
 
-def resolved_kernel_route(q: torch.Tensor, clusters: int) -> str:
+def kernel_route(q: torch.Tensor, clusters: int) -> str:
     """The kernel route a call with queries q takes: "triton" or "extension"."""
-    route = _kernel_routes.get(q.device.type, "extension")
-    if route == "auto":
-        route = "triton" if TRITON_AVAILABLE and q.device.type == "cuda" and not triton_interpreted() else "extension"
-    if route == "triton":
-        from .clustered_triton import clustering
-        return "triton" if clustering.supports(q, clusters) else "extension"
-    return route
+    return kernel_routes.choose(RouteCall(q.device.type, q.dtype, min(clusters, q.shape[2])))
 
 
 def cluster_slots(clusters: int, length):
@@ -251,52 +250,42 @@ def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
     return torch.softmax(scores, dim=-1)
 
 
-# How clustered attention computes its centroid part V^c = softmax(Q^c K^T / sqrt(E)) V, per device
-# type: "fused", our kernel (CPU only: the keys in blocks with an online softmax, CentroidValues);
-# "unfused", three torch operators (the (C, N) weights materialised, centroid_attention); "sdpa",
-# torch's scaled_dot_product_attention with the C centroids as queries (on CUDA FlashAttention where
-# no key is masked, else another of its backends). All three compute the same values and gradients;
-# which is fastest is measured (`python -m attention_ext.gpu_report` times "unfused" and "sdpa" on CUDA).
-# "auto", the default, is what measurement chose (attention_ext/RESULTS.md): on CUDA (an H200, "The
-# GPU") "sdpa" in bfloat16 and float16 (1.02-1.28x faster than unfused at every length measured),
-# "unfused" in float32 (SDPA's float32 kernels were 2-3.4x slower from N=16384 in the paper shape);
-# on the CPU "fused" with either instruction set torch's kernels use ("CPU speed"): with AVX-512
-# 0.85-0.91x sdpa's time at N=1024-4096, with AVX2 0.93-1.01x at N=256-8192 (it was 1.07-1.18x
-# until the extension was built with -fno-trapping-math, which let its exp loops vectorise there).
-CENTROID_ROUTES = ("fused", "unfused", "sdpa", "auto")
-_centroid_routes = {"cpu": "auto", "cuda": "auto"}
+# How clustered attention computes its centroid part V^c = softmax(Q^c K^T / sqrt(E)) V: "fused", our
+# kernel (CPU only: the keys in blocks with an online softmax, CentroidValues); "unfused", three torch
+# operators (the (C, N) weights materialised, centroid_attention); "sdpa", torch's
+# scaled_dot_product_attention with the C centroids as queries (on CUDA FlashAttention where no key is
+# masked, else another of its backends). All three compute the same values and gradients. The
+# preference is what measurement chose (attention_ext/RESULTS.md, "The GPU" and "CPU speed"; the
+# project's GPU report times unfused and sdpa on CUDA): on the CPU fused, with either instruction
+# set torch's kernels use; on CUDA sdpa in half precision and unfused in float32 and float64 (SDPA's
+# float32 kernels were the slower at long N); elsewhere unfused.
+def _fused_declines(call: RouteCall) -> str | None:
+    return None if call.device_type == "cpu" else "the fused centroid route is a CPU kernel"
 
 
-def centroid_route(device_type: str) -> str:
-    """The route clustered attention takes on `device_type` ("cpu", "cuda"; any other: "unfused")."""
-    return _centroid_routes.get(device_type, "unfused")
+def _centroid_preference(call: RouteCall) -> tuple[str, ...]:
+    if call.device_type == "cpu":
+        return ("fused", "unfused", "sdpa")
+    if call.device_type == "cuda" and call.dtype in (torch.bfloat16, torch.float16):
+        return ("sdpa", "unfused")
+    return ("unfused", "sdpa")
 
 
-def resolved_centroid_route(device_type: str, dtype: torch.dtype) -> str:
-    """The route a call on `device_type` in `dtype` takes: "auto" resolved by device and dtype."""
-    route = centroid_route(device_type)
-    if route != "auto":
-        return route
-    if device_type == "cpu":
-        return "fused"
-    return "sdpa" if dtype in (torch.bfloat16, torch.float16) else "unfused"
+centroid_routes = RouteDispatch(
+    "centroid route", (Route("fused", _fused_declines), Route("unfused", takes_every_call),
+                       Route("sdpa", takes_every_call)),
+    preference=_centroid_preference)
 
 
-def set_centroid_route(device_type: str, route: str) -> str:
-    """Chooses the centroid route of clustered attention on `device_type`; returns the previous one."""
-    if route not in CENTROID_ROUTES:
-        raise ValueError(f"centroid route {route!r}: choose one of {', '.join(CENTROID_ROUTES)}")
-    if route == "fused" and device_type != "cpu":
-        raise ValueError(f"the fused centroid route is a CPU kernel; on {device_type} choose unfused or sdpa")
-    previous = centroid_route(device_type)
-    _centroid_routes[device_type] = route
-    return previous
+def centroid_route(device_type: str, dtype: torch.dtype) -> str:
+    """The centroid route a call on `device_type` in `dtype` takes."""
+    return centroid_routes.choose(RouteCall(device_type, dtype))
 
 
 def centroid_route_values(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor,
                           clusters: QueryClusters, padded: bool = True) -> torch.Tensor:
-    """V^c (B, H, C, D) by the route chosen for q's device and dtype (resolved_centroid_route)."""
-    route = resolved_centroid_route(q.device.type, q.dtype)
+    """V^c (B, H, C, D) by the route chosen for q's device and dtype (centroid_route)."""
+    route = centroid_route(q.device.type, q.dtype)
     scale = 1.0 / math.sqrt(q.shape[-1])
     if route == "fused":   # the (C, N) weights are never needed whole
         return CentroidValues.apply(ClusterMean.apply(q, clusters) * scale, k, v, lengths)

@@ -2,8 +2,8 @@
 import torch
 import torch.nn.functional as F
 
-from .contract import check_inputs, valid_positions, zero_padded_queries
-from .registry import register_attention
+from ..contract import check_inputs, valid_positions, zero_padded_queries
+from ..registry import register_attention
 
 
 @register_attention("full", quadratic_time=True, summary="softmax attention (torch scaled_dot_product_attention)")

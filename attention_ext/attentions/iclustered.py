@@ -21,10 +21,10 @@ softmax; V^b is one dense product per cluster. Gradients flow into q (through th
 and the exact top-k products), k, v, and into m_j through A^c; only the choice of T_j is not
 differentiable.
 
-Dtypes and autocast as in `attention_ext.clustered`. Decisions: the top-k are taken among the valid keys, largest first, ties to the lower
+Dtypes and autocast as in `attention_ext.attentions.clustered`. Decisions: the top-k are taken among the valid keys, largest first, ties to the lower
 position; `topk` larger than a sequence's valid length keeps all its valid keys (then
 m_j = 1, V^b = 0 and the result is exactly full attention). Clustering decisions are
-those of `attention_ext.clustered`.
+those of `attention_ext.attentions.clustered`.
 """
 from __future__ import annotations
 
@@ -32,11 +32,11 @@ import math
 
 import torch
 
-from ._ops import ops
+from .._ops import ops
+from ..contract import autocast_disabled, check_inputs, kernel_dtype
+from ..registry import Option, register_attention
 from .clustered import (CLUSTERING_OPTIONS, ClusterBroadcast, QueryClusters, centroid_attention,
-                        cluster_queries, empty_attention, resolved_kernel_route)
-from .contract import autocast_disabled, check_inputs, kernel_dtype
-from .registry import Option, register_attention
+                        cluster_queries, empty_attention, kernel_route)
 
 
 class ClusteredSparseDot(torch.autograd.Function):
@@ -220,7 +220,7 @@ class ImprovedClusteredAttention(torch.nn.Module):
 
     def _triton_top_attention(self, q) -> bool:
         """Whether the top-key part runs as clustered_triton's kernels (the triton kernel route)."""
-        if resolved_kernel_route(q, self.clusters) != "triton":
+        if kernel_route(q, self.clusters) != "triton":
             return False
         from .clustered_triton import top_attention
         return top_attention.supports(q, self.topk)
@@ -230,7 +230,7 @@ class ImprovedClusteredAttention(torch.nn.Module):
         q, k, v, input_dtype = q.to(dtype), k.to(dtype), v.to(dtype), q.dtype
         clusters = cluster_queries(q, lengths, self.clusters, self.bits, self.iterations)
         scale = 1.0 / math.sqrt(q.shape[-1])
-        if q.device.type == "cpu" and resolved_kernel_route(q, self.clusters) == "extension":   # A^c never whole
+        if q.device.type == "cpu" and kernel_route(q, self.clusters) == "extension":   # A^c never whole
             return ImprovedClusteredCPU.apply(q, k, v, lengths, clusters, scale, self.topk).to(input_dtype)
         attention = centroid_attention(q, k, lengths, clusters, padded)          # A^c, eq. 4
         topk = top_keys(attention, lengths, self.topk)                           # T

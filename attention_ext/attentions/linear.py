@@ -12,9 +12,9 @@ no kernel.
 import torch
 import torch.nn.functional as F
 
-from .contract import (check_inputs, compute_dtype, valid_positions, zero_padded_queries,
+from ..contract import (check_inputs, compute_dtype, valid_positions, zero_padded_queries,
                        zeros_without_valid_queries)
-from .registry import register_attention
+from ..registry import register_attention
 
 # Added to the denominator, as in the authors' reference code: phi(x) = elu(x) + 1 > 0, but it
 # underflows to 0 for very negative inputs, and 0 / 0 must not happen. Fixed, not an option.

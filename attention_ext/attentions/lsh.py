@@ -58,9 +58,9 @@ from dataclasses import dataclass
 
 import torch
 
-from ._ops import ops
-from .contract import autocast_disabled, check_inputs, draw_seed, hashing_dtype, kernel_dtype
-from .registry import Option, register_attention
+from .._ops import ops
+from ..contract import autocast_disabled, check_inputs, draw_seed, hashing_dtype, kernel_dtype
+from ..registry import Option, register_attention
 
 _SEED_STRIDE = 0x9E3779B97F4A7C15  # spreads consecutive batch indices over the seed space
 DEFAULT_MAX_BUCKETS = 256         # the `max_buckets` option's default (see the module doc)

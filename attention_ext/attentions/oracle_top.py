@@ -8,8 +8,8 @@ import math
 
 import torch
 
-from .contract import check_inputs, valid_positions, zero_padded_queries, zeros_without_valid_queries
-from .registry import Option, register_attention
+from ..contract import check_inputs, valid_positions, zero_padded_queries, zeros_without_valid_queries
+from ..registry import Option, register_attention
 from .shared_full import visible_keys
 
 # Scores computed at once per block of queries (elements), bounding peak memory for long sequences.
@@ -46,7 +46,7 @@ def oracle_top_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, leng
     """Softmax over each query's `topk` highest-scoring valid keys, times V (see OracleTopAttention).
 
     `padded=False` says every sequence is full (a call without lengths). `exclude_self`: the
-    Reformer conventions of a shared-QK model (attention_ext.shared_full.visible_keys): a query's
+    Reformer conventions of a shared-QK model (attention_ext.attentions.shared_full.visible_keys): a query's
     own key is not among those it may attend to (unless its sequence has length 1), so the
     top-k are taken among the other valid keys.
     """

@@ -1,6 +1,6 @@
 """Table 1's evaluate-with rows on a shared-QK model, in the key form the model was trained with.
 
-A model trained with shared_full or lsh learned the Reformer conventions (`attention_ext.shared_full`):
+A model trained with shared_full or lsh learned the Reformer conventions (`attention_ext.attentions.shared_full`):
 keys are the unit-normalised queries, and a query does not attend to its own key unless nothing else
 is there. Run with plain full, clustered, i-clustered or oracle-top attention, the same model would
 get keys equal to its raw queries and its own key allowed: another attention than the one it
@@ -32,11 +32,11 @@ import math
 
 import torch
 
+from ..contract import autocast_disabled, check_inputs, kernel_dtype, valid_positions, zero_padded_queries
+from ..registry import AttentionConfigError, ValidatedAttention, available_attentions
 from .clustered import ClusteredAttention, ClusterMean, cluster_queries, empty_attention
-from .contract import autocast_disabled, check_inputs, kernel_dtype, valid_positions, zero_padded_queries
 from .iclustered import ImprovedClusteredAttention, top_keys
 from .oracle_top import OracleTopAttention, oracle_top_attention
-from .registry import AttentionConfigError, ValidatedAttention, available_attentions
 from .shared_full import SharedFullAttention, unit_keys, visible_keys
 
 # The attentions with a separate-key definition that have a Reformer form here.

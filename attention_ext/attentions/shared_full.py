@@ -15,8 +15,8 @@ conventions (Kitaev et al. 2020, sec. 2):
 import torch
 import torch.nn.functional as F
 
-from .contract import check_inputs, zero_padded_queries, zeros_without_valid_queries
-from .registry import register_attention
+from ..contract import check_inputs, zero_padded_queries, zeros_without_valid_queries
+from ..registry import register_attention
 
 
 @register_attention("shared_full", needs_shared_qk=True, quadratic_time=True,

@@ -1,8 +1,8 @@
-"""Triton kernels for the CUDA route of clustered and i-clustered attention (issue 38, "few launches
-per attention call"): the whole query clustering in one launch (clustering.py) and i-clustered's
+"""Triton kernels for the CUDA route of clustered and i-clustered attention (few launches per
+attention call): the whole query clustering in one launch (clustering.py) and i-clustered's
 top-key attention in one launch each way (top_attention.py). Triton is optional: without it
 (`TRITON_AVAILABLE` False) CUDA keeps the extension's kernels, and the CPU route never needs it.
-attention_ext.clustered.set_kernel_route chooses between them.
+attentions/clustered.py's `kernel_routes` chooses between them.
 
 Why Triton and not more CUDA C++: a (batch, head)'s whole clustering as one program is a few dozen
 lines of tensor code here (popcount distances, the members' bit counts as one product of 0/1

@@ -1,6 +1,6 @@
 """The query clustering as one Triton launch per call (clustering_kernel.py), behind the operator
 `attention_ext_triton::cluster_queries`, which returns what the extension's route returns
-(attention_ext.clustered._cluster_queries_op): (assignment, offsets, members), with the same random
+(attention_ext.attentions.clustered._cluster_queries_op): (assignment, offsets, members), with the same random
 draws in the same order (planes, plane offsets, then one seed), so a seeded call clusters alike on
 either route (up to a projection within rounding of its threshold).
 
@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 import triton
 
-from ..contract import draw_clustering
+from ...contract import draw_clustering
 from . import triton_interpreted
 from .clustering_kernel import cluster_queries_kernel
 
@@ -68,7 +68,7 @@ def cluster_with_draws(q: torch.Tensor, lengths: torch.Tensor, clusters: int, it
                          tags=(torch.Tag.nondeterministic_seeded,))
 def cluster_queries_op(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bits: int,
                        iterations: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(assignment, offsets, members) of attention_ext.clustered.cluster_queries, for q without gradient."""
+    """(assignment, offsets, members) of attention_ext.attentions.clustered.cluster_queries, for q without gradient."""
     planes, plane_offsets, seed = draw_clustering(q, bits)   # as the extension's route draws them
     return cluster_with_draws(q, lengths, clusters, iterations, planes, plane_offsets, seed)[:3]
 
