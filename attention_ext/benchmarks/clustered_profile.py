@@ -1,7 +1,7 @@
 """Where the time of clustered / i-clustered attention goes, stage by stage, on the CPU.
 
-    python -m attention_ext.clustered_profile --lengths 4096 32768
-    python -m attention_ext.clustered_profile --attentions iclustered --threads 1 --clock cpu
+    python -m attention_ext.benchmarks.clustered_profile --lengths 4096 32768
+    python -m attention_ext.benchmarks.clustered_profile --attentions iclustered --threads 1 --clock cpu
 
 The i-clustered stages are those of its CPU route: the fused centroid pass (T, m, V^b) and the
 fused top-key attention (V^t + V^b), each with its backward.
@@ -11,7 +11,7 @@ backward of each stage in reverse order) as separate calls on the benchmark's sh
 (batch 1, 6 heads x 64, float32, random normal inputs) and prints the median milliseconds of
 each, so a slow kernel shows by name. The stages compute exactly what the attention modules
 compute; the forward+backward total is close to, not identical to, what
-`python -m attention_ext.benchmark` measures for one pass (that one goes through autograd).
+`python -m attention_ext.benchmarks.speed` measures for one pass (that one goes through autograd).
 """
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ from collections import defaultdict
 
 import torch
 
-from ._ops import ops
-from .clustered import cluster_slots
-from .contract import draw_seed, hashing_dtype
+from .._ops import ops
+from ..attentions.clustered import cluster_slots
+from ..contract import draw_seed, hashing_dtype
 
 
 class StageTimer:

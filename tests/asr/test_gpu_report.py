@@ -8,10 +8,11 @@ from pathlib import Path
 
 import pytest
 
-from attention_ext.gpu_report import __main__ as gpu_report
-from attention_ext.gpu_report.parts import (PARTS, Check, Part, PartResult, read_benchmark, read_json_part,
-                                            read_lsh_memory, read_pytest, read_training)
-from attention_ext.gpu_report.report import format_report, load_result, run_parts, save_result
+from asr.benchmarks.gpu_report import __main__ as gpu_report
+from asr.benchmarks.gpu_report.checks import Check
+from asr.benchmarks.gpu_report.parts import (PARTS, Part, PartResult, read_benchmark, read_json_part, read_lsh_memory,
+                                            read_pytest, read_training)
+from asr.benchmarks.gpu_report.report import format_report, load_result, run_parts, save_result
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -33,7 +34,7 @@ def test_the_parts_fit_in_ten_minutes_and_cover_the_issue(tmp_path):
     assert "--compile false --graphs false" in training["training_eager"]
     steps = {p.name: " ".join(p.command(tmp_path)) for p in PARTS if p.name.startswith("steps")}
     for name, command in steps.items():
-        assert "-m asr.step_benchmark --device cuda --precision bf16-mixed --modes eager graphed compiled" in command
+        assert "-m asr.benchmarks.step --device cuda --precision bf16-mixed --modes eager graphed compiled" in command
         assert "--batch-seconds 2400" in command
     assert "--workloads synth-380 --models i-clustered-64 plain" in steps["steps_demo"]
     assert "--workloads wsj --models full i-clustered-100 plain" in steps["steps_wsj"]
@@ -152,7 +153,7 @@ def test_main_writes_the_report_and_exits_by_verdict(tmp_path):
 def test_without_cuda_it_says_so_in_one_line_and_exits_2(tmp_path):
     # The GPU is hidden: on a CUDA machine this test is one of the report's own cuda_tests (-k cuda),
     # and with the GPU visible it would run the whole report inside that part.
-    completed = subprocess.run([sys.executable, "-m", "attention_ext.gpu_report", "--out", str(tmp_path / "r")],
+    completed = subprocess.run([sys.executable, "-m", "asr.benchmarks.gpu_report", "--out", str(tmp_path / "r")],
                                cwd=ROOT, capture_output=True, text=True, timeout=120,
                                env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})
     assert completed.returncode == 2
@@ -163,14 +164,14 @@ def test_without_cuda_it_says_so_in_one_line_and_exits_2(tmp_path):
 def test_centroid_route_timing_and_profile_run_on_the_cpu(tmp_path):
     """The measuring code of the profiles and centroid_routes parts, on the CPU at small sizes."""
     import torch
-    from attention_ext.clustered import centroid_route
-    from attention_ext.gpu_report.measure import profile_summary, run_centroid_routes
+    from attention_ext.attentions.clustered import centroid_routes
+    from asr.benchmarks.gpu_report.measure import profile_summary, run_centroid_routes
 
-    before = centroid_route("cpu")
+    assert centroid_routes.forced_route("cpu") is None
     shape = dict(batch=2, heads=2, dim=16)
     data = run_centroid_routes(tmp_path, repeats=1, cases=[("tiny, padded", shape, 160, True), ("tiny", shape, 128, False)],
                                device="cpu", dtypes=(torch.float32,))
-    assert centroid_route("cpu") == before   # every route change is undone
+    assert centroid_routes.forced_route("cpu") is None   # every route forced is undone
     padded, unpadded = data["rows"]
     assert padded[:3] == ("float32", "tiny, padded", 160) and padded[-1] in ("unfused", "sdpa")
     assert unpadded[:3] == ("float32", "tiny", 128)
@@ -221,10 +222,10 @@ def test_long_n_part_runs_the_long_table_and_reads_its_targets_on_the_cpu(tmp_pa
     """The long_n part's benchmark command, with cuda and bfloat16 swapped for cpu and float32 and
     tiny lengths standing in for 16,384..262,144: it runs here, and read_benchmark takes its targets
     (the long table's) as checks."""
-    from attention_ext.benchmark.__main__ import main as benchmark_main
+    from attention_ext.benchmarks.speed.__main__ import main as benchmark_main
     [part] = [p for p in PARTS if p.name == "long_n"]
     command = part.command(tmp_path)
-    assert command[1:3] == ["-m", "attention_ext.benchmark"]
+    assert command[1:3] == ["-m", "attention_ext.benchmarks.speed"]
     text = " ".join(command)
     assert "--device cuda --dtype bfloat16 --shapes long --full-backend flash" in text
     argv = [{"cuda": "cpu", "bfloat16": "float32"}.get(arg, arg) for arg in command[3:]]
@@ -241,3 +242,23 @@ def test_long_n_part_runs_the_long_table_and_reads_its_targets_on_the_cpu(tmp_pa
                        for what in targets) == 2
     assert files == ["csv/long_n/benchmark_cpu_long.csv", "csv/long_n/benchmark_cpu_long_forward.csv"]
     assert "full = full()  [SDPA kernel flash]" in summary
+
+
+def test_profile_part_compares_the_kernel_routes(tmp_path):
+    """The GPU report's profile part profiles each case with both kernel routes and tabulates
+    kernels per pass and the GPU busy share (without a GPU: Triton's interpreter on the CPU, which
+    tests/conftest.py turns on, and no kernels counted)."""
+    pytest.importorskip("triton")
+    import torch
+    from attention_ext.attentions.clustered import kernel_routes
+    from attention_ext.attentions.clustered_triton import triton_interpreted
+    from asr.benchmarks.gpu_report.measure import run_profiles
+
+    device = "cpu" if triton_interpreted() else "cuda"
+    data = run_profiles(tmp_path, cases=(("clustered-8", 40, torch.float32),), device=device)
+    assert kernel_routes.forced_route(device) is None   # every route forced is undone
+    assert [c["ok"] for c in data["checks"]] == [True, True]
+    assert [n["kernels"] for n in data["numbers"]] == ["extension", "triton"]
+    assert "| clustered-8 | 40 | float32 | triton |" in data["summary"]
+    assert sorted(p.name for p in (tmp_path / "profiles").iterdir()) == [
+        "profile_clustered-8_40_float32_extension.txt", "profile_clustered-8_40_float32_triton.txt"]

@@ -3,7 +3,7 @@ issue's aims as checks, from step times whose answers are known."""
 from asr.step_benchmark.__main__ import write_csv
 from asr.step_benchmark.timing import StepTimes
 from asr.step_benchmark.workloads import WORKLOADS, with_batch_seconds
-from attention_ext.gpu_report.training_steps import DEMO_AIM, csv_path, reader
+from asr.benchmarks.gpu_report.training_steps import DEMO_AIM, csv_path, reader
 
 
 def times(workload, label, mode, seconds, audio, error=None):

@@ -8,10 +8,11 @@ import matplotlib.image
 import pytest
 import torch
 
-from attention_ext import benchmark, registry
-from attention_ext.benchmark import (CSV_COLUMNS, BenchmarkCase, Measurement, cpu_peak_memory_bytes,
+from attention_ext import registry
+from attention_ext.benchmarks import speed as benchmark
+from attention_ext.benchmarks.speed import (CSV_COLUMNS, BenchmarkCase, Measurement, cpu_peak_memory_bytes,
                                      evaluate_targets)
-from attention_ext.benchmark.__main__ import main
+from attention_ext.benchmarks.speed.__main__ import main
 from attention_ext.registry import Option, register_attention
 
 MIB = 2 ** 20
@@ -191,13 +192,13 @@ def test_bad_arguments_name_the_value(test_registry, tmp_path, capsys, argv, mes
 
 
 def test_ctrl_c_exits_130_without_a_traceback(monkeypatch, capsys):
-    from attention_ext.benchmark import __main__ as command_line
+    from attention_ext.benchmarks.speed import __main__ as command_line
 
     def interrupted(argv=None):
         raise KeyboardInterrupt
     monkeypatch.setattr(command_line, "main", interrupted)
     assert command_line.command([]) == 130
-    assert capsys.readouterr().err.strip() == "attention_ext.benchmark: interrupted; nothing was written"
+    assert capsys.readouterr().err.strip() == "attention_ext.benchmarks.speed: interrupted; nothing was written"
 
 
 def test_asr_table_runs_on_the_cpu_at_a_tiny_size(test_registry, tmp_path, capsys):
@@ -226,8 +227,8 @@ def test_asr_table_runs_on_the_cpu_at_a_tiny_size(test_registry, tmp_path, capsy
 
 
 def test_tables_have_their_own_shapes_unless_overridden():
-    from attention_ext.benchmark.__main__ import build_parser, config_from_args
-    from attention_ext.benchmark.cases import default_shapes
+    from attention_ext.benchmarks.speed.__main__ import build_parser, config_from_args
+    from attention_ext.benchmarks.speed.cases import default_shapes
 
     def configs(argv):
         parser = build_parser()
@@ -398,7 +399,7 @@ def long_registry(test_registry):
 
 
 def test_long_table_defaults_are_the_demo_models_attention_and_both_passes():
-    from attention_ext.benchmark.__main__ import build_parser, config_from_args
+    from attention_ext.benchmarks.speed.__main__ import build_parser, config_from_args
 
     def configs(argv):
         parser = build_parser()
@@ -442,7 +443,7 @@ def test_forward_pass_runs_without_autograd_and_is_written_to_its_own_files(long
 
 
 def test_estimated_pass_seconds_scales_the_longest_shorter_length_quadratically():
-    from attention_ext.benchmark import estimated_pass_seconds
+    from attention_ext.benchmarks.speed import estimated_pass_seconds
     assert estimated_pass_seconds({}, 1024) is None
     assert estimated_pass_seconds({2048: 1.0}, 1024) is None          # only longer lengths measured
     assert estimated_pass_seconds({256: 0.5, 512: 1.0}, 2048) == (16.0, 512)
@@ -503,7 +504,7 @@ def test_bad_long_options_name_the_value(test_registry, tmp_path, capsys, argv, 
 
 
 def test_long_targets_on_hand_made_rows():
-    from attention_ext.benchmark import evaluate_long_targets
+    from attention_ext.benchmarks.speed import evaluate_long_targets
     lengths = [256, 1024, 4096]   # standing in for 16,384, 65,536 and 262,144
     clustered = fake_case("clustered-100", "clustered", clusters=100)
     iclustered = fake_case("i-clustered-64", "iclustered", clusters=64, topk=32)

@@ -1,9 +1,9 @@
-"""python -m attention_ext.gpu_report: everything owed on a GPU, in one command of at most 10 minutes.
+"""python -m asr.benchmarks.gpu_report: everything owed on a GPU, in one command of at most 10 minutes.
 
-    python -m attention_ext.gpu_report                     # all parts; a rerun goes on where it stopped
-    python -m attention_ext.gpu_report --parts centroid_routes profiles
-    python -m attention_ext.gpu_report --redo benchmark_bfloat16
-    python -m attention_ext.gpu_report --corpus DIR        # a synth corpus made elsewhere (no espeak-ng there)
+    python -m asr.benchmarks.gpu_report                     # all parts; a rerun goes on where it stopped
+    python -m asr.benchmarks.gpu_report --parts centroid_routes profiles
+    python -m asr.benchmarks.gpu_report --redo benchmark_bfloat16
+    python -m asr.benchmarks.gpu_report --corpus DIR        # a synth corpus made elsewhere (no espeak-ng there)
 
 Runs the parts of parts.PARTS (the CUDA tests; the benchmark tables in bfloat16 and float32 with
 their overtaking points against SDPA; LSH's memory per element to N=65,536; profiles of clustered-100
@@ -25,8 +25,8 @@ from pathlib import Path
 
 import torch
 
-from attention_ext.gpu_report.parts import DEFAULT_PART_NAMES, PART_NAMES, PARTS
-from attention_ext.gpu_report.report import all_passed, format_report, load_result, run_parts
+from asr.benchmarks.gpu_report.parts import DEFAULT_PART_NAMES, PART_NAMES, PARTS
+from asr.benchmarks.gpu_report.report import all_passed, format_report, load_result, run_parts
 
 TOTAL_BUDGET_SECONDS = 600
 
@@ -41,7 +41,7 @@ def machine_line() -> str:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m attention_ext.gpu_report", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m asr.benchmarks.gpu_report", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="parts:\n" + "\n".join(f"  {p.name:20s} {p.title} ({p.budget_seconds} s)"
                                                                    for p in PARTS))

@@ -1,5 +1,5 @@
 """The GPU report's measuring parts that are not another command: run as
-`python -m attention_ext.gpu_report.measure PART --out DIR`, each writes <DIR>/parts/<PART>.data.json
+`python -m asr.benchmarks.gpu_report.measure PART --out DIR`, each writes <DIR>/parts/<PART>.data.json
 (checks, a Markdown summary, files) and prints `RESULT <that path>` (parts.read_json_part).
 
     profiles          torch.profiler of clustered-100 and i-clustered-100 at N=4096 and i-clustered-100 at
@@ -22,8 +22,8 @@ from pathlib import Path
 import torch
 
 from attention_ext import build_attention, parse_attention_spec
-from attention_ext.clustered import set_centroid_route, set_kernel_route
-from attention_ext.clustered_triton import TRITON_AVAILABLE
+from attention_ext.attentions.clustered import centroid_routes, kernel_routes
+from attention_ext.attentions.clustered_triton import TRITON_AVAILABLE
 
 PAPER_SHAPE = dict(batch=1, heads=6, dim=64)
 
@@ -50,14 +50,10 @@ def profile_summary(spec: str, length: int, dtype: torch.dtype, out: Path, devic
     """Three forward+backward passes under torch.profiler (after three warm-ups): wall time per pass,
     GPU kernel time per pass, the gap between them (launches, host work, syncs), kernels per pass;
     the operator table by CUDA time goes to a file. `kernels`: the kernel route of clustered and
-    i-clustered for the run ("extension", "triton"; attention_ext.clustered.set_kernel_route), None
-    for the default."""
-    previous = set_kernel_route(device, kernels) if kernels else None
-    try:
+    i-clustered for the run ("extension", "triton"; attention_ext.attentions.clustered.kernel_routes), None
+    for the dispatch's choice."""
+    with kernel_routes.forced(device, kernels or None):
         return _profile(spec, length, dtype, out, device, kernels)
-    finally:
-        if previous:
-            set_kernel_route(device, previous)
 
 
 def _profile(spec: str, length: int, dtype: torch.dtype, out: Path, device: str, kernels: str | None):
@@ -133,8 +129,7 @@ def run_profiles(out: Path, cases=PROFILE_CASES, device: str = "cuda") -> dict:
 def time_route(route: str, spec: str, shape: dict, length: int, dtype: torch.dtype, lengths, repeats: int,
                device: str = "cuda") -> list[float]:
     """Milliseconds of `repeats` forward+backward passes (after one untimed) with the centroid route `route`."""
-    previous = set_centroid_route(device, route)
-    try:
+    with centroid_routes.forced(device, route):
         attention = parse_attention_spec(spec).build()
         q, k, v = _inputs(shape["batch"], shape["heads"], length, shape["dim"], dtype, device)
         times = []
@@ -146,21 +141,16 @@ def time_route(route: str, spec: str, shape: dict, length: int, dtype: torch.dty
             if index:
                 times.append((time.perf_counter() - start) * 1000)
         return times
-    finally:
-        set_centroid_route(device, previous)
 
 
 def route_outputs_agree(length: int, dtype: torch.dtype, lengths, device: str = "cuda") -> tuple[bool, str]:
     """The two routes' outputs for one seeded call, compared within the dtype's rounding."""
     results = {}
     for route in ("unfused", "sdpa"):
-        previous = set_centroid_route(device, route)
-        try:
+        with centroid_routes.forced(device, route):
             q, k, v = _inputs(lengths.shape[0], 4, length, 64, dtype, device, seed=1)
             torch.manual_seed(3)
             results[route] = build_attention("clustered", clusters=100)(q, k, v, lengths).detach().float()
-        finally:
-            set_centroid_route(device, previous)
     difference = float((results["sdpa"] - results["unfused"]).abs().max())
     tolerance = 1e-4 if dtype == torch.float32 else 3e-2
     return difference <= tolerance, f"max |sdpa - unfused| = {difference:.2e} (tolerance {tolerance:g})"
@@ -205,8 +195,8 @@ def run_centroid_routes(out: Path, repeats: int = 10, cases=ROUTE_CASES, device:
              + "\n".join("| " + " | ".join(str(c) for c in row) + " |" for row in rows))
     wins = [row for row in rows if row[-1] == "sdpa"]
     verdict = (f"sdpa is the fastest in {len(wins)} of {len(rows)} cells; choose it with "
-               f"`attention_ext.clustered.set_centroid_route('{device}', 'sdpa')` (or make it the default in "
-               "clustered.py's `_centroid_routes`) where it wins at the lengths you train at.")
+               f"`with attention_ext.attentions.clustered.centroid_routes.forced('{device}', 'sdpa'):` (or make it "
+               "preferred in clustered.py's `_centroid_preference`) where it wins at the lengths you train at.")
     (out / "csv").mkdir(parents=True, exist_ok=True)
     path = out / "csv" / f"centroid_routes{'' if device == 'cuda' else '_' + device}.csv"
     path.write_text(",".join(c.replace(" ", "_") for c in columns) + "\n"
@@ -235,7 +225,7 @@ def run_training(out: Path, compiled: bool, name: str, steps: int = 200, graphs:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m attention_ext.gpu_report.measure")
+    parser = argparse.ArgumentParser(prog="python -m asr.benchmarks.gpu_report.measure")
     parser.add_argument("part", choices=("profiles", "centroid_routes", "training"))
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--compile", choices=("true", "false"), default="false")

@@ -27,14 +27,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
-from attention_ext.gpu_report.training_steps import reader, step_benchmark_command
-
-
-@dataclass
-class Check:
-    what: str
-    ok: bool
-    detail: str = ""
+from asr.benchmarks.gpu_report.checks import Check
+from asr.benchmarks.gpu_report.training_steps import reader, step_benchmark_command
 
 
 @dataclass
@@ -76,7 +70,7 @@ def read_pytest(log: str, out: Path) -> tuple[list[Check], str, list[str]]:
 
 
 def read_benchmark(log: str, out: Path) -> tuple[list[Check], str, list[str]]:
-    """attention_ext.benchmark's output: its tables and overtaking lines as they are, each target's
+    """attention_ext.benchmarks.speed's output: its tables and overtaking lines as they are, each target's
     PASS / FAIL line as a check; the CSVs it wrote."""
     written = [line for line in log.splitlines() if line.startswith("wrote ")]
     # A table for which no target applies (float32 on CUDA) still has a verdict: that it was written.
@@ -140,14 +134,14 @@ PYTHON = sys.executable
 
 def _benchmark(dtype: str) -> Callable[[Path], list[str]]:
     def command(out: Path) -> list[str]:
-        return [PYTHON, "-m", "attention_ext.benchmark", "--device", "cuda", "--dtype", dtype,
+        return [PYTHON, "-m", "attention_ext.benchmarks.speed", "--device", "cuda", "--dtype", dtype,
                 "--shapes", "paper", "asr", "--repeats", "5", "--out", str(out / "csv" / dtype)]
     return command
 
 
 def _training(mode: str) -> Callable[[Path], list[str]]:
     def command(out: Path) -> list[str]:
-        return [PYTHON, "-m", "attention_ext.gpu_report.measure", "training", "--out", str(out),
+        return [PYTHON, "-m", "asr.benchmarks.gpu_report.measure", "training", "--out", str(out),
                 "--compile", str(mode == "compiled").lower(), "--graphs", str(mode == "graphed").lower(),
                 "--name", mode]
     return command
@@ -162,15 +156,15 @@ PARTS = (
     Part("benchmark_float32", "Benchmark in float32 (paper and ASR shapes), overtaking points against SDPA", 25,
          _benchmark("float32"), read_benchmark),
     Part("lsh_memory", "LSH's peak memory per element up to N=65,536 (float32)", 15,
-         lambda out: [PYTHON, "-m", "attention_ext.benchmark", "--device", "cuda", "--shapes", "paper",
+         lambda out: [PYTHON, "-m", "attention_ext.benchmarks.speed", "--device", "cuda", "--shapes", "paper",
                       "--attentions", "full", "lsh-1", "lsh-4", "--lengths", "1024", "4096", "16384", "65536",
                       "--max-length", "full=16384", "--repeats", "3", "--out", str(out / "csv" / "lsh_memory")],
          read_lsh_memory),
     Part("profiles", "torch.profiler, bfloat16: clustered-100 and i-clustered-100 at N=4096, i-clustered-100 at "
          "N=65,536, extension kernels against Triton kernels (kernels per pass, GPU busy share)", 40,
-         lambda out: [PYTHON, "-m", "attention_ext.gpu_report.measure", "profiles", "--out", str(out)], read_json_part),
+         lambda out: [PYTHON, "-m", "asr.benchmarks.gpu_report.measure", "profiles", "--out", str(out)], read_json_part),
     Part("centroid_routes", "Clustered attention's centroid part on CUDA: route unfused (torch operators) against sdpa", 15,
-         lambda out: [PYTHON, "-m", "attention_ext.gpu_report.measure", "centroid_routes", "--out", str(out)],
+         lambda out: [PYTHON, "-m", "asr.benchmarks.gpu_report.measure", "centroid_routes", "--out", str(out)],
          read_json_part),
     Part("training_eager", "200 training steps of the demo preset (synth_iclustered), eager; generates its corpus first", 75,
          _training("eager"), read_training),
@@ -190,7 +184,7 @@ PARTS = (
     # Not in the default run (--parts long_n): the default parts' budgets fill the 10 minutes.
     Part("long_n", "The kernels at long N (the benchmark's long table, bfloat16): N = 16,384 to 262,144, 4 heads "
          "x 32, forward and forward+backward, full through SDPA's FlashAttention kernel beside the others", 90,
-         lambda out: [PYTHON, "-m", "attention_ext.benchmark", "--device", "cuda", "--dtype", "bfloat16",
+         lambda out: [PYTHON, "-m", "attention_ext.benchmarks.speed", "--device", "cuda", "--dtype", "bfloat16",
                       "--shapes", "long", "--full-backend", "flash", "--time-budget", "10", "--repeats", "3",
                       "--out", str(out / "csv" / "long_n")],
          read_benchmark, default=False),

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Prepares, on a development machine with internet access to PyPI and espeak-ng installed, what a
-# GPU machine without either needs for `python -m attention_ext.gpu_report`:
+# GPU machine without either needs for `python -m asr.benchmarks.gpu_report`:
 #   .whl/     wheels (Python 3.12, manylinux x86-64) of the packages the GPU image lacks; the image
 #             has torch, lightning, sentencepiece, triton, pytest, numpy, pyyaml, click, tabulate,
 #             toolz, sortedcontainers (its package list, 2026-11); versions as this project installs them
@@ -11,9 +11,9 @@
 #   python3 -m pip install -q --no-index --no-deps --no-compile --target /tmp/site .whl/*.whl \
 #       && export PYTHONPATH=/tmp/site
 #   TORCH_CUDA_ARCH_LIST=9.0 MAX_JOBS=12 python3 setup.py build_ext --inplace
-#   python3 -m attention_ext.gpu_report --corpus .corpus --out "$OUT/gpu_report"
+#   python3 -m asr.benchmarks.gpu_report --corpus .corpus --out "$OUT/gpu_report"
 set -euo pipefail
-cd "$(dirname "$0")/../.."
+cd "$(dirname "$0")/../../.."
 packages=(hydra-core==1.3.8 omegaconf==2.3.1 antlr4-python3-runtime==4.9.3 jiwer==4.0.0 rapidfuzz==3.14.6
           lhotse==1.33.0 audioread==3.1.0 cytoolz==1.2.0 intervaltree==3.2.1 lilcom==1.8.2
           soundfile==0.14.0 cffi==2.1.1 pycparser==3.12 flashlight-text==0.0.7 kaldi-native-fbank)

@@ -7,7 +7,8 @@ import time
 from dataclasses import asdict
 from pathlib import Path
 
-from attention_ext.gpu_report.parts import Check, Part, PartResult
+from asr.benchmarks.gpu_report.checks import Check
+from asr.benchmarks.gpu_report.parts import Part, PartResult
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 FINISHED = ("passed", "failed")   # a part that ended with a verdict; "error" and "timeout" run again

@@ -1,11 +1,11 @@
-"""The GPU report's training-step table (issue 38, section 4): `python -m asr.step_benchmark` on the
+"""The GPU report's training-step table: `python -m asr.benchmarks.step` on the
 GPU at a batch that fills it, the toolkit's encoder against the plain PyTorch model (SDPA) in the same
 mode - eager, compiled (torch.compile) or graphed (CUDA graphs) - in ms per step and hours of audio
 per GPU-hour, with the issue's aims as checks.
 
 The demo preset (synth_iclustered: the synth model, i-clustered with 64 clusters, ~7.6 s
 utterances) and the WSJ preset (the paper's model, conf/model/paper.yaml, 7.8 s utterances = 780
-positions) on synthetic batches of their shapes (asr/step_benchmark/workloads.py), 2400 s of audio
+positions) on synthetic batches of their shapes (asr/benchmarks/step/workloads.py), 2400 s of audio
 per batch (conf/trainer/gpu80.yaml's data.max_duration), bfloat16 mixed precision.
 """
 from __future__ import annotations
@@ -14,6 +14,8 @@ import csv
 import sys
 from pathlib import Path
 from typing import Callable
+
+from asr.benchmarks.gpu_report.checks import Check
 
 # The demo preset's eager figure on an H200 (attention_ext/RESULTS.md, "The GPU"): 200 steps of 60 s
 # batches in 31.4 s, about 382 s of audio per second = hours of audio per GPU-hour; the aim is 10x.
@@ -34,7 +36,7 @@ def step_benchmark_command(name: str, preset: str, modes: tuple[str, ...]) -> Ca
     workload, models = WORKLOADS[preset]
 
     def command(out: Path) -> list[str]:
-        return [sys.executable, "-m", "asr.step_benchmark", "--device", "cuda", "--precision", "bf16-mixed",
+        return [sys.executable, "-m", "asr.benchmarks.step", "--device", "cuda", "--precision", "bf16-mixed",
                 "--modes", *modes, "--workloads", workload, "--models", *models,
                 "--batch-seconds", str(BATCH_SECONDS), "--repeats", "5", "--warmup", "2",
                 "--csv", str(csv_path(out, name))]
@@ -60,9 +62,8 @@ def steps_table(rows: list[dict]) -> str:
     return "\n".join(lines)
 
 
-def step_checks(rows: list[dict], demo_aim: bool) -> list:
+def step_checks(rows: list[dict], demo_aim: bool) -> list[Check]:
     """Every cell ran; the WSJ ratios in each mode; the demo's best mode against its aim (`demo_aim`)."""
-    from attention_ext.gpu_report.parts import Check
     checks = [Check(f"{r['workload']} {r['mode']} {r['model']}: {BATCH_SECONDS} s batches train", not r["error"],
                     r["error"]) for r in rows]
     for r in rows:
@@ -81,10 +82,9 @@ def step_checks(rows: list[dict], demo_aim: bool) -> list:
     return checks
 
 
-def reader(name: str, demo_aim: bool) -> Callable[[str, Path], tuple[list, str, list[str]]]:
+def reader(name: str, demo_aim: bool) -> Callable[[str, Path], tuple[list[Check], str, list[str]]]:
     """The part's CSV as a table, and its checks (step_checks)."""
     def read(log: str, out: Path):
-        from attention_ext.gpu_report.parts import Check
         path = csv_path(out, name)
         if not path.exists():
             return [Check("the step benchmark wrote its CSV", False, str(path))], "", []

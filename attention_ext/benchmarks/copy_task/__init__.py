@@ -6,7 +6,7 @@ tokens replaced by a mask token M, never at the same index of both halves, so ev
 token can be read off the other half (Fig. 6). A model solves the task by attending from
 each position to the same position of the other half, L + 1 away.
 
-    python -m attention_ext.copy_task               # see __main__.py for the options
+    python -m attention_ext.benchmarks.copy_task               # see __main__.py for the options
 
 This package holds the pieces (data, model, training, accuracy); the command line is in
 __main__.py. Nothing here knows about speech.
@@ -20,7 +20,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from ..registry import parse_attention_spec
+from ...registry import parse_attention_spec
 
 SEPARATOR = 0
 

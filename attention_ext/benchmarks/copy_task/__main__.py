@@ -1,4 +1,4 @@
-"""python -m attention_ext.copy_task: the masked copy task (supplementary C.2, Fig. 5) for
+"""python -m attention_ext.benchmarks.copy_task: the masked copy task (supplementary C.2, Fig. 5) for
 full, clustered and i-clustered (several cluster counts), lsh-1 and the project's further
 attentions (the list is attention_ext.comparisons.copy_task_attentions).
 
@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from ..comparisons import copy_task_attentions
-from ..registry import AttentionConfigError, parse_attention_spec
+from ...comparisons import copy_task_attentions
+from ...registry import AttentionConfigError, parse_attention_spec
 from . import CopyResult, CopyTask, TrainSettings, train_copy_task, train_in_worker
 
 DEFAULT_LENGTHS = (31,)
@@ -34,7 +34,7 @@ def default_specs(clusters: list[int]) -> list[str]:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m attention_ext.copy_task", description=__doc__,
+    parser = argparse.ArgumentParser(prog="python -m attention_ext.benchmarks.copy_task", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", type=int, nargs="+", default=list(DEFAULT_LENGTHS), metavar="L",
                         help="symbols per half, L (N = 2L + 2); the paper: 31 63 127 255 "

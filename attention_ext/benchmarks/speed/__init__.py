@@ -1,8 +1,8 @@
 """Time and memory of one attention forward+backward (or forward) pass per sequence element.
 
-    python -m attention_ext.benchmark                      # the defaults (see --help)
-    python -m attention_ext.benchmark --lengths 1024 4096 --attentions full lsh-1 i-clustered-100
-    python -m attention_ext.benchmark --shapes long        # N = 16k, 64k, 256k, forward and forward+backward
+    python -m attention_ext.benchmarks.speed                      # the defaults (see --help)
+    python -m attention_ext.benchmarks.speed --lengths 1024 4096 --attentions full lsh-1 i-clustered-100
+    python -m attention_ext.benchmarks.speed --shapes long        # N = 16k, 64k, 256k, forward and forward+backward
 
 Like supplementary C.1 / Fig. 4 of "Fast Transformers with Clustered Attention":
 random queries, keys and values of shape (batch, heads, N, dim), one

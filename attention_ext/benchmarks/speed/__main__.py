@@ -1,4 +1,4 @@
-"""The command line: python -m attention_ext.benchmark [--lengths N...] [--attentions SPEC...] ..."""
+"""The command line: python -m attention_ext.benchmarks.speed [--lengths N...] [--attentions SPEC...] ..."""
 from __future__ import annotations
 
 import argparse
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from ..registry import AttentionConfigError, accepted_spec_forms, available_attentions
+from ...registry import AttentionConfigError, accepted_spec_forms, available_attentions
 from .cases import (DEFAULT_ATTENTIONS, PASSES, SDPA_BACKENDS, SHAPES, BenchmarkConfig, build_cases,
                     default_shapes)
 from .report import (CSV_COLUMNS, format_header, format_overtaking, format_table, format_targets,
@@ -146,7 +146,7 @@ Progress goes to stderr."""
 
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m attention_ext.benchmark",
+        prog="python -m attention_ext.benchmarks.speed",
         description=textwrap.fill(
             "Time and peak memory of one attention forward+backward (or forward) pass per sequence element, "
             "for every attention against full (supplementary C.1 / Fig. 4 of 'Fast Transformers "
@@ -291,13 +291,13 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def command(argv: list[str] | None = None) -> int:
-    """main with the project's exit statuses (asr/README.md, "Exit statuses"): 0 done, 2 a bad option
-    (argparse), 1 a failure while measuring (its traceback), 130 after Ctrl-C, without a traceback.
-    attention_ext knows nothing of asr, so this does not use asr.core.exit_status."""
+    """main with the project's exit statuses (README.md): 0 done, 2 a bad option (argparse), 1 a
+    failure while measuring (its traceback), 130 after Ctrl-C, without a traceback. The library
+    imports nothing of the layers above it, so the statuses are stated here."""
     try:
         return main(argv)
     except KeyboardInterrupt:
-        print("\nattention_ext.benchmark: interrupted; nothing was written", file=sys.stderr)
+        print("\nattention_ext.benchmarks.speed: interrupted; nothing was written", file=sys.stderr)
         return 130
 
 

@@ -12,8 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..comparisons import benchmark_attentions
-from ..registry import AttentionConfigError, parse_attention_spec
+from ...comparisons import benchmark_attentions
+from ...registry import AttentionConfigError, parse_attention_spec
 
 DEFAULT_LENGTHS = (512, 1024, 2048, 4096, 8192)
 # On a GPU the lengths where the linear attentions are meant to overtake SDPA (clustered

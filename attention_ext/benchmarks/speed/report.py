@@ -156,9 +156,10 @@ def plot_per_element(measurements: list[Measurement], config: BenchmarkConfig, p
 def routes_line(device_type: str, dtype: torch.dtype = torch.float32) -> str:
     """Which route the run takes where there is a choice: the instruction sets torch's own kernels
     (SDPA, MKL's products) use, and clustered attention's centroid route on this device and dtype."""
-    from ..clustered import centroid_route, resolved_centroid_route
-    chosen, resolved = centroid_route(device_type), resolved_centroid_route(device_type, dtype)
-    route = f"clustered centroid route {resolved}" + (f" (auto for {dtype})" if chosen == "auto" else "")
+    from ...attentions.clustered import centroid_route, centroid_routes
+    forced = centroid_routes.forced_route(device_type) is not None
+    route = (f"clustered centroid route {centroid_route(device_type, dtype)}"
+             + ("" if forced else f" (the dispatch's choice for {dtype})"))
     if device_type != "cpu":
         return f"routes: {route}"
     mkl = os.environ.get("MKL_ENABLE_INSTRUCTIONS", "MKL's choice")

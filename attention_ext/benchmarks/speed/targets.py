@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..comparisons import further_attentions
-from ..registry import parse_attention_spec
+from ...comparisons import further_attentions
+from ...registry import parse_attention_spec
 from .cases import BenchmarkCase, Measurement
 
 
