@@ -103,7 +103,8 @@ def clustered_pass(timer: StageTimer, q, k, v, grad_out, clusters, bits, iterati
 
 
 def main(argv=None):
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m attention_ext.benchmarks.clustered_profile", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--attentions", nargs="+", default=["clustered", "iclustered"],
                         choices=["clustered", "iclustered"])
     parser.add_argument("--lengths", nargs="+", type=int, default=[4096, 32768])
