@@ -129,7 +129,7 @@ constraints=$(mktemp)
 trap 'rm -f "$constraints"' EXIT
 echo "torch==${torch_distribution:-$installed_torch}" > "$constraints"
 # Triton (the test extra's): a CUDA torch requires its own build of it; beside a CPU torch, where only its
-# interpreter runs (the tests of attention_ext/clustered_triton), the version those tests pass with (3.6's
+# interpreter runs (the tests of attention_ext/attentions/clustered_triton), the version those tests pass with (3.6's
 # interpreter fails on loops with run-time bounds under NumPy 2.4). Triton depends on nothing, torch included.
 triton_pin=()
 if [ -z "${torch_cuda:-}" ]; then triton_pin=(triton==3.8.0); fi
@@ -166,7 +166,7 @@ if not url.get("dir_info", {}).get("editable") or os.path.realpath(where) != os.
     sys.exit(f"the project is installed from {source}, not from this checkout")
 for text in dist.requires or []:
     requirement = Requirement(text)
-    if requirement.marker and not any(requirement.marker.evaluate({"extra": extra}) for extra in ("", "asr", "test")):
+    if requirement.marker and not any(requirement.marker.evaluate({"extra": extra}) for extra in ("", "asr", "benchmarks", "test")):
         continue
     try:
         version = metadata.version(requirement.name)
@@ -181,12 +181,12 @@ if [ "$(cat "$state_dir/python-packages" 2>/dev/null)" = "$packages_key" ] \
    && why=$(python -c "$verify_packages" "$checkout" 2>&1); then
   say_step "[3/4] Python packages: up to date (pyproject.toml, torch and the environment unchanged; requirements satisfied)"
 else
-  say_begin "[3/4] Python packages: pip install -e \".[asr,test]\" (downloads what is missing; builds attention_ext: minutes)"
+  say_begin "[3/4] Python packages: pip install -e \".[asr,benchmarks,test]\" (downloads what is missing; builds attention_ext: minutes)"
   rm -f "$state_dir/python-packages"
   # --root-user-action=ignore: as root (CI, Docker) pip would warn mid-line, cutting the step line in two
   quietly pip-build-tools python -m pip install -q --root-user-action=ignore -c "$constraints" setuptools wheel ninja
   quietly pip-project python -m pip install -q --root-user-action=ignore -c "$constraints" --no-build-isolation \
-    ${triton_pin[@]+"${triton_pin[@]}"} -e ".[asr,test]"
+    ${triton_pin[@]+"${triton_pin[@]}"} -e ".[asr,benchmarks,test]"
   echo "$packages_key" > "$state_dir/python-packages"
   extension_built_by_pip=1
   say_done "installed"

@@ -12,7 +12,7 @@ attention in every layer, on the same split. A pair that cannot be valid (lsh or
 model with separate query and key projections, agglomerative with more classes than the head dim) is
 "-"; the cell whose attention equals the training attention is marked *. On a shared-QK column the
 full, clustered, i-clustered and oracle-top rows run in the key form the model was trained with
-(after shared_full or lsh: unit-normalised keys, no attention to self; attention_ext.reformer_key_form,
+(after shared_full or lsh: unit-normalised keys, no attention to self; attention_ext.attentions.reformer_key_form,
 computed densely, so their times stay out of the row's mean); --shared-qk-keys raw gives them keys
 equal to the raw queries, the form of every matrix before issue 31.
 

@@ -50,7 +50,7 @@ run lsh or shared_full (they are defined for keys equal to the queries) and such
 refused. On a shared-QK model, full, clustered, iclustered and oracle_top run by default in the key
 form the model was trained with (`shared_qk_keys=trained`): after shared_full or lsh that is the
 Reformer form, unit-normalised keys and no attention to self unless nothing else
-(attention_ext.reformer_key_form; clustered and iclustered are then computed densely: their forward
+(attention_ext.attentions.reformer_key_form; clustered and iclustered are then computed densely: their forward
 time is not the kernels'); `shared_qk_keys=raw` gives them keys equal to the raw queries with self
 allowed, the form of every evaluation before issue 31. results.json says which (`key_form`).
 """

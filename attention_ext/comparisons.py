@@ -2,10 +2,10 @@
 here beside the registry, and read by every comparison.
 
     comparison                                 declared by               read by
-    benchmark (Fig. 4, supplementary C.1)      benchmark_attentions()    attention_ext.benchmark: the default
+    benchmark (Fig. 4, supplementary C.1)      benchmark_attentions()    attention_ext.benchmarks.speed: the default
                                                                          --attentions and the further
                                                                          attentions' targets (targets.py)
-    masked copy task (Fig. 5, suppl. C.2)      copy_task_attentions(C)   attention_ext.copy_task: the default
+    masked copy task (Fig. 5, suppl. C.2)      copy_task_attentions(C)   attention_ext.benchmarks.copy_task: the default
                                                                          --attentions
     train-with x evaluate-with (Table 1)       cross_matrix_rows(S, L)   asr.cross_matrix's default --specs,
                                                                          recipes/synth/experiment_settings.py's rows
@@ -17,8 +17,8 @@ in the registry's order (the order they joined the project: linear, then agglome
 new attention joins every comparison by declaring `compare_as` on its registration; neither this
 file nor any comparison's own file changes.
 
-The lists are computed when asked for, not when this module is imported: the package imports
-its modules in name order, and this one comes before some attentions register.
+The lists are computed when asked for, not when this module is imported, so they hold every
+attention registered by then (a test's or a user's too).
 """
 from __future__ import annotations
 

@@ -140,7 +140,7 @@ def test_install_script_default_installs_the_pinned_torch_from_pips_own_index(in
     calls = pip_calls(entries)
     assert calls[0]["pip"] == ["-q", "torch==2.13.0", "numpy"]
     project = [call for call in calls if "-e" in call["pip"]]
-    assert project and project[0]["pip"][-1] == ".[asr,test]" and "--no-build-isolation" in project[0]["pip"]
+    assert project and project[0]["pip"][-1] == ".[asr,benchmarks,test]" and "--no-build-isolation" in project[0]["pip"]
     assert project[0]["constraints"] == "torch==2.13.0"
     assert {"imported": "attention_ext._C"} in entries
     assert not [entry for entry in entries if "apt-get" in entry]    # all packages present

@@ -15,6 +15,9 @@ need not: they name no package in asr's code.
 from __future__ import annotations
 
 import ast
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
@@ -277,3 +280,186 @@ def test_the_benchmark_checks_find_a_planted_import_and_a_stray_tool(tmp_path):
         "asr/shared.py: not a command",
         "asr/speed_benchmark.py: a measurement tool outside asr/benchmarks/",
     ]
+# ---- benchmarks folders: tools that nothing else imports ----------------------------------------------
+# attention_ext/benchmarks/ (the library's tools) and asr/benchmarks/ (asr's measurement tools) hold
+# commands that measure; no module outside a benchmarks folder imports one, and `import attention_ext`
+# runs none of them. attention_ext is the library alone: no file of it names the layers above (their
+# packages, their commands, their presets), and its registry, contract and kernel loader import no
+# attention (the attentions import them).
+BENCHMARKS = ("attention_ext.benchmarks", "asr.benchmarks")
+ATTENTION_EXT_BASE = ("registry.py", "contract.py", "dispatch.py", "_ops.py", "_fake_kernels.py")
+
+
+def dotted(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def is_submodule(root: Path, package: str, name: str) -> bool:
+    folder = root.joinpath(*package.split("."))
+    return (folder / name).is_dir() or any(folder.glob(f"{name}.*"))   # name.py, or a compiled name.<abi>.so
+
+
+def resolved_imports(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import of a module, relative ones resolved (`from .x import y` in
+    attention_ext/a.py: attention_ext.x; `from . import x`: attention_ext.x where x is a module)."""
+    package = dotted(path, root) if path.name == "__init__.py" else dotted(path, root).rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    from_lines = {(node.lineno, node.module) for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    names = [(line, name) for line, name in imported_names(tree) if (line, name) not in from_lines]
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.split(".")[:len(package.split(".")) - (node.level - 1)]
+                base = ".".join(anchor + ([node.module] if node.module else []))
+            subs = [f"{base}.{alias.name}" for alias in node.names if is_submodule(root, base, alias.name)]
+            names += [(node.lineno, name) for name in subs or [base]]
+    return sorted(set(names))
+
+
+def in_benchmarks(name: str) -> bool:
+    return any(name == folder or name.startswith(folder + ".") for folder in BENCHMARKS)
+
+
+def imports_of_benchmarks(root: Path) -> list[str]:
+    """'path:line: module imports benchmarks.x' for every import of a benchmarks folder from outside one."""
+    found = []
+    for package in LAYERS:
+        for path in sorted((root / package).rglob("*.py")):
+            module = dotted(path, root)
+            if in_benchmarks(module):
+                continue
+            found += [f"{path.relative_to(root)}:{line}: {module} imports {name}"
+                      for line, name in resolved_imports(path, root) if in_benchmarks(name)]
+    return found
+
+
+def test_no_module_outside_a_benchmarks_folder_imports_one():
+    for folder in BENCHMARKS:
+        assert (REPO.joinpath(*folder.split(".")) / "__init__.py").is_file(), folder
+    assert imports_of_benchmarks(REPO) == []
+
+
+def test_the_check_finds_a_planted_import_of_a_benchmark(tmp_path):
+    for folder in ("attention_ext/benchmarks/speed", "asr/benchmarks", "asr/evaluation", "recipes"):
+        (tmp_path / folder).mkdir(parents=True, exist_ok=True)
+    for package in ("attention_ext", "attention_ext/benchmarks", "attention_ext/benchmarks/speed", "asr",
+                    "asr/benchmarks", "recipes"):
+        (tmp_path / package / "__init__.py").write_text("")
+    (tmp_path / "attention_ext" / "registry.py").write_text("import torch\n")
+    (tmp_path / "attention_ext" / "benchmarks" / "speed" / "cases.py").write_text("from ...registry import x\n")
+    (tmp_path / "attention_ext" / "benchmarks" / "speed" / "__main__.py").write_text("from .cases import x\n")
+    (tmp_path / "asr" / "benchmarks" / "step.py").write_text("from attention_ext.benchmarks.speed import cases\n")
+    (tmp_path / "attention_ext" / "comparisons.py").write_text("from . import benchmarks\n")
+    (tmp_path / "asr" / "evaluation" / "bad.py").write_text("def late():\n    import asr.benchmarks.step\n")
+    (tmp_path / "recipes" / "bad.py").write_text("from asr.benchmarks import step\n")
+    assert imports_of_benchmarks(tmp_path) == [
+        "attention_ext/comparisons.py:1: attention_ext.comparisons imports attention_ext.benchmarks",
+        "asr/evaluation/bad.py:2: asr.evaluation.bad imports asr.benchmarks.step",
+        "recipes/bad.py:1: recipes.bad imports asr.benchmarks.step",
+    ]
+
+
+def preset_names(root: Path) -> set[str]:
+    """Every `conf=` preset: the setups of conf/conf and each corpus setup with each attention."""
+    setups = {path.stem for path in (root / "conf" / "conf").glob("*.yaml")}
+    attentions = {path.stem for path in (root / "conf" / "attention").glob("*.yaml")}
+    return setups | {f"{setup}_{attention}" for setup in setups for attention in attentions}
+
+
+UPPER_MODULE = re.compile(r"^(asr|recipes)(\.\w+)+$|(^|\s)-m\s+(asr|recipes)\b|^conf=")
+
+
+def names_of_upper_layers(root: Path) -> list[str]:
+    """'path:line: what' for every import of asr or recipes in attention_ext, every string that names
+    one of their modules (`"asr.train"`, `"-m asr.train"`, `"-m", "asr..."`), and every preset name."""
+    presets, found = preset_names(root), []
+    for path in sorted((root / "attention_ext").rglob("*")):
+        where = path.relative_to(root)
+        if path.suffix == ".sh":
+            found += [f"{where}:{number}: {line.strip()}" for number, line in
+                      enumerate(path.read_text(encoding="utf-8").splitlines(), 1) if re.search(r"-m\s+(asr|recipes)\b", line)]
+        if path.suffix != ".py":
+            continue
+        found += [f"{where}:{line}: imports {name}" for line, name in resolved_imports(path, root)
+                  if name.split(".")[0] in ("asr", "recipes")]
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str):
+                if UPPER_MODULE.search(node.value.strip()) or node.value in presets:
+                    found.append(f"{where}:{node.lineno}: names {node.value.strip()!r}")
+    return sorted(found)
+
+
+def test_attention_ext_names_neither_asr_nor_recipes():
+    assert "synth_iclustered" in preset_names(REPO)
+    assert names_of_upper_layers(REPO) == []
+
+
+def test_the_check_finds_planted_names_of_the_layers_above(tmp_path):
+    (tmp_path / "attention_ext" / "tools").mkdir(parents=True)
+    (tmp_path / "conf" / "conf").mkdir(parents=True)
+    (tmp_path / "conf" / "attention").mkdir(parents=True)
+    (tmp_path / "conf" / "conf" / "synth.yaml").write_text("")
+    (tmp_path / "conf" / "attention" / "full.yaml").write_text("")
+    (tmp_path / "attention_ext" / "__init__.py").write_text('"""Knows nothing about speech (asr is above)."""\n')
+    (tmp_path / "attention_ext" / "tools" / "run.py").write_text(
+        'import sys\ncommand = [sys.executable, "-m", "asr.train", "conf=demo"]\n'
+        'other = "python -m recipes.synth.prepare"\npreset = "synth_full"\nshape = "asr"\n')
+    (tmp_path / "attention_ext" / "tools" / "late.py").write_text("def f():\n    from asr.core import exit_status\n")
+    (tmp_path / "attention_ext" / "tools" / "carry.sh").write_text("#!/bin/sh\npython3 -m asr.train\n")
+    assert names_of_upper_layers(tmp_path) == [
+        "attention_ext/tools/carry.sh:2: python3 -m asr.train",
+        "attention_ext/tools/late.py:2: imports asr.core",
+        "attention_ext/tools/run.py:2: names 'asr.train'",
+        "attention_ext/tools/run.py:2: names 'conf=demo'",
+        "attention_ext/tools/run.py:3: names 'python -m recipes.synth.prepare'",
+        "attention_ext/tools/run.py:4: names 'synth_full'",
+    ]
+
+
+def attention_imports_of_the_base(root: Path) -> list[str]:
+    """'path:line: imports name' where registry, contract, dispatch or the kernel loader imports an
+    attention, or the package's face (which imports every attention)."""
+    found = []
+    for name in ATTENTION_EXT_BASE:
+        path = root / "attention_ext" / name
+        found += [f"{path.relative_to(root)}:{line}: imports {imported}" for line, imported in resolved_imports(path, root)
+                  if imported == "attention_ext" or imported.startswith("attention_ext.attentions")]
+    return found
+
+
+def test_registry_contract_and_the_kernel_loader_import_no_attention():
+    assert attention_imports_of_the_base(REPO) == []
+
+
+def test_the_check_finds_a_planted_attention_import_in_the_base(tmp_path):
+    (tmp_path / "attention_ext" / "attentions").mkdir(parents=True)
+    (tmp_path / "attention_ext" / "attentions" / "full.py").write_text("")
+    (tmp_path / "attention_ext" / "_C.cpython-311-x86_64-linux-gnu.so").write_text("")
+    (tmp_path / "attention_ext" / "_fake_kernels.py").write_text("")
+    for name in ATTENTION_EXT_BASE:
+        (tmp_path / "attention_ext" / name).write_text("import torch\n")
+    (tmp_path / "attention_ext" / "_ops.py").write_text("from . import _C\nfrom . import _fake_kernels\n")
+    (tmp_path / "attention_ext" / "registry.py").write_text("def late():\n    from .attentions.full import x\n")
+    (tmp_path / "attention_ext" / "contract.py").write_text("from attention_ext import build_attention\n")
+    assert attention_imports_of_the_base(tmp_path) == [
+        "attention_ext/registry.py:2: imports attention_ext.attentions.full",
+        "attention_ext/contract.py:1: imports attention_ext",
+    ]
+
+
+def test_importing_attention_ext_runs_no_tool_and_needs_no_plotting():
+    """In a fresh interpreter, with matplotlib and tqdm made unimportable: `import attention_ext`
+    works, builds an attention, and loads no module of its benchmarks folder."""
+    script = ("import sys\n"
+              "sys.modules['matplotlib'] = sys.modules['tqdm'] = None   # an import of either now fails\n"
+              "import torch, attention_ext\n"
+              "attention_ext.build_attention('clustered', clusters=2)(*[torch.randn(1, 1, 4, 8)] * 3)\n"
+              "print(sorted(name for name in sys.modules if name.startswith('attention_ext.benchmarks')))\n"
+              "print(sorted(name for name in sys.modules if name.startswith('attention_ext.attentions.')))\n")
+    result = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    tools, attentions = result.stdout.splitlines()
+    assert tools == "[]"
+    assert "'attention_ext.attentions.clustered'" in attentions and "'attention_ext.attentions.lsh'" in attentions

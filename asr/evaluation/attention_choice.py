@@ -32,7 +32,7 @@ def evaluation_attention(model: SpeechRecognizer, spec: str | None,
 # shared_qk_keys=...: the keys a shared-QK model gets from attentions defined for separate keys
 # (full, clustered, iclustered, oracle_top). A model trained with shared_full or lsh learned the
 # Reformer conventions (unit-normalised keys, no attention to self unless nothing else), which
-# those attentions then follow (attention_ext.reformer_key_form); "raw" gives them keys equal to
+# those attentions then follow (attention_ext.attentions.reformer_key_form); "raw" gives them keys equal to
 # the raw queries, self allowed, as every evaluation did before issue 31.
 SHARED_QK_KEYS = {"trained": "the key form the model was trained with",
                   "raw": "keys equal to the raw queries, attention to self allowed"}

@@ -34,7 +34,7 @@ from lightning.pytorch.callbacks import Callback
 def exact_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool
                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """The exact attention the projections define, softmax(q k^T / sqrt(E)) over the valid keys
-    (with shared_qk: over the unit keys q / ||q||, no attention to self, as attention_ext.shared_full).
+    (with shared_qk: over the unit keys q / ||q||, no attention to self, as attention_ext.attentions.shared_full).
 
     Returns (log_p, visible, counted, seen): (B, H, N, N) log-probabilities, (B, H, N, N) bool of
     the keys each query sees, (B, H, N) bool of the queries that count (valid ones that see more
@@ -60,7 +60,7 @@ def relative_attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.
     (B, H, N) bool of the queries that count: valid ones that see more than one key.
 
     q, k: (B, H, N, E); lengths: (B,). With shared_qk the keys are q / ||q|| and a query does
-    not see its own key (as attention_ext.shared_full).
+    not see its own key (as attention_ext.attentions.shared_full).
     """
     log_p, visible, counted, seen = exact_attention(q, k, lengths, shared_qk)
     p = log_p.exp()
@@ -93,7 +93,7 @@ def attention_locality(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, 
 def cluster_time_spread(assignment: torch.Tensor, lengths: torch.Tensor) -> tuple[float, float, int]:
     """How far apart in time the queries of each cluster are, summed for an exact mean over batches.
 
-    assignment: (B, H, N) cluster id of each query, -1 for padded ones (attention_ext.clustered's
+    assignment: (B, H, N) cluster id of each query, -1 for padded ones (attention_ext.attentions.clustered's
     QueryClusters.assignment); lengths: (B,). A cluster's spread is the standard deviation
     (population, 1/n) of its members' positions. Returns (sum over clusters of members x spread in
     positions, the same with each spread divided by its sequence's length, number of queries): the
@@ -150,13 +150,13 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
         locality5, locality20      share of exact attention within +-5 / +-20 positions (attention_locality)
         cluster_spread             with `clustering` ({clusters, bits, iterations} of clustered or
         cluster_spread_fraction    i-clustered attention): the queries' clusters by the attention's own
-                                   attention_ext.clustered.cluster_queries, their time spread in positions
+                                   attention_ext.attentions.clustered.cluster_queries, their time spread in positions
                                    and as a share of the sequence length (cluster_time_spread)
 
     reseed() is called before each layer's clustering: with the seed of the batch (as an evaluation
     seeds it), a layer's clusters are those that attention computes when it runs in that layer alone
     behind exact layers (which draw nothing)."""
-    from attention_ext.clustered import cluster_queries
+    from attention_ext.attentions.clustered import cluster_queries
     from attention_ext.contract import kernel_dtype
     shared_qk = model.encoder.shared_qk
     measures = []

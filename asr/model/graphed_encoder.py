@@ -32,7 +32,7 @@ Randomness: dropout and the attentions' CUDA draws come from torch's CUDA genera
 advances at every replay (PyTorch registers it with the capture), so every step draws afresh and a
 checkpoint's CUDA RNG state is where the steps left it. The warm-ups and the capture run inside
 `torch.random.fork_rng`: capturing draws nothing from the streams the run continues with. Draws a
-module makes on the CPU (clustered attention's hash planes: attention_ext/clustered.py) are not
+module makes on the CPU (clustered attention's hash planes: attention_ext/attentions/clustered.py) are not
 captured: a graph replays the planes of its capture (issue 38, section 1, owns that).
 
 Not supported: accumulating gradients over several batches (param.grad may be the graph's own

@@ -2,7 +2,7 @@
 import torch
 
 from attention_ext import build_attention
-from attention_ext.clustered import cluster_queries
+from attention_ext.attentions.clustered import cluster_queries
 
 
 def module_and_clusters(name, q, k, v, lengths, seed, **options):

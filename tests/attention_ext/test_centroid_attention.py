@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from attention_ext._ops import ops
-from attention_ext.clustered import CentroidValues
+from attention_ext.attentions.clustered import CentroidValues
 
 
 def reference(centroids, k, v, lengths):
@@ -115,7 +115,7 @@ def test_bad_shapes_are_refused_with_the_argument_named():
 
 # ------------------------------------------------------------- with the top-k split (iclustered)
 
-from attention_ext.iclustered import CentroidTopSplit  # noqa: E402
+from attention_ext.attentions.iclustered import CentroidTopSplit  # noqa: E402
 
 
 def reference_top(centroids, k, v, lengths, topk, given_top=None):

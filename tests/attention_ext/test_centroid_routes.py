@@ -4,7 +4,8 @@ import pytest
 import torch
 
 from attention_ext import build_attention
-from attention_ext.clustered import CENTROID_ROUTES, centroid_route, cluster_queries, set_centroid_route
+from attention_ext.attentions.clustered import centroid_route, centroid_routes, cluster_queries
+from attention_ext.dispatch import RouteCall
 
 from dense_clustered_attention import clustered_attention
 from kernel_devices import DEVICES
@@ -17,17 +18,9 @@ CASES = [  # (lengths, N, clusters): padded batches, a length 0 and 1, fewer que
 ]
 
 
-@pytest.fixture
-def route():
-    """Restores the routes a test changed."""
-    saved = {device: centroid_route(device) for device in ("cpu", "cuda")}
-    yield
-    for device, chosen in saved.items():
-        set_centroid_route(device, chosen)
-
-
-def _routes(device: str) -> list[str]:
-    return [r for r in CENTROID_ROUTES if r != "fused" or device == "cpu"]
+def _routes(device: str) -> list[str | None]:
+    """Every route that runs on `device`, and None: the dispatch's own choice."""
+    return [r for r in centroid_routes.names if r != "fused" or device == "cpu"] + [None]
 
 
 def _run(device, dtype, lengths, length, clusters, given_lengths=True):
@@ -43,11 +36,11 @@ def _run(device, dtype, lengths, length, clusters, given_lengths=True):
 
 @pytest.mark.parametrize("device", DEVICES)
 @pytest.mark.parametrize("lengths, length, clusters", CASES)
-def test_every_route_gives_the_same_values_and_gradients(route, device, lengths, length, clusters):
+def test_every_route_gives_the_same_values_and_gradients(device, lengths, length, clusters):
     results = {}
     for chosen in _routes(device):
-        set_centroid_route(device, chosen)
-        results[chosen], _ = _run(device, torch.float64, lengths, length, clusters)
+        with centroid_routes.forced(device, chosen):
+            results[chosen], _ = _run(device, torch.float64, lengths, length, clusters)
     reference = results.pop("unfused")
     for chosen, got in results.items():
         for name, a, b in zip(("output", "dq", "dk", "dv"), got, reference):
@@ -55,10 +48,10 @@ def test_every_route_gives_the_same_values_and_gradients(route, device, lengths,
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_sdpa_route_matches_the_dense_equations(route, device):
-    set_centroid_route(device, "sdpa")
+def test_sdpa_route_matches_the_dense_equations(device):
     lengths, length, clusters = [40, 17, 0, 1], 40, 6
-    (out, *_), (q, k, v, lengths_tensor) = _run(device, torch.float64, lengths, length, clusters)
+    with centroid_routes.forced(device, "sdpa"):
+        (out, *_), (q, k, v, lengths_tensor) = _run(device, torch.float64, lengths, length, clusters)
     torch.manual_seed(7)   # the clustering the call drew
     assignment = cluster_queries(q.detach(), lengths_tensor, clusters, 63, 10).assignment
     expected = clustered_attention(q.detach().cpu(), k.detach().cpu(), v.detach().cpu(), lengths_tensor.cpu(),
@@ -67,45 +60,64 @@ def test_sdpa_route_matches_the_dense_equations(route, device):
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_sdpa_route_without_lengths_takes_no_mask(route, device):
-    set_centroid_route(device, "sdpa")
-    sdpa, _ = _run(device, torch.float64, [32, 32], 32, 5, given_lengths=False)
-    set_centroid_route(device, "unfused")
-    unfused, _ = _run(device, torch.float64, [32, 32], 32, 5, given_lengths=False)
+def test_sdpa_route_without_lengths_takes_no_mask(device):
+    with centroid_routes.forced(device, "sdpa"):
+        sdpa, _ = _run(device, torch.float64, [32, 32], 32, 5, given_lengths=False)
+    with centroid_routes.forced(device, "unfused"):
+        unfused, _ = _run(device, torch.float64, [32, 32], 32, 5, given_lengths=False)
     for a, b in zip(sdpa, unfused):
         torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_float32_routes_agree_within_rounding(route, device):
+def test_float32_routes_agree_within_rounding(device):
     results = {}
     for chosen in _routes(device):
-        set_centroid_route(device, chosen)
-        results[chosen], _ = _run(device, torch.float32, [40, 17, 0, 1], 40, 6)
+        with centroid_routes.forced(device, chosen):
+            results[chosen], _ = _run(device, torch.float32, [40, 17, 0, 1], 40, 6)
     for chosen, got in results.items():
         for a, b in zip(got, results["unfused"]):
             torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
 
 
-def test_unknown_and_impossible_routes_are_refused(route):
-    with pytest.raises(ValueError, match="choose one of"):
-        set_centroid_route("cpu", "flash")
+def test_unknown_and_impossible_routes_are_refused():
+    with pytest.raises(ValueError, match="choose one of fused, unfused, sdpa"):
+        with centroid_routes.forced("cpu", "flash"):
+            pass
     with pytest.raises(ValueError, match="CPU kernel"):
-        set_centroid_route("cuda", "fused")
-    assert set_centroid_route("cpu", "sdpa") == "auto"   # returns the previous route
-    assert centroid_route("cpu") == "sdpa"
+        with centroid_routes.forced("cuda", "fused"):
+            pass
+    assert centroid_routes.forced_route("cuda") is None   # a refused route leaves nothing forced
 
 
-def test_auto_route_resolves_by_device_and_dtype(route):
-    """The defaults chosen by measurement: on CUDA sdpa in half precision and unfused in float32;
-    on the CPU the fused kernel (measured on AVX-512 and AVX2 alike)."""
-    from attention_ext.clustered import resolved_centroid_route
-    assert centroid_route("cuda") == "auto" and centroid_route("cpu") == "auto"
-    assert resolved_centroid_route("cuda", torch.bfloat16) == "sdpa"
-    assert resolved_centroid_route("cuda", torch.float16) == "sdpa"
-    assert resolved_centroid_route("cuda", torch.float32) == "unfused"
-    assert resolved_centroid_route("cpu", torch.float32) == "fused"
-    set_centroid_route("cpu", "unfused")      # a route chosen by hand is taken as it is
-    assert resolved_centroid_route("cpu", torch.float32) == "unfused"
-    set_centroid_route("cuda", "unfused")
-    assert resolved_centroid_route("cuda", torch.bfloat16) == "unfused"
+def test_forcing_is_scoped_and_nests():
+    """A forced route holds inside its block only; an inner block's route gives way to the outer's."""
+    assert centroid_routes.forced_route("cpu") is None
+    with centroid_routes.forced("cpu", "sdpa"):
+        assert centroid_route("cpu", torch.float32) == "sdpa"
+        with centroid_routes.forced("cpu", "unfused"):
+            assert centroid_route("cpu", torch.float32) == "unfused"
+        with centroid_routes.forced("cpu", None):   # the dispatch's own choice inside
+            assert centroid_route("cpu", torch.float32) == "fused"
+        assert centroid_route("cpu", torch.float32) == "sdpa"
+    assert centroid_routes.forced_route("cpu") is None
+    with pytest.raises(KeyError):
+        with centroid_routes.forced("cpu", "unfused"):
+            raise KeyError("left by an error")
+    assert centroid_routes.forced_route("cpu") is None
+
+
+def test_dispatch_resolves_by_device_and_dtype():
+    """The preferences chosen by measurement: on CUDA sdpa in half precision and unfused in float32;
+    on the CPU the fused kernel (measured on AVX-512 and AVX2 alike); a forced route is taken as it is."""
+    assert centroid_route("cuda", torch.bfloat16) == "sdpa"
+    assert centroid_route("cuda", torch.float16) == "sdpa"
+    assert centroid_route("cuda", torch.float32) == "unfused"
+    assert centroid_route("cpu", torch.float32) == "fused"
+    assert centroid_route("mps", torch.float32) == "unfused"
+    with centroid_routes.forced("cpu", "unfused"), centroid_routes.forced("cuda", "unfused"):
+        assert centroid_route("cpu", torch.float32) == "unfused"
+        assert centroid_route("cuda", torch.bfloat16) == "unfused"
+    reasons = centroid_routes.reasons(RouteCall("cuda", torch.float32))
+    assert list(reasons) == ["unfused", "sdpa", "fused"]   # tried in order, the rest after
+    assert reasons["fused"] == "the fused centroid route is a CPU kernel" and reasons["sdpa"] is None

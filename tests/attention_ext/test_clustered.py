@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from attention_ext import AttentionConfigError, build_attention
 from attention_ext._ops import ops
-from attention_ext.clustered import ClusterBroadcast, ClusterMean, cluster_queries, group_queries
+from attention_ext.attentions.clustered import ClusterBroadcast, ClusterMean, cluster_queries, group_queries
 
 import dense_clustered_attention as dense
 from module_clustering import module_and_clusters

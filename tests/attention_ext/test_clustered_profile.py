@@ -1,10 +1,10 @@
-"""The stage-by-stage profiler (python -m attention_ext.clustered_profile) times what the
+"""The stage-by-stage profiler (python -m attention_ext.benchmarks.clustered_profile) times what the
 attention modules compute: its forward output equals theirs for the same torch seed."""
 import pytest
 import torch
 
 from attention_ext import build_attention
-from attention_ext.clustered_profile import StageTimer, clustered_pass, main
+from attention_ext.benchmarks.clustered_profile import StageTimer, clustered_pass, main
 
 
 @pytest.mark.parametrize("name, topk", [("clustered", None), ("iclustered", 8)])

@@ -10,8 +10,8 @@ import torch
 
 from attention_ext import build_attention
 from attention_ext._ops import ops
-from attention_ext.clustered import ClusterBroadcast, ClusterMean, cluster_queries, group_queries
-from attention_ext.iclustered import (CentroidTopSplit, ClusteredSparseDot, ClusteredSparseWeightedSum,
+from attention_ext.attentions.clustered import ClusterBroadcast, ClusterMean, cluster_queries, group_queries
+from attention_ext.attentions.iclustered import (CentroidTopSplit, ClusteredSparseDot, ClusteredSparseWeightedSum,
                                       ClusteredTopAttention, ImprovedClusteredCPU)
 
 

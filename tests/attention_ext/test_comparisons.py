@@ -43,8 +43,8 @@ def test_the_declared_lists_hold_todays_rows_in_todays_order():
 
 def test_every_comparison_reads_the_declared_list():
     from asr.cross_matrix import DEFAULT_SPECS, build_parser as cross_matrix_parser
-    from attention_ext.benchmark.__main__ import build_parser as benchmark_parser
-    from attention_ext.copy_task.__main__ import DEFAULT_CLUSTERS, default_specs
+    from attention_ext.benchmarks.speed.__main__ import build_parser as benchmark_parser
+    from attention_ext.benchmarks.copy_task.__main__ import DEFAULT_CLUSTERS, default_specs
     from recipes.synth.experiment_settings import SETTINGS
 
     assert DEFAULT_SPECS == cross_matrix_rows()
@@ -58,7 +58,7 @@ def test_every_comparison_reads_the_declared_list():
 
 def test_the_further_attentions_keep_their_benchmark_targets():
     """linear's and agglomerative-8's targets (issue 17) as targets.py listed them by hand."""
-    from attention_ext.benchmark.targets import LINEAR_SCALING_TARGETS, SPEEDUP_TARGETS
+    from attention_ext.benchmarks.speed.targets import LINEAR_SCALING_TARGETS, SPEEDUP_TARGETS
     speedups = [(t.name, t.options, t.length, t.minimum, t.title) for t in SPEEDUP_TARGETS]
     assert speedups[:6] == [
         ("clustered", (), 4096, 30.0, "clustered"), ("iclustered", (), 4096, 18.0, "iclustered"),

@@ -17,7 +17,7 @@ from torch import nn
 import attention_ext
 from attention_ext import available_attentions, build_attention
 from attention_ext._ops import ops
-from attention_ext.lsh import lsh_hash
+from attention_ext.attentions.lsh import lsh_hash
 
 # Options small enough that every approximation really approximates on 16 positions: 3 clusters,
 # 4 top keys, chunks of 4, 2 LSH rounds, 2 agglomerative classes.

@@ -5,9 +5,9 @@ import csv
 import pytest
 import torch
 
-from attention_ext.copy_task import (SEPARATOR, CopyTask, CopyTransformer, TrainSettings, copy_task_batch,
+from attention_ext.benchmarks.copy_task import (SEPARATOR, CopyTask, CopyTransformer, TrainSettings, copy_task_batch,
                                      masked_accuracy, train_copy_task)
-from attention_ext.copy_task.__main__ import default_specs, main
+from attention_ext.benchmarks.copy_task.__main__ import default_specs, main
 
 
 @pytest.mark.parametrize("length", [4, 31, 63])

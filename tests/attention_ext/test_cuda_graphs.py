@@ -141,7 +141,7 @@ def test_value_checks_are_skipped_while_a_graph_is_captured(name):
 def test_lsh_kernels_refuse_bad_lengths_with_checks_on_and_do_nothing_with_them_off():
     """LSH's CUDA kernels check lengths and order on the device; the flag is read on the host only
     with value checks on. Off, a bad order makes them return zeros, never read out of bounds."""
-    from attention_ext.lsh import lsh_chunked_attention
+    from attention_ext.attentions.lsh import lsh_chunked_attention
     q = torch.randn(1, 1, 4, 3, device="cuda")
     order = torch.tensor([0, 1, 1, 3], device="cuda").view(1, 1, 1, 4)   # 1 twice, 2 missing
     lengths = torch.tensor([4], device="cuda")

@@ -12,8 +12,8 @@ import torch
 
 from attention_ext import available_attentions, build_attention
 from attention_ext._ops import ops
-from attention_ext.clustered import cluster_queries, group_queries
-from attention_ext.lsh import lsh_hash
+from attention_ext.attentions.clustered import cluster_queries, group_queries
+from attention_ext.attentions.lsh import lsh_hash
 
 from kernel_devices import requires_cuda
 

@@ -6,8 +6,8 @@ import torch.nn.functional as F
 
 from attention_ext import AttentionConfigError, build_attention
 from attention_ext._ops import ops
-from attention_ext.clustered import ClusterBroadcast, group_queries
-from attention_ext.iclustered import ClusteredSparseDot, ClusteredSparseWeightedSum, SplitTopMass
+from attention_ext.attentions.clustered import ClusterBroadcast, group_queries
+from attention_ext.attentions.iclustered import ClusteredSparseDot, ClusteredSparseWeightedSum, SplitTopMass
 
 import dense_clustered_attention as dense
 from module_clustering import module_and_clusters

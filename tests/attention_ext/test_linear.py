@@ -5,7 +5,7 @@ import torch
 from torch._dynamo.testing import CompileCounterWithBackend
 
 from attention_ext import AttentionConfigError, available_attentions, build_attention, parse_attention_spec
-from attention_ext import linear as linear_module
+from attention_ext.attentions import linear as linear_module
 
 from random_inputs import on, random_qkv
 
@@ -96,7 +96,7 @@ def test_spec_and_registry_facts():
 
 
 # ---- the chunked computation ---------------------------------------------------------------------
-# attention_ext.linear works over the sequence in chunks of CHUNK_POSITIONS positions (one autograd
+# attention_ext.attentions.linear works over the sequence in chunks of CHUNK_POSITIONS positions (one autograd
 # Function, gradients derived by hand); the tests make the chunk 4 positions long, so 3 positions
 # are one partial chunk, 4 exactly one (whose phi and products the backward keeps) and 13 three
 # full chunks and a partial one (recomputed in the backward).

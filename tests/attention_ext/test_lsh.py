@@ -13,7 +13,7 @@ import torch
 from attention_ext import AttentionConfigError, build_attention, parse_attention_spec
 from attention_ext._ops import ops
 from attention_ext.contract import draw_seed
-from attention_ext.lsh import (device_rotations, lsh_bucket_count, lsh_chunked_attention, lsh_hash,
+from attention_ext.attentions.lsh import (device_rotations, lsh_bucket_count, lsh_chunked_attention, lsh_hash,
                                 lsh_hash_on_device, lsh_rotations)
 
 

@@ -7,7 +7,7 @@ import torch
 
 from attention_ext import (AttentionConfigError, SharedFullAttention, SharedQKRequiredError, build_in_reformer_form,
                            parse_attention_spec, runs_in_reformer_form)
-from attention_ext.clustered import cluster_queries
+from attention_ext.attentions.clustered import cluster_queries
 
 from test_shared_full import dense_shared_full
 

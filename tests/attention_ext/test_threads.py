@@ -10,9 +10,9 @@ import torch
 
 from attention_ext import _C
 from attention_ext._ops import ops
-from attention_ext.clustered import cluster_queries
-from attention_ext.iclustered import top_keys
-from attention_ext.lsh import lsh_hash
+from attention_ext.attentions.clustered import cluster_queries
+from attention_ext.attentions.iclustered import top_keys
+from attention_ext.attentions.lsh import lsh_hash
 
 
 def test_kernels_run_on_torchs_threads(threads):

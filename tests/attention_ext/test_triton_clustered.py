@@ -1,4 +1,4 @@
-"""The Triton kernels of clustered and i-clustered attention (attention_ext/clustered_triton).
+"""The Triton kernels of clustered and i-clustered attention (attention_ext/attentions/clustered_triton).
 
 Without a GPU they run in Triton's interpreter (TRITON_INTERPRET=1, set here before any kernel is
 defined) on CPU tensors in float32; with one, compiled on CUDA tensors (the "cpu" cases are then
@@ -25,10 +25,10 @@ from random_inputs import on, random_qkv  # noqa: E402
 
 from attention_ext import build_attention  # noqa: E402
 from attention_ext._ops import ops  # noqa: E402
-from attention_ext.clustered import group_queries, set_kernel_route  # noqa: E402
-from attention_ext.clustered_triton import triton_interpreted  # noqa: E402
-from attention_ext.clustered_triton.clustering import cluster_with_draws  # noqa: E402
-from attention_ext.clustered_triton.top_attention import top_attention  # noqa: E402
+from attention_ext.attentions.clustered import group_queries, kernel_route, kernel_routes  # noqa: E402
+from attention_ext.attentions.clustered_triton import triton_interpreted  # noqa: E402
+from attention_ext.attentions.clustered_triton.clustering import cluster_with_draws  # noqa: E402
+from attention_ext.attentions.clustered_triton.top_attention import top_attention  # noqa: E402
 
 INTERPRETED = triton_interpreted()
 DEVICES = [pytest.param("cpu", marks=pytest.mark.skipif(not INTERPRETED, reason="kernels compiled for CUDA")),
@@ -43,9 +43,8 @@ def device(request):
 @pytest.fixture
 def triton_route(device):
     """The triton kernel route on `device` for the test, the previous route afterwards."""
-    previous = set_kernel_route(device.type, "triton")
-    yield
-    set_kernel_route(device.type, previous)
+    with kernel_routes.forced(device.type, "triton"):
+        yield
 
 
 def _extension_clustering(q, lengths, clusters, iterations, planes, plane_offsets, seed):
@@ -176,13 +175,10 @@ def test_routes_agree(device, name, length, lengths, clusters, topk):
     options = dict(clusters=clusters, iterations=5) | (dict(topk=topk) if name == "iclustered" else {})
     results = {}
     for route in ("extension", "triton"):
-        previous = set_kernel_route(device.type, route)
-        try:
+        with kernel_routes.forced(device.type, route):
             torch.manual_seed(21)
             out = build_attention(name, **options)(q, k, v, lengths)
             results[route] = (out, *torch.autograd.grad(out.square().sum(), (q, k, v)))
-        finally:
-            set_kernel_route(device.type, previous)
     for label, value, wanted in zip(("out", "q", "k", "v"), results["triton"], results["extension"]):
         torch.testing.assert_close(value, wanted, atol=2e-5, rtol=1e-5, msg=label)
 
@@ -198,38 +194,26 @@ def test_half_precision_on_cuda(dtype):
     lengths = torch.tensor([1000, 613], device="cuda")
     for name in ("clustered", "iclustered"):
         outputs = {}
-        for route in ("extension", "auto"):
-            previous = set_kernel_route("cuda", route)
-            try:
+        for route in ("extension", None):   # None: the dispatch's choice, triton
+            with kernel_routes.forced("cuda", route):
                 torch.manual_seed(8)
                 outputs[route] = build_attention(name, clusters=50)(q, k, v, lengths).float()
-            finally:
-                set_kernel_route("cuda", previous)
-        torch.testing.assert_close(outputs["auto"], outputs["extension"], atol=3e-2, rtol=3e-2)
+        torch.testing.assert_close(outputs[None], outputs["extension"], atol=3e-2, rtol=3e-2)
 
 
 def test_kernel_route_choices():
-    """A route outside the list is refused with the allowed ones; the CPU keeps the extension by default."""
-    with pytest.raises(ValueError, match="choose one of triton, extension, auto"):
-        set_kernel_route("cuda", "fast")
-    from attention_ext.clustered import resolved_kernel_route
-    assert resolved_kernel_route(torch.zeros(1, 1, 4, 8), clusters=2) == "extension"
-
-
-def test_profile_part_compares_the_kernel_routes(device, tmp_path):
-    """The GPU report's profile part profiles each case with both kernel routes and tabulates
-    kernels per pass and the GPU busy share (on the CPU: the interpreter, no kernels counted)."""
-    from attention_ext.clustered import _kernel_routes
-    from attention_ext.gpu_report.measure import run_profiles
-
-    before = dict(_kernel_routes)
-    data = run_profiles(tmp_path, cases=(("clustered-8", 40, torch.float32),), device=device.type)
-    assert _kernel_routes == before   # every route change is undone
-    assert [c["ok"] for c in data["checks"]] == [True, True]
-    assert [n["kernels"] for n in data["numbers"]] == ["extension", "triton"]
-    assert "| clustered-8 | 40 | float32 | triton |" in data["summary"]
-    assert sorted(p.name for p in (tmp_path / "profiles").iterdir()) == [
-        "profile_clustered-8_40_float32_extension.txt", "profile_clustered-8_40_float32_triton.txt"]
+    """A route outside the list is refused with the allowed ones; the CPU keeps the extension by
+    default; a call the forced triton route declines (float64, too many cluster slots) falls to the
+    extension."""
+    with pytest.raises(ValueError, match="choose one of triton, extension"):
+        with kernel_routes.forced("cuda", "fast"):
+            pass
+    assert kernel_route(torch.zeros(1, 1, 4, 8), clusters=2) == "extension"
+    if INTERPRETED:
+        with kernel_routes.forced("cpu", "triton"):
+            assert kernel_route(torch.zeros(1, 1, 4, 8), clusters=2) == "triton"
+            assert kernel_route(torch.zeros(1, 1, 4, 8, dtype=torch.float64), clusters=2) == "extension"
+            assert kernel_route(torch.zeros(1, 1, 300, 8), clusters=300) == "extension"
 
 
 @pytest.mark.parametrize("name", ["clustered", "iclustered"])

@@ -142,20 +142,20 @@ def test_the_gap_by_layer_swaps_one_layer_at_a_time_and_resumes_at_the_next(tiny
 def test_the_cluster_spread_measures_the_clusters_the_attention_computes(tiny_run, monkeypatch):
     """The clusters of layer 1 in the measurement are those clustered attention computes in an
     evaluation of the same batch with it in layer 1 alone; their spread is the spread of those."""
-    import attention_ext.clustered
+    import attention_ext.attentions.clustered
     from asr.evaluation.attention_choice import evaluation_attention, set_evaluation_attention
     from asr.model.diagnostics import cluster_time_spread, layer_attention_measures
     from asr.model.recognizer import EVALUATION_SEED, seed_evaluation_batch
     checkpoint = tiny_run / "checkpoints" / "step-000004.ckpt"
     clusterings = []
-    original = attention_ext.clustered.cluster_queries
+    original = attention_ext.attentions.clustered.cluster_queries
 
     def recorded(q, lengths, *options):
         clusters = original(q, lengths, *options)
         clusterings.append((clusters.assignment.clone(), lengths.clone()))
         return clusters
 
-    monkeypatch.setattr(attention_ext.clustered, "cluster_queries", recorded)
+    monkeypatch.setattr(attention_ext.attentions.clustered, "cluster_queries", recorded)
     model = sharpening.exact_model(checkpoint)
     data = evaluation_data(model, checkpoint, "dev", progress=False)
     batch = next(iter(data.datamodule.dataloader("dev")))

@@ -1,5 +1,5 @@
 // LSH hashing on the CPU (`lsh_hash`): the projections onto the random rotations that
-// attention_ext/lsh.py draws, the buckets, and the positions sorted by (bucket, position).
+// attention_ext/attentions/lsh.py draws, the buckets, and the positions sorted by (bucket, position).
 #include <ATen/ATen.h>
 #include <torch/library.h>
 

@@ -1,6 +1,6 @@
 // Reformer (LSH) chunked attention on CPU, forward and backward.
 //
-// Python (attention_ext/lsh.py) draws the random rotations; `lsh_hash` here projects the
+// Python (attention_ext/attentions/lsh.py) draws the random rotations; `lsh_hash` here projects the
 // queries onto them, takes the buckets and sorts the positions by (bucket, position), and
 // `lsh_attention_forward/backward` do the chunked attention.
 //
