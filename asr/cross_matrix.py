@@ -14,7 +14,7 @@ model with separate query and key projections, agglomerative with more classes t
 full, clustered, i-clustered and oracle-top rows run in the key form the model was trained with
 (after shared_full or lsh: unit-normalised keys, no attention to self; attention_ext.attentions.reformer_key_form,
 computed densely, so their times stay out of the row's mean); --shared-qk-keys raw gives them keys
-equal to the raw queries, the form of every matrix before issue 31.
+equal to the raw queries, the form every matrix had before the key form was followed.
 
 Writes to --out (default: cross_matrix/):
     cells/<column>__<row>.json   one evaluation per cell; a run that is started again reuses

@@ -52,7 +52,7 @@ form the model was trained with (`shared_qk_keys=trained`): after shared_full or
 Reformer form, unit-normalised keys and no attention to self unless nothing else
 (attention_ext.attentions.reformer_key_form; clustered and iclustered are then computed densely: their forward
 time is not the kernels'); `shared_qk_keys=raw` gives them keys equal to the raw queries with self
-allowed, the form of every evaluation before issue 31. results.json says which (`key_form`).
+allowed, the form every evaluation had before the key form was followed. results.json says which (`key_form`).
 """
 from __future__ import annotations
 

@@ -33,7 +33,7 @@ def evaluation_attention(model: SpeechRecognizer, spec: str | None,
 # (full, clustered, iclustered, oracle_top). A model trained with shared_full or lsh learned the
 # Reformer conventions (unit-normalised keys, no attention to self unless nothing else), which
 # those attentions then follow (attention_ext.attentions.reformer_key_form); "raw" gives them keys equal to
-# the raw queries, self allowed, as every evaluation did before issue 31.
+# the raw queries, self allowed, as every evaluation did before the key form was followed.
 SHARED_QK_KEYS = {"trained": "the key form the model was trained with",
                   "raw": "keys equal to the raw queries, attention to self allowed"}
 # What the attention of an evaluation saw as keys (results.json and cross-matrix cells: key_form)

@@ -33,7 +33,7 @@ advances at every replay (PyTorch registers it with the capture), so every step 
 checkpoint's CUDA RNG state is where the steps left it. The warm-ups and the capture run inside
 `torch.random.fork_rng`: capturing draws nothing from the streams the run continues with. Draws a
 module makes on the CPU (clustered attention's hash planes: attention_ext/attentions/clustered.py) are not
-captured: a graph replays the planes of its capture (issue 38, section 1, owns that).
+captured: a graph replays the planes of its capture (the CUDA-graph-safe draws own that).
 
 Not supported: accumulating gradients over several batches (param.grad may be the graph's own
 gradient buffer, which the next replay overwrites; asr.train zeroes gradients every step).

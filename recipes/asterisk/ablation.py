@@ -1,4 +1,4 @@
-"""Which augmentation carries synthetic training to real voices: the ablation of issue 26.
+"""Which augmentation carries synthetic training to real voices: the ablation (recipes/asterisk/RESULTS.md).
 
     python -m recipes.asterisk.ablation                       # every row, the demo's step budget
     python -m recipes.asterisk.ablation --steps 3000 --rows specaugment all
@@ -30,13 +30,13 @@ Rows (each "+ X" is SpecAugment plus X alone, so a row shows what X adds):
     channel      + channel effects (band limits, telephone, codecs) and level for half the utterances
     voices       + the festival voices in the corpus (a corpus of its own: data/synth_voices)
     all          all of the above
-    speakers     issue 41: today's default (the channel row) + other speakers made by formant and pitch
+    speakers     today's default (the channel row) + other speakers made by formant and pitch
                  shifts (Praat's Change gender) for half the utterances
-    vtlp         issue 41: today's default (the channel row) + vocal tract length perturbation of the
+    vtlp         today's default (the channel row) + vocal tract length perturbation of the
                  features (alpha 0.8-1.25) for half the utterances
-    piper25      issue 41: today's default + piper's neural voice for a quarter of the seen speakers'
+    piper25      today's default + piper's neural voice for a quarter of the seen speakers'
                  utterances (a corpus of its own: data/synth_piper25); piper50: half (data/synth_piper50)
-    together41   issue 41's "the best together": today's default + speakers, VTLP and piper 25 % at once
+    together41   "the best together": today's default + speakers, VTLP and piper 25 % at once
                  (none of them alone beat the default on asterisk dev; this row says whether together they do)
 
 Run it again after an interruption: finished rows are skipped, an interrupted one resumes from its last
@@ -67,7 +67,7 @@ CHANNEL = ("data.augment.channel_prob=0.5", "data.augment.volume_prob=0.5")
 VOICES = ("synth_corpus.extra_voices=festival", "data.root=data/synth_voices")
 SPEAKERS = "data.augment.speaker_prob=0.5"   # the ranges are data.augment's defaults (asr/docs/data.md)
 VTLP = "data.augment.vtlp_prob=0.5"
-# issue 41: piper's neural voice speaks a share of the seen speakers' utterances (corpora of their own)
+# piper's neural voice speaks a share of the seen speakers' utterances (corpora of their own)
 PIPER_25 = ("synth_corpus.extra_voices=piper", "synth_corpus.piper_share=0.25", "data.root=data/synth_piper25")
 PIPER_50 = ("synth_corpus.extra_voices=piper", "synth_corpus.piper_share=0.5", "data.root=data/synth_piper50")
 ROWS: dict[str, tuple[str, tuple[str, ...]]] = {

@@ -1,4 +1,4 @@
-"""Adapting a trained model to one real voice in ten minutes of it: the measurement of issue 41, part 4.
+"""Adapting a trained model to one real voice in ten minutes of it: the measurement in recipes/asterisk/RESULTS.md.
 
     python -m recipes.asterisk.adapt --init-from runs/synth_iclustered/<time>
     python -m recipes.asterisk.adapt --init-from RUN --lrs 1e-4 3e-4 --freezes none --steps 100 200 400

@@ -91,7 +91,7 @@ def _profile(spec: str, length: int, dtype: torch.dtype, out: Path, device: str,
     return text, numbers
 
 
-# clustered-100 and i-clustered-100 at N=4096 (issue 38's aims: <= 0.5 and <= 1.0 ms, GPU busy >= 70 %) and
+# clustered-100 and i-clustered-100 at N=4096 (the GPU aims: <= 0.5 and <= 1.0 ms, GPU busy >= 70 %) and
 # i-clustered-100 at 65,536, in bfloat16 (the aims' dtype), each with the extension's kernels (before) and
 # the Triton kernels (after). (spec, N, dtype)
 PROFILE_CASES = (("clustered-100", 4096, torch.bfloat16), ("i-clustered-100", 4096, torch.bfloat16),

@@ -45,7 +45,7 @@ PASSES = ("forward", "forward+backward")
 # The paper's setting (supplementary C.1): one long sequence. Its targets are defined for it.
 PAPER_SHAPE = BenchmarkShape("paper", "paper shapes (supplementary C.1): one long sequence", 1, 6, 64,
                              DEFAULT_LENGTHS, DEFAULT_CUDA_LENGTHS)
-# A training batch of real speech corpora (issue 19: batch 32, 4 heads x 64, N = 256..2048
+# A training batch of real speech corpora (batch 32, 4 heads x 64, N = 256..2048
 # frames): what attention costs in one training step. It has no targets.
 ASR_LENGTHS = (256, 512, 1024, 2048)
 ASR_SHAPE = BenchmarkShape("asr", "ASR shapes: a training batch of 32 utterances", 32, 4, 64,

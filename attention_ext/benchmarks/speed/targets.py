@@ -4,8 +4,9 @@ On the CPU in float32, against torch's CPU attention: speedups over full at give
 a time (and, for LSH, memory) per element that stays flat (linear cost). On CUDA in
 bfloat16, against SDPA's FlashAttention kernels: the N from which clustered and
 i-clustered overtake full, and LSH's memory per element flat up to N=65536. The numbers
-are issue 19's aims, and issue 17's for the attentions beyond the paper's (linear and
-agglomerative-8 when it was set; every further attention of attention_ext.comparisons since).
+are the project's CPU and GPU aims (attention_ext/RESULTS.md), and for the attentions beyond the
+paper's (linear and agglomerative-8 when it was set; every further attention of
+attention_ext.comparisons since) the same speed floor and linear scaling.
 The long table (cases.LONG_SHAPE) has its own: time and peak memory per element flat over the
 table's lengths (evaluate_long_targets).
 """
@@ -100,27 +101,27 @@ def _scaling(attention, shortest: int, longest: int, factor: float,
 
 
 SPEEDUP_TARGETS = (
-    # issue 19, item 5: the CPU floor, on AVX2 and AVX-512 machines alike
+    # the CPU floor, on AVX2 and AVX-512 machines alike
     _speedup(CLUSTERED, 4096, 30.0), _speedup(ICLUSTERED, 4096, 18.0), _speedup(LSH_1, 4096, 30.0),
     _speedup(LSH_4, 4096, 3.0),
-    # issue 17: the further attentions at least as fast as clustered's first target at N=4096
+    # the further attentions at least as fast as clustered's first target at N=4096
     *(_speedup(attention, 4096, 12.0) for attention in FURTHER),
 )
 LINEAR_SCALING_TARGETS = (
-    # issue 19, item 5: time per element within 1.3x from N=4096 to 32768
+    # time per element within 1.3x from N=4096 to 32768
     _scaling(CLUSTERED, 4096, 32768, 1.3), _scaling(ICLUSTERED, 4096, 32768, 1.3),
     _scaling(LSH_1, 4096, 32768, 1.3),
-    # issue 19, item 1: LSH's time within 1.5x and its memory within 1.3x per element
+    # LSH's time within 1.5x and its memory within 1.3x per element
     _scaling(LSH_4, 4096, 32768, 1.5),
     _scaling(LSH_1, 4096, 32768, 1.3, "memory"), _scaling(LSH_4, 4096, 32768, 1.3, "memory"),
-    # issue 17: and linear in N
+    # the further attentions: linear in N too
     *(_scaling(attention, 2048, 8192, 1.3) for attention in FURTHER),
 )
 OVERTAKING_TARGETS = (
     OvertakingTarget("clustered", (), 8192, "clustered"),
     OvertakingTarget("iclustered", (), 16384, "iclustered"),
 )
-# issue 19, item 1 on the GPU: LSH's peak memory per element flat up to N=65536.
+# on the GPU: LSH's peak memory per element flat up to N=65536.
 CUDA_SCALING_TARGETS = (_scaling(LSH_1, 4096, 65536, 1.3, "memory"),
                         _scaling(LSH_4, 4096, 65536, 1.3, "memory"))
 # (speedup, linear scaling, overtaking) targets by (device, dtype) of the run: on the CPU in
