@@ -8,9 +8,9 @@ Three modes: the eager path with precomputed features and with features on the f
 streaming path (`data.streaming=true`, asr/data/stream_sampler.py). For the streaming mode each size
 is a stream of its own (asr.benchmarks.scaled_corpus.replicate_stream: the source's shards, prepared once
 into `--scratch/base` and timed, repeated under new ids with their frames hard-linked and their
-records rewritten; no manifest beside it, so only the shards are read); 100,000 h takes ~9 GB of
-records and ~45,700 shards, and ~15 minutes to write once. The eager modes run only up to --eager-max-hours (their memory grows
-linearly: 12.5 GB at 10,000 h). "x model" is batches/s times --model-step-s, the demo model's step.
+records rewritten; no manifest beside it, so only the shards are read; what the largest sizes take
+to write: asr/RESULTS.md, "Scale, round 2"). The eager modes run only up to --eager-max-hours (their
+memory grows linearly with the hours). "x model" is batches/s times --model-step-s, the demo model's step.
 
 For each size it writes, under `--scratch/<hours>h/`, a training manifest of that many hours made
 of the source corpus's training cuts under new ids (asr.benchmarks.scaled_corpus: no audio is written)
