@@ -16,11 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from asr.data.datamodule import DataConfig, SpeechDataModule
-from asr.data.manifests import ManifestError
+from asr.data.config import DataConfig
+
+from asr.data.datamodule import SpeechDataModule
+from asr.data.corpus.manifests import ManifestError
 from asr.core.exit_status import run_command
-from asr.data.feature_cache import precompute_features
-from asr.data.features import FilterBank
+from asr.data.features.feature_cache import precompute_features
+from asr.data.features.features import FilterBank
 
 
 def _epoch_seconds(module: SpeechDataModule) -> tuple[float, int]:
