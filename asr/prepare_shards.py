@@ -52,6 +52,7 @@ def prepare(arguments: list[str]) -> None:
                             stream_shard_cuts=args.stream_shard_cuts, feature_jobs=args.jobs,
                             skip_bad_audio=args.skip_bad_audio, allow_commands=args.allow_commands, progress=args.progress, streaming=True,
                             train_split=args.splits[0], targets=["chars"])
+        config.check_feature_cache()   # the shards are written there
         module = SpeechDataModule(config)
     except ValueError as error:
         raise BadArguments(str(error)) from None

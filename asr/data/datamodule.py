@@ -1,5 +1,8 @@
 """The Lightning DataModule that serves batches, from a DataConfig (asr.data.config) and its corpus.
 
+The config is checked where it was made (`DataConfig.of`, once per start) and the corpus resolved
+by the caller (asr.train resolves it once and hands it over); neither is done again here.
+
 A split's way through the data layer reads top to bottom in `SpeechDataModule.split` (steps 1-4)
 and `SpeechDataModule.dataloader` (steps 5-6); each step is one call into the module that owns it:
 
@@ -19,7 +22,8 @@ and `SpeechDataModule.dataloader` (steps 5-6); each step is one call into the mo
 5. build the dataset: cuts -> padded tensors and their transcripts' ids; for training, waveform
    augmentation drawn per utterance and epoch (`waveform_augmentation`) and SpecAugment
    (`dataset.SpeechBatchDataset`);
-6. build the sampler: duration-bucketed batches, this process's share (`batching.duration_bucketing_sampler`);
+6. build the sampler: duration-bucketed batches, this process's share
+   (`duration_buckets.duration_bucketing_sampler`);
    with `data.join_seconds` the training split's batches are of long examples, consecutive
    utterances joined with a pause (`joined_examples.join_utterances`; step 5 joins their features).
 
@@ -30,8 +34,8 @@ reported before minutes are spent; features already computed are kept on disk wh
 
 A corpus too large for this (data.streaming, by default from 50 MB of training manifest) takes the
 streaming path instead: `split()` opens the split's shards, prepared once with steps 1-4 done
-(asr.data.streaming.streamed_split), and step 6 is asr.data.batching.stream_sampler's sampler; nothing per cut is
-kept in memory (asr/docs/data.md, "Large corpora").
+(asr.data.streaming.streamed_split), and step 6 is asr.data.batching.stream_sampler's sampler;
+nothing per cut is kept in memory (asr/docs/data.md, "Large corpora").
 
 The global mean/std (`feature_mean`, `feature_std`) are over all frames of the kept training
 utterances, or of `feature_stats.STATS_SAMPLE_CUTS` of them evenly spread where the split has more;
