@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import shlex
 import sys
 from pathlib import Path
@@ -53,7 +54,7 @@ from asr.core.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
 from asr.text.metrics import percent
 from asr.model.checkpoint import CheckpointError
 from asr.model.recognizer import CheckpointMismatchError
-from asr.model.run_folder import remove_unused_run_folder, run_folder
+from asr.model.run_folder import RunFolderInUseError, remove_unused_run_folder, run_folder
 from asr.training.fit import file_log, train
 from asr.core.warning_filters import install_warning_filters
 from attention_ext import AttentionConfigError
@@ -93,6 +94,14 @@ USAGE_ERRORS = (ConfigError, AttentionConfigError, CheckpointError, CheckpointMi
 _task_started = False   # set by the Hydra task; before it, a failure is Hydra's composition of the config
 
 
+def hydra_value(text: str) -> str:
+    """`text` as a Hydra override value: as it is when plain, else quoted (a space, a comma or a
+    bracket would otherwise split it or make it a sweep)."""
+    if re.fullmatch(r"[\w./+-]+", text):
+        return text
+    return "'" + text.replace("'", "\\'") + "'"
+
+
 def resume_hint(run_dir: Path) -> str:
     """How to continue an interrupted run: its own command with run_dir=<its folder> ckpt_path=last,
     or, before its first epoch finished, the same command again. Processes started by torchrun or
@@ -105,10 +114,10 @@ def resume_hint(run_dir: Path) -> str:
     folder = str(run_dir) if relative.startswith("..") else relative
     if launched_rank() is not None:   # the processes may run on other machines, in other folders
         return (f"resume from the last finished epoch by starting the job again with "
-                f"{shlex.quote(f'run_dir={run_dir.resolve()}')} ckpt_path=last added to asr.train's arguments "
-                "(on any number of processes)")
+                f"{shlex.quote(f'run_dir={hydra_value(str(run_dir.resolve()))}')} ckpt_path=last added to "
+                "asr.train's arguments (on any number of processes)")
     command = " ".join(["python -m asr.train", *map(shlex.quote, overrides),
-                        shlex.quote(f"run_dir={folder}"), "ckpt_path=last"])
+                        shlex.quote(f"run_dir={hydra_value(folder)}"), "ckpt_path=last"])
     return f"resume from the last finished epoch with: {command}"
 
 
@@ -123,7 +132,8 @@ def run(cfg: DictConfig) -> None:
     try:
         results = train(cfg, run_dir)
     except USAGE_ERRORS as error:
-        remove_unused_run_folder(run_dir, cfg.run_dir)
+        if not isinstance(error, RunFolderInUseError):   # that folder is another run's
+            remove_unused_run_folder(run_dir, cfg.run_dir)
         say(f"asr.train: error: {error}", sys.stderr)
         raise SystemExit(USAGE_ERROR) from None
     except KeyboardInterrupt:

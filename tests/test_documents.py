@@ -9,7 +9,7 @@ added to repeats.
 
 Code maps: each package's README has a section "## Code map" that names, in backticks and relative
 to the package folder, every module (`train.py`, `data/manifests.py`) or the folder that holds it
-(`step_benchmark/`). Every `.py` file of the package except `__init__.py` and `__main__.py` must be
+(`benchmarks/`). Every `.py` file of the package except `__init__.py` and `__main__.py` must be
 named by its path or by one of its folders, and every path the map names must exist. Moving a
 module means editing its package's map, nothing here.
 """

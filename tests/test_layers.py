@@ -2,7 +2,9 @@
 commands (modules run as `python -m asr.X`) sit above the library: no module of asr imports one.
 Inside asr the library's packages are layers too (ASR_LAYERS, README's layout): core and text at
 the bottom, then data, model, config and evaluation, training, and the commands on top; a package
-imports its own modules and the layers below it, never a peer or a layer above.
+imports its own modules and the layers below it, never a peer or a layer above. asr's measurement
+tools (asr/benchmarks/) sit on top beside the commands: they may import any layer, no module outside
+them imports one, and asr's top level holds only commands and layer folders.
 
 A module may import its own package and the packages below it, never one above it (README,
 "Layout"). The check reads every module's import statements, also those inside functions, and
@@ -99,7 +101,7 @@ def imports_of_commands(root: Path) -> list[str]:
 
 def test_no_module_of_asr_imports_a_command():
     commands = command_modules(REPO)
-    assert {"asr.train", "asr.evaluate", "asr.transcribe", "asr.data_benchmark"} <= set(commands)
+    assert {"asr.train", "asr.evaluate", "asr.transcribe", "asr.benchmarks.data"} <= set(commands)
     assert not any(name.startswith(("asr.data.", "asr.model.", "asr.evaluation.decoding.")) for name in commands), \
         "a command inside a library folder"
     assert imports_of_commands(REPO) == []
@@ -132,7 +134,7 @@ def asr_room(dotted: str) -> str:
             if dotted == package or dotted.startswith(package + "."):
                 return package
     parts = dotted.split(".")
-    return ".".join(parts[:2])   # asr.train, asr.step_benchmark
+    return ".".join(parts[:2])   # asr.train, asr.benchmarks
 
 
 def asr_rank(room: str) -> int:
@@ -187,6 +189,94 @@ def test_the_asr_layer_check_finds_a_peer_import_and_an_upward_one(tmp_path):
     assert imports_against_the_asr_layers(tmp_path) == ["asr.config imports asr.evaluation",
                                                         "asr.data imports asr.config"]
     assert import_levels({"a": {"b"}, "b": {"c"}, "c": set()}) == 3
+
+
+# ---- asr's benchmarks: the top of asr, imported by nothing outside them ------------------------------
+ASR_BENCHMARKS = "asr.benchmarks"   # asr's measurement tools; every other top-level module is a user command
+
+
+def module_imports(path: Path, root: Path) -> list[tuple[int, str]]:
+    """(line, dotted name) of every import of a module, relative ones resolved against its package;
+    `from a import b` gives both a and a.b (b may be a module)."""
+    package = path.relative_to(root).parts[:-1]   # a module's package, also for an __init__.py
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    names = imported_names(tree)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            base = ".".join(package[:len(package) - node.level + 1]) if node.level else ""
+            origin = ".".join(part for part in (base, node.module or "") if part)
+            names += [(node.lineno, origin)] + [(node.lineno, f"{origin}.{alias.name}") for alias in node.names]
+    return names
+
+
+def imports_of_asr_benchmarks(root: Path) -> list[str]:
+    """'path:line: x imports asr.benchmarks.y' for every module outside asr/benchmarks/ that imports one
+    inside it (attention_ext, asr and recipes alike)."""
+    def inside(dotted: str) -> bool:
+        return dotted == ASR_BENCHMARKS or dotted.startswith(ASR_BENCHMARKS + ".")
+    found = []
+    for package in LAYERS:
+        for path in sorted((root / package).rglob("*.py")):
+            module = ".".join(path.relative_to(root).with_suffix("").parts)
+            if inside(module):
+                continue
+            found += [f"{path.relative_to(root)}:{line}: {module} imports {name} (a benchmark)"
+                      for line, name in sorted(set(module_imports(path, root))) if inside(name)]
+    return found
+
+
+def asr_top_level_strays(root: Path) -> list[str]:
+    """What asr's top level holds besides user commands (`asr/<command>.py`) and layer folders: a module
+    that is no command, a measurement tool outside benchmarks/, a package that is no layer."""
+    layers = {package for layer in ASR_LAYERS for package in layer} | {ASR_BENCHMARKS}
+    commands = command_modules(root)
+    found = []
+    for entry in sorted((root / "asr").iterdir()):
+        if entry.suffix == ".py" and entry.name != "__init__.py":
+            if f"asr.{entry.stem}" not in commands:
+                found.append(f"asr/{entry.name}: not a command")
+            elif "benchmark" in entry.stem:
+                found.append(f"asr/{entry.name}: a measurement tool outside asr/benchmarks/")
+        elif (entry / "__init__.py").is_file() and f"asr.{entry.name}" not in layers:
+            found.append(f"asr/{entry.name}/: a package that is neither a layer of asr nor its benchmarks")
+    return found
+
+
+def test_asr_benchmarks_sit_on_top_and_nothing_outside_them_imports_one():
+    commands = command_modules(REPO)
+    assert {"asr.benchmarks.data", "asr.benchmarks.scale", "asr.benchmarks.decoding", "asr.benchmarks.longform",
+            "asr.benchmarks.step.__main__"} <= set(commands)
+    assert asr_rank(asr_room("asr.benchmarks.step.workloads")) == len(ASR_LAYERS)   # above every layer
+    assert imports_of_asr_benchmarks(REPO) == []
+    assert asr_top_level_strays(REPO) == []
+
+
+def test_the_benchmark_checks_find_a_planted_import_and_a_stray_tool(tmp_path):
+    for folder in ("attention_ext", "recipes/synth", "asr/data", "asr/benchmarks/step", "asr/helpers"):
+        (tmp_path / folder).mkdir(parents=True)
+    for package in ("attention_ext", "recipes", "asr", "asr/data", "asr/benchmarks", "asr/benchmarks/step",
+                    "asr/helpers"):
+        (tmp_path / package / "__init__.py").write_text("")
+    command = "import sys\n\nif __name__ == '__main__':\n    sys.exit(0)\n"
+    (tmp_path / "asr" / "benchmarks" / "step" / "timing.py").write_text("from asr.data.features.features import FilterBank\n")
+    (tmp_path / "asr" / "benchmarks" / "scale.py").write_text("from .step import timing\n" + command)
+    (tmp_path / "asr" / "train.py").write_text("from asr.data.features.features import FilterBank\n" + command)
+    (tmp_path / "asr" / "data" / "bad.py").write_text("def late():\n    from ..benchmarks.step import timing\n")
+    (tmp_path / "asr" / "worse.py").write_text("from asr import benchmarks\n" + command)
+    (tmp_path / "recipes" / "synth" / "bad.py").write_text("import asr.benchmarks.scale\n")
+    (tmp_path / "asr" / "speed_benchmark.py").write_text(command)
+    (tmp_path / "asr" / "shared.py").write_text("import os\n")
+    assert imports_of_asr_benchmarks(tmp_path) == [
+        "asr/data/bad.py:2: asr.data.bad imports asr.benchmarks.step (a benchmark)",
+        "asr/data/bad.py:2: asr.data.bad imports asr.benchmarks.step.timing (a benchmark)",
+        "asr/worse.py:1: asr.worse imports asr.benchmarks (a benchmark)",
+        "recipes/synth/bad.py:1: recipes.synth.bad imports asr.benchmarks.scale (a benchmark)",
+    ]
+    assert asr_top_level_strays(tmp_path) == [
+        "asr/helpers/: a package that is neither a layer of asr nor its benchmarks",
+        "asr/shared.py: not a command",
+        "asr/speed_benchmark.py: a measurement tool outside asr/benchmarks/",
+    ]
 
 
 # ---- inside asr/data: rooms ---------------------------------------------------------------------------

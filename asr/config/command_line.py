@@ -1,5 +1,5 @@
 """What every key=value command shares (asr.evaluate, asr.transcribe, asr.tune_lm, asr.average,
-asr.decoding_benchmark): main()'s opening and the arguments merged onto the command's dataclass.
+asr.benchmarks.decoding): main()'s opening and the arguments merged onto the command's dataclass.
 
     def main(argv=None) -> int:
         return run_key_value_command("asr.x", __doc__, body, argv, usage_errors=(XError,))

@@ -39,6 +39,9 @@ class ModelConfig:
     subsampling_channels: int = 32     # channels of the subsampling convolutions
     shared_qk: bool = False            # one query/key projection; needed by shared_full and lsh
     positions: str = "sinusoidal"      # sinusoidal | sinusoidal_offset (random offset in training) | rotary | none
+    # Layer form: pre (x + Attn(LN(x)), then x + FF(LN(x))) | post (LN(x + Attn(x)), then LN(x + FF(x)):
+    # the reference library's layer, idiap/fast-transformers); checkpoints without the key are pre
+    norm: str = "pre"
     # CTC loss weight per target kind (data.targets); a kind not named weighs 1.0.
     loss_weights: Dict[str, float] = field(default_factory=dict)
 
@@ -72,7 +75,9 @@ class TrainerConfig:
     precision: str = "32-true"         # 32-true | bf16-mixed | 16-mixed (16-mixed needs a GPU)
     log_every_n_steps: int = 10        # training metrics to the logs every N steps
     val_check_interval: Optional[int] = None  # validate every N training batches; None: once per epoch
-    check_val_every_n_epoch: int = 1   # validate after every N-th epoch
+    # validate after every N-th epoch; null: val_check_interval counts training batches across epochs
+    # (validation every N steps however long an epoch is; needs val_check_interval)
+    check_val_every_n_epoch: Optional[int] = 1
     limit_train_batches: Optional[float] = None  # <= 1: fraction of the batches; > 1: a count
     limit_val_batches: Optional[float] = None  # as limit_train_batches, for validation
     limit_test_batches: Optional[float] = None  # as limit_train_batches, for the test split
@@ -80,6 +85,9 @@ class TrainerConfig:
     enable_progress_bar: bool = True   # progress bars of training, validation and test
     deterministic: bool = False        # torch's deterministic algorithms (CPU only: no deterministic CTC on a GPU)
     early_stopping_patience: Optional[int] = None  # validations without a better primary error
+    # With early_stopping_patience: "better" is below the best so far x (1 - this), e.g. 0.02 for a 2 %
+    # relative gain (asr.training.callbacks.RelativePlateauStop); null: any decrease (Lightning's EarlyStopping)
+    early_stopping_min_relative_gain: Optional[float] = None
     torch_threads: Optional[int] = None  # torch.set_num_threads; None: torch's default
     # Debugging: every process writes the utterance ids of each batch it ran to
     # <run folder>/batches/rank<global rank>.jsonl (see asr.training.callbacks.BatchRecorder).
@@ -237,7 +245,7 @@ def validate_config(cfg: Any) -> ValidatedConfig:
 
 def _check_model_section(model: Any, attention: ValidatedAttention) -> None:
     """model.*: sizes, subsampling, dropout, and the attention against the heads."""
-    from asr.model.encoder import POSITION_SCHEMES, SUBSAMPLING_STRIDES, check_attention_fits
+    from asr.model.encoder import NORMS, POSITION_SCHEMES, SUBSAMPLING_STRIDES, check_attention_fits
     for key in ("layers", "heads", "head_dim", "ff_dim", "subsampling_channels"):
         _require(getattr(model, key) >= 1, f"model.{key}", getattr(model, key), "must be >= 1")
     check_attention_fits(attention, model.shared_qk, model.head_dim)
@@ -245,6 +253,7 @@ def _check_model_section(model: Any, attention: ValidatedAttention) -> None:
     _require(0.0 <= model.dropout < 1.0, "model.dropout", model.dropout, "must lie in [0, 1)")
     _require(model.positions in POSITION_SCHEMES, "model.positions", model.positions,
              f"must be one of {', '.join(POSITION_SCHEMES)}")
+    _require(model.norm in NORMS, "model.norm", model.norm, f"must be one of {', '.join(NORMS)}")
     _require(model.positions != "none" or model.subsampling > 1, "model.positions", model.positions,
              "needs model.subsampling 2 or 4: with subsampling 1 nothing tells the encoder the order of its frames")
 
@@ -311,6 +320,18 @@ def _check_trainer_section(trainer: Any) -> None:
              "must be a number of minutes > 0")
     _require(trainer.val_check_interval is None or trainer.val_check_interval >= 1, "trainer.val_check_interval",
              trainer.val_check_interval, "must be a number of training batches >= 1, or null (once per epoch)")
+    _require(trainer.check_val_every_n_epoch is None or trainer.check_val_every_n_epoch >= 1,
+             "trainer.check_val_every_n_epoch", trainer.check_val_every_n_epoch,
+             "must be a number of epochs >= 1, or null (validation every trainer.val_check_interval steps)")
+    # Lightning would stop inside fit with its own message about a float interval
+    _require(trainer.check_val_every_n_epoch is not None or trainer.val_check_interval is not None,
+             "trainer.check_val_every_n_epoch", trainer.check_val_every_n_epoch,
+             "null needs trainer.val_check_interval=N (validate every N training batches)")
+    gain = trainer.early_stopping_min_relative_gain
+    _require(gain is None or 0 <= gain < 1, "trainer.early_stopping_min_relative_gain", gain,
+             "must lie in [0, 1) (0.02: a 2 % relative gain), or null")
+    _require(gain is None or trainer.early_stopping_patience, "trainer.early_stopping_min_relative_gain", gain,
+             "needs trainer.early_stopping_patience=N (the validations it waits for that gain)")
 
 
 def _check_cuda_graph_options(cfg: Any) -> None:

@@ -63,12 +63,14 @@ def evaluation_key_form(shared_qk: bool, trained_attention: str, attention: Vali
     return "queries"
 
 
-def set_evaluation_attention(model: SpeechRecognizer, attention: ValidatedAttention, shared_qk_keys: str) -> str:
-    """Swaps `attention` into the model in the key form shared_qk_keys asks for; returns that
-    form (KEY_FORMS). Refuses, changing nothing, what model.set_attention refuses."""
+def set_evaluation_attention(model: SpeechRecognizer, attention: ValidatedAttention, shared_qk_keys: str,
+                             layers: list[int] | None = None) -> str:
+    """Swaps `attention` into the model (every layer, or the `layers` given) in the key form
+    shared_qk_keys asks for; returns that form (KEY_FORMS). Refuses, changing nothing, what
+    model.set_attention refuses."""
     key_form = evaluation_key_form(model.encoder.shared_qk, model.hparams.attention["name"], attention,
                                    shared_qk_keys)
-    model.set_attention(attention, reformer_keys=key_form == "reformer")
+    model.set_attention(attention, reformer_keys=key_form == "reformer", layers=layers)
     return key_form
 
 

@@ -78,7 +78,8 @@ class TranscribeConfig:
 
 def audio_files(arguments: list[str]) -> list[Path]:
     """The files named, and the audio files (by extension) under the folders named, sorted per
-    folder; TranscriptionError for a path that does not exist or a folder without audio."""
+    folder; TranscriptionError for a path that does not exist, is not a regular file, or is a folder
+    without audio."""
     found: list[Path] = []
     for argument in arguments:
         path = Path(argument)
@@ -87,8 +88,11 @@ def audio_files(arguments: list[str]) -> list[Path]:
             if not inside:
                 raise TranscriptionError(f"folder {path} holds no audio files ({', '.join(AUDIO_EXTENSIONS)})")
             found.extend(inside)
-        elif path.exists():
+        elif path.is_file():
             found.append(path)
+        elif path.exists():   # reading a FIFO waits for a writer that may never come
+            raise TranscriptionError(f"{path} is not a regular file (a FIFO, device or socket); give an audio "
+                                     "file or a folder of them")
         else:
             raise TranscriptionError(f"{path}: no such file or folder")
     return list(dict.fromkeys(found))     # a file named twice is transcribed once

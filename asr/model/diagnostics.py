@@ -1,4 +1,6 @@
-"""Training diagnostics: per-layer gradient norms, query norms and attention entropy.
+"""Training diagnostics: per-layer gradient norms, query norms and attention entropy; and the
+per-layer measures of a trained model's attention the sharpening curve takes (entropy, locality,
+the time spread of query clusters: layer_attention_measures, recipes/synth/sharpening.py).
 
     python -m asr.train conf=synth_shared_full trainer.diagnostics_every_n_steps=10
 
@@ -29,13 +31,14 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback
 
 
-def relative_attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(B, H, N) entropy / log(keys seen) of each query's exact attention, and the (B, H, N) bool
-    of the queries that count: valid ones that see more than one key.
+def exact_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool
+                    ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """The exact attention the projections define, softmax(q k^T / sqrt(E)) over the valid keys
+    (with shared_qk: over the unit keys q / ||q||, no attention to self, as attention_ext.shared_full).
 
-    q, k: (B, H, N, E); lengths: (B,). With shared_qk the keys are q / ||q|| and a query does
-    not see its own key (as attention_ext.shared_full).
+    Returns (log_p, visible, counted, seen): (B, H, N, N) log-probabilities, (B, H, N, N) bool of
+    the keys each query sees, (B, H, N) bool of the queries that count (valid ones that see more
+    than one key; the rows of the others are a placeholder), (B, H, N) number of keys seen.
     """
     batch, heads, length, dim = q.shape
     valid = torch.arange(length, device=q.device) < lengths[:, None]           # (B, N)
@@ -48,6 +51,18 @@ def relative_attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.
     seen = visible.sum(-1)                                                    # (B, H, N)
     counted = valid[:, None, :] & (seen > 1)
     log_p = torch.log_softmax(logits.masked_fill(~counted[..., None], 0.0), dim=-1)
+    return log_p, visible, counted, seen
+
+
+def relative_attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool
+                               ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(B, H, N) entropy / log(keys seen) of each query's exact attention (exact_attention), and the
+    (B, H, N) bool of the queries that count: valid ones that see more than one key.
+
+    q, k: (B, H, N, E); lengths: (B,). With shared_qk the keys are q / ||q|| and a query does
+    not see its own key (as attention_ext.shared_full).
+    """
+    log_p, visible, counted, seen = exact_attention(q, k, lengths, shared_qk)
     p = log_p.exp()
     entropy = -(p * log_p.masked_fill(~visible, 0.0)).sum(-1)                # (B, H, N)
     return entropy / torch.log(seen.clamp(min=2).float()), counted
@@ -63,26 +78,104 @@ def attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, s
     return relative[counted].mean()
 
 
+def attention_locality(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool,
+                       radii: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+    """(len(radii), B, H, N) share of each query's exact attention mass (exact_attention) on the keys
+    within +-radius positions of it (itself included), and the (B, H, N) bool of the queries that
+    count (as for the entropy)."""
+    log_p, visible, counted, _ = exact_attention(q, k, lengths, shared_qk)
+    p = log_p.exp().masked_fill(~visible, 0.0)
+    position = torch.arange(q.shape[2], device=q.device)
+    distance = (position[:, None] - position[None, :]).abs()                   # (N, N)
+    return torch.stack([(p * (distance <= radius)).sum(-1) for radius in radii]), counted
+
+
+def cluster_time_spread(assignment: torch.Tensor, lengths: torch.Tensor) -> tuple[float, float, int]:
+    """How far apart in time the queries of each cluster are, summed for an exact mean over batches.
+
+    assignment: (B, H, N) cluster id of each query, -1 for padded ones (attention_ext.clustered's
+    QueryClusters.assignment); lengths: (B,). A cluster's spread is the standard deviation
+    (population, 1/n) of its members' positions. Returns (sum over clusters of members x spread in
+    positions, the same with each spread divided by its sequence's length, number of queries): the
+    ratios are the mean spread weighted by cluster size, i.e. the mean over queries of the spread of
+    the query's cluster. A cluster of queries spread evenly over a sequence of length L has a spread
+    of about L / sqrt(12) = 0.29 L; queries alone in their cluster have 0.
+    """
+    batch, heads, length = assignment.shape
+    member = assignment >= 0
+    slots = int(assignment.max()) + 1 if member.any() else 1
+    index = assignment.clamp(min=0)
+    position = torch.arange(length, dtype=torch.float64, device=assignment.device).expand(batch, heads, length)
+
+    def per_cluster(values: torch.Tensor) -> torch.Tensor:
+        return torch.zeros(batch, heads, slots, dtype=torch.float64, device=assignment.device).scatter_add_(
+            -1, index, values.masked_fill(~member, 0.0))
+
+    counts = per_cluster(torch.ones_like(position))
+    mean = per_cluster(position) / counts.clamp(min=1)
+    variance = (per_cluster(position * position) / counts.clamp(min=1) - mean * mean).clamp(min=0.0)
+    weighted = counts * variance.sqrt()                                          # (B, H, C)
+    return (float(weighted.sum()), float((weighted.sum((1, 2)) / lengths.double().clamp(min=1)).sum()),
+            int(counts.sum()))
+
+
 @torch.no_grad()
-def layer_attention_entropy(model, features: torch.Tensor, lengths: torch.Tensor) -> list[tuple[float, int]]:
-    """Per encoder layer of `model` (a SpeechRecognizer) on one batch: (sum of the queries' relative
-    entropies, number of queries counted), so that a mean over many batches is exact. The layers'
-    inputs are those of the model's forward pass with its current attention."""
-    inputs: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
-    hooks = [layer.register_forward_pre_hook(lambda module, args, index=index: inputs.__setitem__(index, args))
+def layer_attention_inputs(model, features: torch.Tensor, lengths: torch.Tensor
+                           ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(q, k, lengths) that each encoder layer's attention of `model` (a SpeechRecognizer) receives in
+    one forward pass with its current attentions: what the attention sees, whatever the layer form,
+    positions or key sharing."""
+    inputs: dict[int, tuple] = {}
+    hooks = [layer.attention.register_forward_pre_hook(
+                 lambda module, args, index=index: inputs.__setitem__(index, (args[0], args[1], args[3])))
              for index, layer in enumerate(model.encoder.layers)]
     try:
         model(features, lengths)
     finally:
         for hook in hooks:
             hook.remove()
-    sums = []
-    for index, layer in enumerate(model.encoder.layers):
-        x, layer_lengths, *rotary = inputs[index]        # (x, lengths, rotary positions or None)
-        q, k = layer.queries_and_keys(layer.attention_norm(x), *rotary)
-        relative, counted = relative_attention_entropy(q, k, layer_lengths, layer.shared_qk)
-        sums.append((float(relative[counted].sum()), int(counted.sum())))
-    return sums
+    return [inputs[index] for index in range(len(model.encoder.layers))]
+
+
+LOCALITY_RADII = (5, 20)
+
+
+@torch.no_grad()
+def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tensor,
+                             clustering: dict | None = None, reseed=None) -> list[dict[str, tuple[float, int]]]:
+    """Per encoder layer of `model` on one batch, each measure as (sum, count) so that a mean over many
+    batches is exact (the layers' inputs are those of a forward pass with the model's current attentions):
+
+        entropy                    relative entropy of exact attention (relative_attention_entropy)
+        locality5, locality20      share of exact attention within +-5 / +-20 positions (attention_locality)
+        cluster_spread             with `clustering` ({clusters, bits, iterations} of clustered or
+        cluster_spread_fraction    i-clustered attention): the queries' clusters by the attention's own
+                                   attention_ext.clustered.cluster_queries, their time spread in positions
+                                   and as a share of the sequence length (cluster_time_spread)
+
+    reseed() is called before each layer's clustering: with the seed of the batch (as an evaluation
+    seeds it), a layer's clusters are those that attention computes when it runs in that layer alone
+    behind exact layers (which draw nothing)."""
+    from attention_ext.clustered import cluster_queries
+    from attention_ext.contract import kernel_dtype
+    shared_qk = model.encoder.shared_qk
+    measures = []
+    for q, k, layer_lengths in layer_attention_inputs(model, features, lengths):
+        relative, counted = relative_attention_entropy(q, k, layer_lengths, shared_qk)
+        shares, _ = attention_locality(q, k, layer_lengths, shared_qk, LOCALITY_RADII)
+        count = int(counted.sum())
+        layer = {"entropy": (float(relative[counted].sum()), count),
+                 **{f"locality{radius}": (float(share[counted].sum()), count)
+                    for radius, share in zip(LOCALITY_RADII, shares)}}
+        if clustering is not None:
+            if reseed is not None:
+                reseed()
+            clusters = cluster_queries(q.to(kernel_dtype(q.dtype, q.device)), layer_lengths, clustering["clusters"], clustering["bits"],
+                                       clustering["iterations"])
+            spread, fraction, queries = cluster_time_spread(clusters.assignment, layer_lengths)
+            layer.update(cluster_spread=(spread, queries), cluster_spread_fraction=(fraction, queries))
+        measures.append(layer)
+    return measures
 
 
 class TrainingDiagnostics(Callback):
@@ -129,7 +222,7 @@ class TrainingDiagnostics(Callback):
         row = {"step": trainer.global_step - 1, "loss": float(loss), **self._row}
         for index, layer in enumerate(module.encoder.layers):
             x, lengths, *rotary = self._layer_inputs[index]
-            q, k = layer.queries_and_keys(layer.attention_norm(x), *rotary)
+            q, k = layer.queries_and_keys(layer.attention_input(x), *rotary)
             valid = (torch.arange(q.shape[2], device=q.device) < lengths[:, None])[:, None, :]
             row[f"query_norm/layer{index}"] = float(q.norm(dim=-1)[valid.expand(q.shape[:3])].mean())
             row[f"entropy/layer{index}"] = float(attention_entropy(q, k, lengths, layer.shared_qk))

@@ -1,8 +1,8 @@
-"""The CTC transformer encoder: subsampling front end, positions, pre-norm layers.
+"""The CTC transformer encoder: subsampling front end, positions, pre-norm or post-norm layers.
 
     encoder = TransformerEncoder(feature_dim=40, layers=9, heads=6, head_dim=32, ff_dim=768, dropout=0.1,
                                  subsampling=1, subsampling_channels=32, shared_qk=False,
-                                 positions="sinusoidal",
+                                 positions="sinusoidal", norm="pre",
                                  attention=validate_attention("iclustered", clusters=100))
     states, lengths = encoder(features, feature_lengths)   # normalised (B, T, F) -> (B, T', D)
     encoder.set_attention(validate_attention("full"))       # same weights, other attention
@@ -29,6 +29,16 @@ Positions (`positions`, POSITION_SCHEMES):
 - none: nothing; the order comes from the convolutional front end alone (its 3x3 kernels see the
   neighbouring frames), so every attention is a function of content and a model never meets a
   position it has not seen. Needs model.subsampling 2 or 4 (factor 1 has no convolution).
+
+Layer form (`norm`, NORMS):
+- pre: x + Attn(LN(x)), then x + FF(LN(x)) (the default; every model trained before the choice existed).
+- post: LN(x + Attn(x)), then LN(x + FF(x)): the layer of the reference library the paper's models
+  were built with (idiap/fast-transformers, TransformerEncoderLayer), Vaswani et al.'s form.
+Both forms have the same parameters under the same names (the post form's `attention_norm` is the
+norm after the attention block, its `ff_norm` the one after the feed-forward block), and both end
+with `final_norm`: the reference library's TransformerEncoderBuilder adds that final LayerNorm by
+default (final_normalization=True) to its post-norm layers too. So a state dict fits either form;
+the checkpoint's `model.norm` says which one it was trained in.
 """
 from __future__ import annotations
 
@@ -58,6 +68,7 @@ def valid_mask(lengths: torch.Tensor, length: int) -> torch.Tensor:
 
 
 POSITION_SCHEMES = ("sinusoidal", "sinusoidal_offset", "rotary", "none")
+NORMS = ("pre", "post")
 # sinusoidal_offset's training offsets: 2^18 encoder positions, 87 minutes at subsampling 2.
 MAX_POSITION_OFFSET = 1 << 18
 
@@ -195,12 +206,15 @@ def sinusoidal_positions_from(offsets: torch.Tensor, length: int, d_model: int) 
 
 
 class EncoderLayer(nn.Module):
-    """x + Attn(LN(x)), then x + FF(LN(x)); the projections live here, the attention is swappable."""
+    """norm "pre": x + Attn(LN(x)), then x + FF(LN(x)); norm "post": LN(x + Attn(x)), then
+    LN(x + FF(x)). The projections live here, the attention is swappable."""
 
     def __init__(self, d_model: int, heads: int, ff_dim: int, dropout: float, shared_qk: bool,
-                 attention: nn.Module):
+                 attention: nn.Module, norm: str = "pre"):
         super().__init__()
-        self.heads, self.shared_qk = heads, shared_qk
+        if norm not in NORMS:
+            raise ValueError(f"norm={norm!r}: must be one of {', '.join(NORMS)}")
+        self.heads, self.shared_qk, self.norm = heads, shared_qk, norm
         self.attention_norm = nn.LayerNorm(d_model)
         self.query = nn.Linear(d_model, d_model)
         # The key projection is drawn even when the model shares it with the query, so that with one
@@ -221,9 +235,15 @@ class EncoderLayer(nn.Module):
         batch, length, width = x.shape
         return x.view(batch, length, self.heads, width // self.heads).transpose(1, 2)
 
+    def attention_input(self, x: torch.Tensor) -> torch.Tensor:
+        """What the query, key and value projections read from the layer's input x: LN(x) in the
+        pre-norm form, x itself in the post-norm form (the layer before ended with a LayerNorm; the
+        first layer reads the scaled input with its positions)."""
+        return self.attention_norm(x) if self.norm == "pre" else x
+
     def queries_and_keys(self, h: torch.Tensor, rotary: tuple[torch.Tensor, torch.Tensor] | None = None
                          ) -> tuple[torch.Tensor, torch.Tensor]:
-        """(B, H, N, E) queries and keys of the normalised input h, turned by `rotary` (cos and sin,
+        """(B, H, N, E) queries and keys of h (attention_input of the layer's input), turned by `rotary` (cos and sin,
         rotary_angles) when given; the same object when shared."""
         q = self._split_heads(self.query(h))
         k = q if self.shared_qk else self._split_heads(self.key(h))
@@ -234,7 +254,7 @@ class EncoderLayer(nn.Module):
     def forward(self, x: torch.Tensor, lengths: torch.Tensor,
                 rotary: tuple[torch.Tensor, torch.Tensor] | None = None) -> torch.Tensor:
         """rotary: the (N, E/2) cos and sin of rotary positions (rotary_angles), or None."""
-        h = self.attention_norm(x)
+        h = self.attention_input(x)
         q, k = self.queries_and_keys(h, rotary)
         v = self._split_heads(self.value(h))
         del h          # each tensor let go as soon as it is used: a long evaluation holds fewer at once
@@ -244,19 +264,26 @@ class EncoderLayer(nn.Module):
         attended = attended.transpose(1, 2).reshape(batch, length, heads * dim)
         x = x + self.dropout(self.output(attended))
         del attended
-        return x + self.dropout(self._feed_forward(x))
+        if self.norm == "pre":
+            return x + self.dropout(self._feed_forward(x))
+        x = self.attention_norm(x)
+        return self.ff_norm(x + self.dropout(self._feed_forward(x)))
 
     # Evaluation of a sequence longer than this runs the feed-forward block piece by piece: its
     # hidden activations are ff_dim floats per position (0.7 GB for an hour at the demo's size, twice).
     PIECE_POSITIONS = 16384
 
+    def _feed_forward_block(self, x: torch.Tensor) -> torch.Tensor:
+        """The feed-forward block on x, normalised first in the pre-norm form."""
+        return self.ff(self.ff_norm(x) if self.norm == "pre" else x)
+
     def _feed_forward(self, x: torch.Tensor) -> torch.Tensor:
         if x.shape[1] <= self.PIECE_POSITIONS or self.training or torch.compiler.is_compiling():
-            return self.ff(self.ff_norm(x))
+            return self._feed_forward_block(x)
         out = torch.empty_like(x)
         for first in range(0, x.shape[1], self.PIECE_POSITIONS):   # position-wise: the same numbers
             piece = slice(first, first + self.PIECE_POSITIONS)
-            out[:, piece] = self.ff(self.ff_norm(x[:, piece]))
+            out[:, piece] = self._feed_forward_block(x[:, piece])
         return out
 
 
@@ -265,15 +292,17 @@ class TransformerEncoder(nn.Module):
 
     # No defaults: they live in the config schema (asr.config.schema.ModelConfig), which also checks the values.
     def __init__(self, feature_dim: int, *, layers: int, heads: int, head_dim: int, ff_dim: int, dropout: float,
-                 subsampling: int, subsampling_channels: int, shared_qk: bool, positions: str,
+                 subsampling: int, subsampling_channels: int, shared_qk: bool, positions: str, norm: str,
                  attention: ValidatedAttention):
         super().__init__()
+        if norm not in NORMS:
+            raise ValueError(f"norm={norm!r}: must be one of {', '.join(NORMS)}")
         if positions not in POSITION_SCHEMES:
             raise ValueError(f"positions={positions!r}: must be one of {', '.join(POSITION_SCHEMES)}")
         if positions == "none" and subsampling == 1:
             raise ValueError("positions='none' needs a convolutional front end (subsampling 2 or 4): with "
                              "subsampling 1 nothing tells the encoder the order of its frames")
-        self.positions = positions
+        self.positions, self.norm = positions, norm
         self.d_model = heads * head_dim
         self.head_dim = head_dim
         self.input_scale = math.sqrt(self.d_model)
@@ -281,8 +310,12 @@ class TransformerEncoder(nn.Module):
         self.frontend = ConvSubsampling(feature_dim, self.d_model, subsampling, subsampling_channels)
         self.input_dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
-            EncoderLayer(self.d_model, heads, ff_dim, dropout, shared_qk, attention.build())
+            EncoderLayer(self.d_model, heads, ff_dim, dropout, shared_qk, attention.build(), norm)
             for _ in range(layers))
+        # Kept in the post-norm form too, as the reference library's encoder builder does (see the
+        # module docstring): the same parameters in both forms, and the CTC heads read a LayerNorm's
+        # output either way. After a post-norm layer, whose own last step is a LayerNorm, it normalises
+        # that output once more (after the layer's learned scale and shift).
         self.final_norm = nn.LayerNorm(self.d_model)
         self.attention_name, self.attention_options = attention.name, dict(attention.options)
 
@@ -293,8 +326,10 @@ class TransformerEncoder(nn.Module):
     def output_lengths(self, lengths: torch.Tensor) -> torch.Tensor:
         return self.frontend.output_lengths(lengths)
 
-    def set_attention(self, attention: ValidatedAttention, reformer_keys: bool = False) -> None:
-        """Replaces every layer's attention by `attention` (weights unchanged).
+    def set_attention(self, attention: ValidatedAttention, reformer_keys: bool = False,
+                      layers: list[int] | None = None) -> None:
+        """Replaces every layer's attention by `attention` (weights unchanged); with `layers`
+        (indexes), only those layers' attention, the others keeping theirs.
 
         reformer_keys: run it in the Reformer key form of a shared-QK model (unit keys, no
         attention to self; attention_ext.build_in_reformer_form), the form a model trained with
@@ -303,16 +338,21 @@ class TransformerEncoder(nn.Module):
         for training, asr.evaluation.attention_choice.evaluation_attention for an evaluation). Raises
         attention_ext.SharedQKRequiredError for reformer_keys on a model without shared query/key
         projections, AttentionConfigError for an attention without a Reformer form, and then
-        changes nothing.
+        changes nothing. `attention_name` and `attention_options` name the attention last set in
+        every layer: a swap of some layers (the gap by layer of recipes/synth/sharpening.py) leaves them.
         """
+        chosen = range(len(self.layers)) if layers is None else list(layers)
+        if any(not 0 <= index < len(self.layers) for index in chosen):
+            raise IndexError(f"layers {list(chosen)}: this encoder has layers 0 to {len(self.layers) - 1}")
         if reformer_keys and not self.shared_qk:
             raise SharedQKRequiredError("the Reformer key form (unit keys, no attention to self) needs shared "
                                         "query/key projections, but this model has model.shared_qk=false")
         build = (lambda: build_in_reformer_form(attention)) if reformer_keys else attention.build
-        modules = [build() for _ in self.layers]   # all built before any layer changes
-        for layer, module in zip(self.layers, modules):
-            layer.attention = module
-        self.attention_name, self.attention_options = attention.name, dict(attention.options)
+        modules = [build() for _ in chosen]   # all built before any layer changes
+        for index, module in zip(chosen, modules):
+            self.layers[index].attention = module
+        if layers is None:
+            self.attention_name, self.attention_options = attention.name, dict(attention.options)
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(B, T, F) normalised features, (B,) frame counts -> (B, T', D) states, (B,) lengths T'."""

@@ -19,7 +19,7 @@ Why `torch.cuda.make_graphed_callables` and not `torch.compile(mode="reduce-over
   between them (inductor has already failed twice on this encoder: asr.model.encoder.compile_encoder);
 - the graphs are ours to key, share memory between and count (`GraphedForward.graphs`).
 It does not fuse kernels; `trainer.compile` does, and the two are not combined (asr.config.schema refuses it).
-The step benchmark (`python -m asr.step_benchmark --modes eager compiled graphed --device cuda`)
+The step benchmark (`python -m asr.benchmarks.step --modes eager compiled graphed --device cuda`)
 measures the three side by side.
 
 What stays eager, outside the graphs: the features' normalisation and masking, the CTC heads and

@@ -44,9 +44,9 @@ def seed_evaluation_batch(seed: int, batch_index: int) -> None:
     on what else drew from the generator before (a DataLoader iterator draws once when created)."""
     torch.manual_seed((seed * 1_000_003 + batch_index) % 2**63)
 ENCODER_ARGUMENTS = ("layers", "heads", "head_dim", "ff_dim", "dropout", "subsampling",
-                     "subsampling_channels", "shared_qk", "positions")
+                     "subsampling_channels", "shared_qk", "positions", "norm")
 # Encoder arguments added after checkpoints were written without them: the value those models had.
-ENCODER_ARGUMENTS_OF_OLDER_CHECKPOINTS = {"positions": "sinusoidal"}
+ENCODER_ARGUMENTS_OF_OLDER_CHECKPOINTS = {"positions": "sinusoidal", "norm": "pre"}
 
 
 def encoder_arguments(model: dict) -> dict:
@@ -133,9 +133,11 @@ class SpeechRecognizer(L.LightningModule):
         self.feature_mean.copy_(torch.as_tensor(mean, dtype=torch.float32))
         self.feature_std.copy_(torch.as_tensor(std, dtype=torch.float32).clamp(min=1e-5))
 
-    def set_attention(self, attention: ValidatedAttention, reformer_keys: bool = False) -> None:
-        """Runs the same weights under another attention (see TransformerEncoder.set_attention)."""
-        self.encoder.set_attention(attention, reformer_keys)
+    def set_attention(self, attention: ValidatedAttention, reformer_keys: bool = False,
+                      layers: list[int] | None = None) -> None:
+        """Runs the same weights under another attention, in every layer or in `layers` only (see
+        TransformerEncoder.set_attention)."""
+        self.encoder.set_attention(attention, reformer_keys, layers)
 
     def forward(self, features: torch.Tensor, lengths: torch.Tensor
                 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:

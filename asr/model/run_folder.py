@@ -1,5 +1,6 @@
 """Run folders: where a training run lives, how a resumed or multi-process run finds it, the lock
-its processes prepare data under, and what evaluation reads back from it.
+that keeps it to one run at a time, the lock its processes prepare data under, and what evaluation
+reads back from it.
 
     <run_root>/<preset>/<timestamp>/   (or run_dir=...; the layout: asr/train.py's docstring)
         config.yaml                    the resolved config (`stored_data_config` reads its data section)
@@ -11,6 +12,7 @@ import fcntl
 import logging
 import os
 import shutil
+import socket
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -101,6 +103,47 @@ def resolve_checkpoint(ckpt_path: str | None, run_dir: Path) -> tuple[Path | Non
     return path, read_checkpoint(path)
 
 
+RUN_LOCK = ".run.lock"
+_claimed_run_folders: dict[Path, object] = {}   # resolved folder -> the open lock file, held until exit
+
+
+class RunFolderInUseError(ConfigError):
+    """Another run holds the run folder (a usage error that must not remove the folder: it is not ours)."""
+
+
+def claim_run_folder(run_dir: Path) -> None:
+    """Makes this process the run folder's one owner until it exits, or refuses at once when another
+    run holds it: two runs writing one folder would mix their checkpoints and results. An flock on
+    RUN_LOCK, whose text names the holder (pid, host, start time) for the error message; the kernel
+    releases it when the holder dies in any way, so a stale file from a killed run is simply taken
+    over. Only the first process of a multi-process launch claims (the others share its folder)."""
+    key = run_dir.resolve()
+    if key in _claimed_run_folders:   # this process already owns it (a second train() in one process)
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    handle = open(run_dir / RUN_LOCK, "a+")
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.seek(0)
+        holder = handle.read().strip() or "a process that has not written its name yet"
+        handle.close()
+        raise RunFolderInUseError(
+            f"run folder {run_dir} is in use by another run ({holder}); wait for it to end, or give another "
+            "run_dir") from None
+    except OSError as error:   # e.g. Lustre mounted without flock: ENOSYS
+        handle.close()
+        raise ConfigError(
+            f"the run folder {run_dir} is on a file system without file locks (flock: {error.strerror}), which "
+            "keep it to one run at a time; give run_dir= on a file system with them (Lustre: -o flock)") from None
+    handle.seek(0)
+    handle.truncate()
+    handle.write(f"asr process {os.getpid()} on {socket.gethostname()}, since "
+                 f"{datetime.now():%Y-%m-%d %H:%M:%S}\n")
+    handle.flush()
+    _claimed_run_folders[key] = handle
+
+
 @contextmanager
 def one_process_at_a_time(lock_file: Path):
     """Processes of one run that an outside launcher starts together (torchrun, srun) write what the
@@ -130,8 +173,8 @@ def one_process_at_a_time(lock_file: Path):
 
 
 # What a run folder holds before the run has produced anything: Hydra's record (.hydra/), the log,
-# the resolved config, the data-preparation lock and the copies of the corpus's lexicon and LM.
-BOOKKEEPING = {".hydra", "train.log", "config.yaml", ".data_preparation.lock", "decoding"}
+# the resolved config, the run and data-preparation locks and the copies of the corpus's lexicon and LM.
+BOOKKEEPING = {".hydra", "train.log", "config.yaml", RUN_LOCK, ".data_preparation.lock", "decoding"}
 
 
 def remove_unused_run_folder(run_dir: Path, run_dir_option: str | None) -> None:

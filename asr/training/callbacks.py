@@ -1,14 +1,18 @@
 """The Lightning callbacks asr.training.fit adds to a run besides Lightning's own (checkpoints, early
 stopping), asr.training.progress's bar and asr.model.diagnostics: the batches each process ran, the time of
 each epoch, every epoch's checkpoint, the checkpoints of fixed steps, a validation where the
-step budget ends."""
+step budget ends, and early stopping on a relative gain."""
 from __future__ import annotations
 
 import json
+import logging
+import math
 import time
 from pathlib import Path
 
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
+
+log = logging.getLogger("asr.train")
 
 
 class BatchRecorder(Callback):
@@ -108,3 +112,53 @@ class ValidateAtStepBudget(Callback):
     def on_train_batch_end(self, trainer, module, outputs, batch, batch_index) -> None:
         if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
             trainer.should_stop = True
+
+
+class RelativePlateauStop(Callback):
+    """trainer.early_stopping_patience=P with trainer.early_stopping_min_relative_gain=G: stops training
+    when P validations in a row have each left `monitor` (the primary error rate) at or above
+    reference x (1 - G). The reference is the value of the last validation that did gain that much
+    (the first validation's value to begin with); a smaller decrease does not move it, so several small
+    decreases add up until together they make the gain. G=0.02 and P=3: "no 2 % relative gain over 3
+    validations". Lightning's EarlyStopping measures its min_delta in absolute units, which would mean
+    another threshold at 50 % PER than at 5 %.
+
+    The count is in the checkpoints (state_dict), so a resumed run goes on counting where it stopped.
+    """
+
+    def __init__(self, monitor: str, patience: int, min_relative_gain: float):
+        self.monitor, self.patience, self.min_relative_gain = monitor, patience, min_relative_gain
+        self.reference: float | None = None     # the value of the last validation with the gain
+        self.wait = 0                           # validations since then
+        self.stopped_step: int | None = None    # the global step training stopped at
+
+    def gains(self, value: float) -> bool:
+        """Whether `value` is the gain the rule asks for (a NaN never is)."""
+        return self.reference is None or value < self.reference * (1.0 - self.min_relative_gain)
+
+    def observe(self, value: float) -> bool:
+        """Counts one validation's value; True when training should stop."""
+        if not math.isnan(value) and self.gains(value):
+            self.reference, self.wait = value, 0
+        else:
+            self.wait += 1
+        return self.wait >= self.patience
+
+    def on_validation_end(self, trainer, module) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit" or self.monitor not in trainer.callback_metrics:
+            return
+        value = float(trainer.callback_metrics[self.monitor])
+        stop = trainer.strategy.reduce_boolean_decision(self.observe(value), all=False)
+        if stop:
+            trainer.should_stop = True
+            self.stopped_step = trainer.global_step
+            log.info("early stopping at step %d: %d validations without %s below %.4g (%g %% under %.4g, the last "
+                     "validation that gained that much)", trainer.global_step, self.wait, self.monitor,
+                     self.reference * (1.0 - self.min_relative_gain), 100 * self.min_relative_gain, self.reference)
+
+    def state_dict(self) -> dict:
+        return {"reference": self.reference, "wait": self.wait, "stopped_step": self.stopped_step}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        self.reference, self.wait = state_dict["reference"], state_dict["wait"]
+        self.stopped_step = state_dict["stopped_step"]

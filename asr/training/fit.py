@@ -40,10 +40,11 @@ from asr.model.diagnostics import TrainingDiagnostics
 from asr.model.encoder import compile_encoder
 from asr.model.graphed_encoder import graph_encoder
 from asr.model.recognizer import SpeechRecognizer, check_state_dict_fits
-from asr.model.run_folder import check_launch_shares_run_folder, one_process_at_a_time, resolve_checkpoint
+from asr.model.run_folder import (check_launch_shares_run_folder, claim_run_folder, one_process_at_a_time,
+                                  resolve_checkpoint)
 from asr.training import adaptation
-from asr.training.callbacks import (BatchRecorder, EpochCheckpoint, EpochTimer, LatestStepCheckpoint, StepCheckpoint,
-                                   ValidateAtStepBudget)
+from asr.training.callbacks import (BatchRecorder, EpochCheckpoint, EpochTimer, LatestStepCheckpoint,
+                                   RelativePlateauStop, StepCheckpoint, ValidateAtStepBudget)
 from asr.training.distributed import CollectiveTimeoutLine, apply_collective_timeout, check_launch_matches_trainer
 from asr.training.progress import EpochProgressBar, StepBudgetEstimate
 from asr.training.stop_checkpoint import CheckpointOnSigterm
@@ -124,7 +125,10 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
         callbacks.append(BatchRecorder(run_dir / "batches"))
     if t.diagnostics_every_n_steps:
         callbacks.append(TrainingDiagnostics(t.diagnostics_every_n_steps, run_dir / "diagnostics.csv"))
-    if t.early_stopping_patience:
+    if t.early_stopping_patience and t.early_stopping_min_relative_gain is not None:
+        callbacks.append(RelativePlateauStop("val/primary_error", t.early_stopping_patience,
+                                             t.early_stopping_min_relative_gain))
+    elif t.early_stopping_patience:
         callbacks.append(EarlyStopping(monitor="val/primary_error", mode="min",
                                        patience=t.early_stopping_patience))
     limits = {key: (int(value) if value > 1 else float(value))
@@ -172,6 +176,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     attention, data = validate_config(cfg)
     check_launch_shares_run_folder(cfg.run_dir)
     check_launch_matches_trainer(cfg.trainer)
+    if rank_zero_only.rank == 0 and run_dir.is_dir():   # before anything reads it: a second run stops here
+        claim_run_folder(run_dir)
     resume_from, checkpoint = resolve_checkpoint(cfg.ckpt_path, run_dir)
     adaptation.check_resume(cfg, run_dir, resume_from)
     if source is not None:   # adapt.data_dir's Kaldi-style folders -> manifests, once
@@ -186,6 +192,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         torch.set_num_threads(cfg.trainer.torch_threads)
     run_dir.mkdir(parents=True, exist_ok=True)
     if rank_zero_only.rank == 0:   # the processes of a multi-process run share the folder; one writes it
+        claim_run_folder(run_dir)   # a folder made just now (one that existed was claimed above)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     L.seed_everything(cfg.seed, workers=True)
     datamodule = prepare_data(cfg, data, corpus, run_dir, checkpoint, generate_corpus=prepared_here, source=source)
@@ -324,6 +331,10 @@ def stop_reason(trainer: L.Trainer) -> str:
     early = next((c for c in trainer.callbacks if isinstance(c, EarlyStopping)), None)
     if early is not None and early.stopped_epoch:
         return f"early stopping: no better {early.monitor} for {early.patience} validations, {where}"
+    plateau = next((c for c in trainer.callbacks if isinstance(c, RelativePlateauStop)), None)
+    if plateau is not None and plateau.stopped_step is not None:
+        return (f"early stopping: no {100 * plateau.min_relative_gain:g} % relative gain in {plateau.monitor} for "
+                f"{plateau.patience} validations, {where}")
     if trainer.max_steps is not None and 0 < trainer.max_steps <= trainer.global_step:
         return f"the step budget trainer.max_steps={trainer.max_steps} was reached {where}"
     if trainer.max_epochs is not None and 0 < trainer.max_epochs <= trainer.current_epoch:

@@ -1,11 +1,11 @@
-"""The GPU report's training-step table (issue 38, section 4): `python -m asr.step_benchmark` on the
+"""The GPU report's training-step table (issue 38, section 4): `python -m asr.benchmarks.step` on the
 GPU at a batch that fills it, the toolkit's encoder against the plain PyTorch model (SDPA) in the same
 mode - eager, compiled (torch.compile) or graphed (CUDA graphs) - in ms per step and hours of audio
 per GPU-hour, with the issue's aims as checks.
 
 The demo preset (synth_iclustered: the synth model, i-clustered with 64 clusters, ~7.6 s
 utterances) and the WSJ preset (the paper's model, conf/model/paper.yaml, 7.8 s utterances = 780
-positions) on synthetic batches of their shapes (asr/step_benchmark/workloads.py), 2400 s of audio
+positions) on synthetic batches of their shapes (asr/benchmarks/step/workloads.py), 2400 s of audio
 per batch (conf/trainer/gpu80.yaml's data.max_duration), bfloat16 mixed precision.
 """
 from __future__ import annotations
@@ -34,7 +34,7 @@ def step_benchmark_command(name: str, preset: str, modes: tuple[str, ...]) -> Ca
     workload, models = WORKLOADS[preset]
 
     def command(out: Path) -> list[str]:
-        return [sys.executable, "-m", "asr.step_benchmark", "--device", "cuda", "--precision", "bf16-mixed",
+        return [sys.executable, "-m", "asr.benchmarks.step", "--device", "cuda", "--precision", "bf16-mixed",
                 "--modes", *modes, "--workloads", workload, "--models", *models,
                 "--batch-seconds", str(BATCH_SECONDS), "--repeats", "5", "--warmup", "2",
                 "--csv", str(csv_path(out, name))]

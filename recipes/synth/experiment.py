@@ -42,7 +42,7 @@ from attention_ext import AttentionConfigError, parse_attention_spec
 from attention_ext.comparisons import further_attentions
 from recipes.synth.experiment_results import experiment_results, plot_training_curves, publish, with_columns_from
 from recipes.synth.experiment_settings import DEFAULT_SETTING, PRESETS, SETTINGS
-from recipes.synth.paper_findings import format_findings, paper_findings
+from recipes.synth.paper_findings import format_findings, format_magnitudes, paper_findings, table1_magnitudes
 from recipes.child_run import run_to_end
 
 
@@ -169,6 +169,8 @@ def run_experiment(args: argparse.Namespace) -> int:
     if earlier is not None:
         matrix = with_columns_from(matrix, earlier, str(args.columns_from))
     findings = format_findings(paper_findings(matrix, setting.small, setting.large))
+    if any(column["label"] == "full" for column in matrix["columns"]):
+        findings += "\n" + format_magnitudes(table1_magnitudes(matrix, "full", setting.small, setting.large))
     (out / "matrix" / "findings.md").write_text(findings)
     results = experiment_results(out, args.presets, matrix, args.setting)
     if earlier is not None:       # the borrowed columns' training, as the earlier run recorded it

@@ -1,5 +1,6 @@
 """The paper's findings of sec. 4.1, checked on a matrix of ``recipes.synth.experiment`` (its
-findings.md)."""
+findings.md): the rankings (paper_findings) and the magnitudes of Table 1's full column beside the
+paper's, with whether its gap is reproduced (table1_magnitudes)."""
 from __future__ import annotations
 
 from recipes.synth.experiment_settings import LARGE, SMALL
@@ -86,4 +87,71 @@ def format_findings(findings: list[dict]) -> str:
         lines.append(f"- **{item['finding']}**: {verdict} here ({item['held']} of {item['compared']} "
                      "comparisons, PER %)")
         lines += [f"  - {line}" for line in item["evidence"]]
+    return "\n".join(lines) + "\n"
+
+
+# ---- magnitudes -----------------------------------------------------------------------------------------
+# Table 1 of the paper, its "train with full" column: WSJ validation PER (%) of the model trained with
+# full attention, evaluated with each row.
+PAPER_FULL_COLUMN = {"full": 5.14, "clustered-100": 44.88, "clustered-200": 21.76, "i-clustered-100": 9.29,
+                     "i-clustered-200": 6.38, "oracle-top": 17.16}
+# What reproducing Table 1's gap means here (PER points on the full model): clustered with the small
+# cluster count at least this much worse than full, while i-clustered with it stays within this of full.
+CLUSTERED_GAP_AIM = 10.0
+ICLUSTERED_GAP_AIM = 3.0
+
+
+def table1_magnitudes(matrix: dict, column: str = "full", small: int = 100, large: int = 200) -> dict:
+    """Table 1's full column beside the same rows of `column` (a model trained with full attention) in
+    a cross matrix: PER and gap to full, in points, per row, and whether the aims hold.
+
+    The paper's 100 and 200 clusters are compared with this matrix's `small` and `large` counts. Returns
+    {"column", "rows": [{"paper_row", "row", "paper_per", "per", "paper_gap", "gap"}], "aims": [{"aim",
+    "holds", "evidence"}], "reproduced"}: PER and gaps in percent points (None where a cell is missing);
+    an aim's holds is None when its cells are missing, and reproduced is True only when every aim holds.
+    """
+    def ours(paper_row: str) -> str:
+        return paper_row.replace("-100", f"-{small}").replace("-200", f"-{large}")
+
+    def points(value: float | None) -> float | None:
+        return None if value is None else 100 * value
+
+    full = points(_per(matrix, "full", column))
+    rows = []
+    for paper_row, paper_per in PAPER_FULL_COLUMN.items():
+        per = points(_per(matrix, ours(paper_row), column))
+        rows.append({"paper_row": paper_row, "row": ours(paper_row), "paper_per": paper_per, "per": per,
+                     "paper_gap": paper_per - PAPER_FULL_COLUMN["full"],
+                     "gap": None if per is None or full is None else per - full})
+    gaps = {row["paper_row"]: row["gap"] for row in rows}
+
+    def aim(text: str, gap: float | None, holds) -> dict:
+        verdict = None if gap is None else bool(holds(gap))
+        mark = {True: "yes", False: "NO", None: "missing"}[verdict]
+        return {"aim": text, "holds": verdict,
+                "evidence": f"{'-' if gap is None else format(gap, '+.2f')} points: {mark}"}
+
+    aims = [aim(f"clustered-{small} at least {CLUSTERED_GAP_AIM:g} points worse than full",
+                gaps["clustered-100"], lambda gap: gap >= CLUSTERED_GAP_AIM),
+            aim(f"i-clustered-{small} within {ICLUSTERED_GAP_AIM:g} points of full",
+                gaps["i-clustered-100"], lambda gap: abs(gap) <= ICLUSTERED_GAP_AIM)]
+    return {"column": column, "rows": rows, "aims": aims, "reproduced": all(item["holds"] for item in aims)}
+
+
+def format_magnitudes(magnitudes: dict) -> str:
+    """A markdown table of table1_magnitudes (the paper's PER and gaps beside this matrix's), then the aims."""
+    def text(value: float | None, sign: str = "") -> str:
+        return "-" if value is None else format(value, f"{sign}.2f")
+
+    lines = [f"Table 1's magnitudes: the model trained with full attention (WSJ in the paper; column "
+             f"{magnitudes['column']} here), PER % and gap to full in points", "",
+             "| evaluate with | paper PER | paper gap | here | PER here | gap here |",
+             "|---|---:|---:|---|---:|---:|"]
+    for row in magnitudes["rows"]:
+        lines.append(f"| {row['paper_row']} | {text(row['paper_per'])} | {text(row['paper_gap'], '+')} | "
+                     f"{row['row']} | {text(row['per'])} | {text(row['gap'], '+')} |")
+    lines.append("")
+    verdict = "reproduced" if magnitudes["reproduced"] else "not reproduced"
+    lines.append(f"- **the paper's gap (both aims)**: {verdict} here")
+    lines += [f"  - {item['aim']}: {item['evidence']}" for item in magnitudes["aims"]]
     return "\n".join(lines) + "\n"

@@ -1,20 +1,33 @@
-"""The clustered-attention gap against how sharp the attention is (issue 31, part 2).
+"""The clustered-attention gap against how sharp and how local the attention is, layer by layer.
 
     python -m recipes.synth.sharpening --run runs/sharpening_full --train 6000   # train (or resume), then measure
     python -m recipes.synth.sharpening --run RUN_DIR                             # measure a run that kept checkpoints
-    python -m recipes.synth.sharpening --run RUN_DIR --publish recipes/synth     # also copy the JSON and PNG there
+    python -m recipes.synth.sharpening --run RUN_DIR --by-layer                  # also the gap by layer
+    python -m recipes.synth.sharpening --run RUN_DIR --publish recipes/synth     # also copy the JSON and PNGs there
     python -m recipes.synth.sharpening --run runs/sharpening_wsj --train 2000 --architecture wsj
 
 The question: RESULTS.md explains the small clustered-attention gap of the paper-length matrix by
 attention that is still nearly flat. Here, for every checkpoint a run kept at a fixed step
 (checkpoints/step-NNNNNN.ckpt, `asr.train trainer.keep_checkpoints_every_n_steps=N`):
 
-    entropy   the exact attention's entropy per layer on the split, divided by that of uniform
-              attention over the keys each query sees (asr.model.diagnostics), averaged over the
-              split's queries and heads; its mean over the layers is the curve's second axis
     PER       the model evaluated with every row (default: full, clustered-100, clustered-200,
               i-clustered-100, i-clustered-200, oracle-top) on the split; the gap of a row is its
               PER minus full attention's, in points
+    per layer, on the split's utterances (all, or the first --limit batches) with exact attention in
+              every layer (asr.model.diagnostics.layer_attention_measures):
+    entropy   the exact attention's entropy divided by that of uniform attention over the keys each
+              query sees, averaged over the queries and heads; its mean over the layers is the
+              first plot's second axis
+    locality  the share of each query's exact attention mass on the keys within +-5 and within +-20
+              encoder positions of it, averaged over the queries and heads
+    cluster spread
+              the query clusters of --probe (default clustered-100), computed by the attention's own
+              clustering with the random draws an evaluation of that batch makes when the probe runs
+              in that layer alone: per cluster the standard deviation of its queries' positions, in
+              positions and divided by the utterance's length, averaged over the clusters weighted by
+              their size (0.29 of the length is a cluster spread evenly over the utterance)
+    gap by layer (--by-layer)
+              PER with --probe in that layer alone and exact attention in the others, minus full's
 
 --train STEPS first trains the paper-length full preset into --run (the synth_full preset with the
 paper setting's overrides of recipes.synth.experiment: ~780 encoder positions, validation every 200
@@ -25,13 +38,20 @@ synth one (supplementary C.3: 9 layers, 6 heads x 32 dims, feed-forward 768; 4.1
 keeping the synth front end's stride 2 so that the length stays the paper's (~780 positions; the
 WSJ model's own front end has no stride, and this corpus's 15 s utterances would give ~1,480).
 
-Writes to --out (default: <run>/sharpening/); a run started again reuses what is there:
+Writes to --out (default: <run>/sharpening/); a run started again reuses what is there, so an
+interrupted measurement resumes where it stopped:
     matrix/               asr.cross_matrix of the kept checkpoints (columns step<N>) x the rows: one
                           cell file per evaluation, reused while the checkpoint is unchanged
-    entropy/step<N>.json  the entropy per layer of one checkpoint, reused the same way
-    sharpening.json       per step: entropy per layer and its mean, PER per row, gap to full per row
+    layers/step<N>.json   the measures per layer of one checkpoint, reused the same way
+    by_layer/step<N>.json --by-layer: PER with the probe in each layer alone, written after every layer
+    sharpening.json       per step: PER per row and gap to full, the entropy per layer and its mean,
+                          per layer the measures and the gap by layer (null where not measured)
     sharpening.png        PER gap to full against step, one line per row; mean normalised entropy on
                           a second axis
+    sharpening_layers.png per layer against step: the gap with the probe in that layer alone (with
+                          --by-layer), the locality, the cluster spread
+and prints the tables, and Table 1's magnitudes for the last step beside the paper's
+(recipes.synth.paper_findings.table1_magnitudes) where the rows are the default ones.
 """
 from __future__ import annotations
 
@@ -44,9 +64,12 @@ from pathlib import Path
 
 from asr.core.exit_status import SUCCESS, run_command
 from attention_ext import AttentionConfigError, parse_attention_spec
+from recipes.synth.paper_findings import PAPER_FULL_COLUMN, format_magnitudes, table1_magnitudes
 
 ROWS = ("full", "clustered-100", "clustered-200", "i-clustered-100", "i-clustered-200", "oracle-top")
 REFERENCE_ROW = "full"
+PROBE = "clustered-100"      # whose clusters are measured, and which runs in one layer at a time (--by-layer)
+CLUSTERING_ATTENTIONS = ("clustered", "iclustered")
 PRESET = "synth_full"
 DEFAULT_EVERY = 500
 # The encoder the long run trains (model.* values): the synth presets' own, or the paper's WSJ one
@@ -104,59 +127,134 @@ def train_if_needed(run: Path, steps: int, every: int, architecture: str, extra:
     return train_preset(PRESET, run, [], [*training_overrides(steps, every, architecture), *extra])
 
 
-# ---- entropy per checkpoint ------------------------------------------------------------------------------
-def checkpoint_entropy(checkpoint: Path, split: str, limit: int | None) -> dict:
-    """The checkpoint's mean relative attention entropy per layer on `split` (first `limit` batches)."""
-    import torch
+# ---- the attention's measures per checkpoint ----------------------------------------------------------------
+MEASURES = ("entropy", "locality5", "locality20", "cluster_spread", "cluster_spread_fraction")
+
+
+def exact_model(checkpoint: Path):
+    """The checkpoint's model with exact attention in every layer (full; after shared_full or lsh in the
+    Reformer key form the model learned, as the matrix's full row)."""
+    from asr.evaluation.attention_choice import evaluation_attention, set_evaluation_attention
     from asr.evaluation.evaluation import load_model
-    from asr.evaluation.evaluation_data import evaluation_data
-    from asr.model.diagnostics import layer_attention_entropy
-    from asr.model.recognizer import EVALUATION_SEED, seed_evaluation_batch
     model = load_model(checkpoint)
+    set_evaluation_attention(model, evaluation_attention(model, REFERENCE_ROW), "trained")
+    return model
+
+
+def checkpoint_measures(checkpoint: Path, split: str, limit: int | None, probe: str) -> dict:
+    """Per layer of the checkpoint's model with exact attention, on `split` (first `limit` batches):
+    the mean relative entropy, the locality (share of attention within +-5 and +-20 positions) and the
+    time spread of the probe's query clusters (asr.model.diagnostics.layer_attention_measures), each
+    batch's clustering seeded as asr.evaluate seeds that batch."""
+    import torch
+    from asr.evaluation.evaluation_data import evaluation_data
+    from asr.model.diagnostics import layer_attention_measures
+    from asr.model.recognizer import EVALUATION_SEED, seed_evaluation_batch
+    model = exact_model(checkpoint)
+    clustering = parse_attention_spec(probe).options
     data = evaluation_data(model, checkpoint, split, progress=False)
-    totals: list[list[float]] = []
+    totals: list[dict[str, list[float]]] = []
     with torch.no_grad():
         for index, batch in enumerate(data.datamodule.dataloader(data.split)):
             if limit is not None and index >= limit:
                 break
-            seed_evaluation_batch(EVALUATION_SEED, index)    # an attention with random draws: as asr.evaluate
-            sums = layer_attention_entropy(model, batch["features"], batch["feature_lengths"])
-            totals = [[a + s, b + c] for (a, b), (s, c) in zip(totals or [[0.0, 0]] * len(sums), sums)]
-    layers = [total / count if count else None for total, count in totals]
-    known = [value for value in layers if value is not None]
-    return {"layers": layers, "mean": sum(known) / len(known) if known else None,
-            "queries_per_layer": int(totals[0][1]) if totals else 0}
+            seed_evaluation_batch(EVALUATION_SEED, index)
+            sums = layer_attention_measures(model, batch["features"], batch["feature_lengths"], clustering,
+                                            reseed=lambda index=index: seed_evaluation_batch(EVALUATION_SEED, index))
+            totals = totals or [{name: [0.0, 0] for name in layer} for layer in sums]
+            for total, layer in zip(totals, sums):
+                for name, (value, count) in layer.items():
+                    total[name][0] += value
+                    total[name][1] += count
+    layers = [{name: value / count if count else None for name, (value, count) in total.items()} for total in totals]
+    entropies = [layer["entropy"] for layer in layers if layer["entropy"] is not None]
+    return {"layers": layers, "mean_entropy": sum(entropies) / len(entropies) if entropies else None,
+            "queries_per_layer": int(totals[0]["entropy"][1]) if totals else 0}
 
 
-def cached_entropy(out: Path, step: int, checkpoint: Path, split: str, limit: int | None) -> dict:
-    """checkpoint_entropy, kept in out/entropy/step<N>.json while the checkpoint and settings are the same."""
-    from asr.evaluation.attention_matrix import checkpoint_identity
-    path = out / "entropy" / f"step{step}.json"
-    key = {"checkpoint": checkpoint_identity(checkpoint), "split": split, "limit": limit}
-    if path.is_file():
-        cached = json.loads(path.read_text())
-        if {name: cached.get(name) for name in key} == key:
-            return cached
-    entropy = {**key, **checkpoint_entropy(checkpoint, split, limit)}
+def _write_json(path: Path, value: dict) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     temporary = path.with_suffix(".json.tmp")
-    temporary.write_text(json.dumps(entropy, indent=2) + "\n")
+    temporary.write_text(json.dumps(value, indent=2) + "\n")
     temporary.replace(path)              # a file that exists is complete
-    return entropy
+
+
+def _cached(path: Path, key: dict) -> dict | None:
+    """The JSON at `path` when it was computed with `key` (checkpoint identity and settings), else None."""
+    if not path.is_file():
+        return None
+    cached = json.loads(path.read_text())
+    return cached if {name: cached.get(name) for name in key} == key else None
+
+
+def measurement_key(checkpoint: Path, split: str, limit: int | None, probe: str) -> dict:
+    from asr.evaluation.attention_matrix import checkpoint_identity
+    return {"checkpoint": checkpoint_identity(checkpoint), "split": split, "limit": limit, "probe": probe}
+
+
+def cached_measures(out: Path, step: int, checkpoint: Path, split: str, limit: int | None, probe: str) -> dict:
+    """checkpoint_measures, kept in out/layers/step<N>.json while the checkpoint and settings are the same."""
+    path = out / "layers" / f"step{step}.json"
+    key = measurement_key(checkpoint, split, limit, probe)
+    cached = _cached(path, key)
+    if cached is not None:
+        return cached
+    measures = {**key, **checkpoint_measures(checkpoint, split, limit, probe)}
+    _write_json(path, measures)
+    return measures
+
+
+def cached_gap_by_layer(out: Path, step: int, checkpoint: Path, split: str, limit: int | None, probe: str,
+                        progress) -> list[float | None]:
+    """PER of the checkpoint's model with the probe attention in one layer at a time, exact attention
+    (the matrix's full row) in the others, evaluated as asr.cross_matrix evaluates a cell; kept in
+    out/by_layer/step<N>.json after every layer, so an interrupted measurement resumes at its next layer."""
+    path = out / "by_layer" / f"step{step}.json"
+    key = measurement_key(checkpoint, split, limit, probe)
+    done = _cached(path, key) or {**key, "layers": None, "per_by_layer": []}
+    per = done["per_by_layer"]
+    if done["layers"] is not None and len(per) >= done["layers"]:
+        return per
+    from asr.evaluation.attention_choice import evaluation_attention, set_evaluation_attention
+    from asr.evaluation.evaluation_data import evaluation_data
+    from asr.evaluation.split_decoding import decode_split
+    model = exact_model(checkpoint)
+    exact, probed = evaluation_attention(model, REFERENCE_ROW), evaluation_attention(model, probe)
+    data = evaluation_data(model, checkpoint, split, progress=False)
+    done["layers"] = len(model.encoder.layers)
+    for layer in range(len(per), done["layers"]):
+        set_evaluation_attention(model, exact, "trained")
+        set_evaluation_attention(model, probed, "trained", layers=[layer])
+        per.append(decode_split(model, data, "greedy", limit=limit, progress=False).rates.get("per"))
+        _write_json(path, done)
+        progress(f"step {step}: {probe} in layer {layer} alone ({layer + 1}/{done['layers']}), the others "
+                 f"{REFERENCE_ROW}: PER {'-' if per[-1] is None else format(100 * per[-1], '.2f')}")
+    return per
 
 
 # ---- the curve ------------------------------------------------------------------------------------------
-def sharpening_points(matrix: dict, entropies: dict[int, dict], rows: list[str]) -> list[dict]:
-    """Per kept step: the entropy, PER per row, and each row's gap to full (PER points as fractions)."""
+def sharpening_points(matrix: dict, measures: dict[int, dict], rows: list[str],
+                      per_by_layer: dict[int, list[float | None]] | None = None) -> list[dict]:
+    """Per kept step: PER per row and each row's gap to full, the entropy, and per layer its measures
+    (checkpoint_measures) and, where measured, the PER and gap to full with the probe in that layer
+    alone (gap_by_layer; None when not measured). PER and gaps are fractions (0.01 = 1 point)."""
     cells = {(row["evaluate_with"], label): cell for row in matrix["rows"] for label, cell in row["cells"].items()}
     points = []
-    for step, entropy in sorted(entropies.items()):
+    for step, measured in sorted(measures.items()):
         per = {row: cells[row, f"step{step}"]["per"] for row in rows}
         reference = per[REFERENCE_ROW]
-        gap = {row: None if value is None or reference is None else value - reference
-               for row, value in per.items() if row != REFERENCE_ROW}
-        points.append({"step": step, "entropy_per_layer": entropy["layers"], "mean_entropy": entropy["mean"],
-                       "per": per, "gap_to_full": gap})
+
+        def gap_of(value):
+            return None if value is None or reference is None else value - reference
+
+        by_layer = (per_by_layer or {}).get(step)
+        layers = [{"layer": index, **{name: layer.get(name) for name in MEASURES}} for index, layer
+                  in enumerate(measured["layers"])]
+        points.append({"step": step, "entropy_per_layer": [layer["entropy"] for layer in layers],
+                       "mean_entropy": measured["mean_entropy"], "per": per,
+                       "gap_to_full": {row: gap_of(value) for row, value in per.items() if row != REFERENCE_ROW},
+                       "layers": layers, "per_by_layer": by_layer,
+                       "gap_by_layer": None if by_layer is None else [gap_of(value) for value in by_layer]})
     return points
 
 
@@ -188,8 +286,62 @@ def plot(points: list[dict], rows: list[str], title: str, path: Path) -> None:
     plt.close(figure)
 
 
+def plot_layers(points: list[dict], probe: str, title: str, path: Path) -> None:
+    """Per layer against step: the PER gap to full with the probe in that layer alone (beside the probe
+    in every layer), the locality within +-5 and +-20 positions, and the probe's cluster spread."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    steps = [point["step"] for point in points]
+    count = len(points[0]["layers"])
+    colours = plt.get_cmap("viridis")([index / max(1, count - 1) * 0.9 for index in range(count)])
+    by_layer = any(point["gap_by_layer"] is not None for point in points)
+    panels = 3 if by_layer else 2
+    figure, axes = plt.subplots(panels, 1, figsize=(8, 3.2 * panels), sharex=True)
+
+    def points_of(values):
+        return [None if value is None else 100 * value for value in values]
+
+    axis = axes[0]
+    if by_layer:
+        for layer in range(count):
+            axis.plot(steps, points_of(None if point["gap_by_layer"] is None else point["gap_by_layer"][layer]
+                                       for point in points), marker="o", markersize=3, color=colours[layer],
+                      label=f"layer {layer} alone")
+        if probe in points[0]["gap_to_full"]:
+            axis.plot(steps, points_of(point["gap_to_full"][probe] for point in points), color="black",
+                      linewidth=2, marker="s", label="every layer")
+        axis.axhline(0.0, color="gray", linewidth=0.8)
+        axis.set_ylabel(f"PER gap to full, {probe} (points)")
+        axis.legend(fontsize=7, ncol=2, loc="best")
+        axis.grid(alpha=0.3)
+        axis = axes[1]
+    for layer in range(count):
+        for name, style in (("locality5", "-"), ("locality20", "--")):
+            axis.plot(steps, [point["layers"][layer][name] for point in points], linestyle=style, marker=".",
+                      color=colours[layer], label=f"layer {layer}" if name == "locality5" else None)
+    axis.set_ylim(0, 1.02)
+    axis.set_ylabel("attention within +-5 (solid)\nand +-20 (dashed) positions")
+    axis.legend(fontsize=7, ncol=2, loc="best")
+    axis.grid(alpha=0.3)
+    axis = axes[-1]
+    for layer in range(count):
+        axis.plot(steps, [point["layers"][layer]["cluster_spread_fraction"] for point in points], marker=".",
+                  color=colours[layer], label=f"layer {layer}")
+    axis.axhline(12 ** -0.5, color="gray", linestyle=":", linewidth=1, label="spread evenly over the utterance")
+    axis.legend(fontsize=7, ncol=2, loc="lower right")
+    axis.set_ylim(bottom=0)
+    axis.set_ylabel(f"{probe} cluster spread\n(std of positions / length)")
+    axis.set_xlabel("training step")
+    axis.grid(alpha=0.3)
+    axes[0].set_title(title, fontsize=10)
+    figure.tight_layout()
+    figure.savefig(path, dpi=120)
+    plt.close(figure)
+
+
 def measure(args: argparse.Namespace) -> int:
-    """Evaluates and measures every kept checkpoint (reusing what is cached); writes the JSON and PNG;
+    """Evaluates and measures every kept checkpoint (reusing what is cached); writes the JSON and PNGs;
     returns the exit status."""
     out = args.out or args.run / "sharpening"
     checkpoints = kept_checkpoints(args.run)
@@ -198,31 +350,43 @@ def measure(args: argparse.Namespace) -> int:
             "--split", args.split, "--out", str(out / "matrix")]
     if args.limit is not None:
         argv += ["--limit", str(args.limit)]
-    if args.threads is not None:     # for the evaluations (asr.cross_matrix runs in this process) and the entropies
+    if args.threads is not None:     # for the evaluations (asr.cross_matrix runs in this process) and the measures
         import torch
         torch.set_num_threads(args.threads)
     code = cross_matrix.main(argv)
     if code != SUCCESS:
         return code                     # asr.cross_matrix has said why
     matrix = json.loads((out / "matrix" / "matrix.json").read_text())
-    entropies = {}
-    for step, path in checkpoints.items():
-        entropies[step] = cached_entropy(out, step, path, args.split, args.limit)
-        print(f"[sharpening] step {step}: mean normalised attention entropy {entropies[step]['mean']:.3f}",
-              flush=True)
+
+    def progress(line: str) -> None:
+        print(f"[sharpening] {line}", flush=True)
+
+    measures, per_by_layer = {}, {}
+    for number, (step, path) in enumerate(checkpoints.items(), 1):
+        measures[step] = cached_measures(out, step, path, args.split, args.limit, args.probe)
+        progress(f"step {step} ({number}/{len(checkpoints)}): mean normalised attention entropy "
+                 f"{measures[step]['mean_entropy']:.3f}")
+        if args.by_layer:
+            per_by_layer[step] = cached_gap_by_layer(out, step, path, args.split, args.limit, args.probe, progress)
     result = {"run": str(args.run), "split": matrix["split"], "rows": args.rows, "limit": args.limit,
-              "points": sharpening_points(matrix, entropies, args.rows)}
+              "probe": args.probe, "points": sharpening_points(matrix, measures, args.rows, per_by_layer)}
     (out / "sharpening.json").write_text(json.dumps(result, indent=2) + "\n")
+    title = f"{args.run.name} ({matrix['split']} split)"
     plot(result["points"], args.rows, f"{args.run.name}: PER gap to full attention as the attention sharpens "
                                       f"({matrix['split']} split)", out / "sharpening.png")
+    plot_layers(result["points"], args.probe, f"{title}: by layer", out / "sharpening_layers.png")
     if args.publish is not None:
         args.publish.mkdir(parents=True, exist_ok=True)
         stem = published_stem(args.run)
-        for suffix in (".json", ".png"):
-            shutil.copyfile(out / f"sharpening{suffix}", args.publish / f"{stem}{suffix}")
-        print(f"[sharpening] copied {stem}.json and .png to {args.publish}", flush=True)
+        for name, suffix in (("sharpening", ".json"), ("sharpening", ".png"), ("sharpening_layers", ".png")):
+            shutil.copyfile(out / f"{name}{suffix}", args.publish / f"{stem}{name.removeprefix('sharpening')}{suffix}")
+        print(f"[sharpening] copied {stem}.json, .png and _layers.png to {args.publish}", flush=True)
     print(format_table(result["points"], args.rows))
-    print(f"[sharpening] wrote {out}/sharpening.json and sharpening.png", flush=True)
+    print(format_layer_tables(result["points"], args.probe))
+    last = result["points"][-1]["step"]
+    if all(row in args.rows for row in PAPER_FULL_COLUMN):
+        print(format_magnitudes(table1_magnitudes(matrix, f"step{last}")))
+    print(f"[sharpening] wrote {out}/sharpening.json, sharpening.png and sharpening_layers.png", flush=True)
     return SUCCESS
 
 
@@ -246,6 +410,27 @@ def format_table(points: list[dict], rows: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
+def format_layer_tables(points: list[dict], probe: str) -> str:
+    """Per step, a markdown table of the layers: entropy, locality, the probe's cluster spread, and the PER
+    gap with the probe in that layer alone."""
+    def number(value, scale=1.0, form=".3f"):
+        return "-" if value is None else format(scale * value, form)
+
+    blocks = []
+    for point in points:
+        lines = [f"step {point['step']}: per layer (exact attention; {probe} clusters; gap with {probe} in the "
+                 "layer alone, the others full, points)", "",
+                 "| layer | entropy | within +-5 | within +-20 | cluster spread (positions) | spread / length "
+                 "| gap alone |", "|---:|---:|---:|---:|---:|---:|---:|"]
+        for layer in point["layers"]:
+            gap = None if point["gap_by_layer"] is None else point["gap_by_layer"][layer["layer"]]
+            lines.append(f"| {layer['layer']} | {number(layer['entropy'])} | {number(layer['locality5'])} | "
+                         f"{number(layer['locality20'])} | {number(layer['cluster_spread'], form='.1f')} | "
+                         f"{number(layer['cluster_spread_fraction'])} | {number(gap, 100, '+.2f')} |")
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m recipes.synth.sharpening", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -261,6 +446,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="--train: an extra asr.train override (repeatable)")
     parser.add_argument("--rows", nargs="+", default=list(ROWS), metavar="SPEC",
                         help=f"evaluate-with attention specs; must include {REFERENCE_ROW} (default: {' '.join(ROWS)})")
+    parser.add_argument("--probe", default=PROBE, metavar="SPEC",
+                        help=f"the clustered or i-clustered attention whose query clusters are measured and that "
+                             f"--by-layer runs in one layer at a time (then one of --rows; default: {PROBE})")
+    parser.add_argument("--by-layer", action="store_true",
+                        help="also the gap by layer: PER with --probe in one layer at a time, the others full "
+                             "(one evaluation per layer and checkpoint)")
     parser.add_argument("--split", default="dev", help="split of the run's corpus (default: dev)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N batches (a quick look)")
     parser.add_argument("--threads", type=int, default=None,
@@ -278,6 +469,12 @@ def run_sharpening(args: argparse.Namespace) -> int:
         raise SharpeningError(f"--rows {' '.join(args.rows)}: the gaps are to {REFERENCE_ROW}; add it to --rows")
     for spec in args.rows:
         parse_attention_spec(spec)              # a bad row stops the command before any work
+    if parse_attention_spec(args.probe).name not in CLUSTERING_ATTENTIONS:
+        raise SharpeningError(f"--probe {args.probe}: its query clusters are measured; give a clustered or "
+                              "i-clustered spec, e.g. clustered-100")
+    if args.by_layer and args.probe not in args.rows:
+        raise SharpeningError(f"--by-layer compares --probe {args.probe} in one layer with it in every layer; "
+                              "add it to --rows")
     for option, value in (("--train", args.train), ("--every", args.every), ("--limit", args.limit),
                           ("--threads", args.threads)):
         if value is not None and value < 1:
@@ -298,7 +495,7 @@ def main(argv: list[str] | None = None) -> int:
     return run_command("recipes.synth.sharpening", lambda: run_sharpening(args),
                        usage_errors=(SharpeningError, AttentionConfigError),
                        resume_hint="run the same command again: training resumes from its last checkpoint and "
-                                   "the evaluations and entropies computed so far are reused")
+                                   "the evaluations and measures computed so far are reused")
 
 
 if __name__ == "__main__":

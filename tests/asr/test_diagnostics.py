@@ -1,12 +1,16 @@
-"""asr.model.diagnostics: attention entropy against hand-made cases, and the CSV a tiny run writes."""
+"""asr.model.diagnostics: attention entropy, locality and cluster spread against hand-made cases, and the
+CSV a tiny run writes."""
 from __future__ import annotations
 
 import csv
+import itertools
 import math
+import statistics
 
+import pytest
 import torch
 
-from asr.model.diagnostics import attention_entropy
+from asr.model.diagnostics import attention_entropy, attention_locality, cluster_time_spread
 from asr.training.fit import train
 from tiny_runs import tiny_config
 
@@ -44,6 +48,57 @@ def test_shared_qk_entropy_uses_unit_keys_and_no_self():
     expected = float(entropy.mean())
     got = float(attention_entropy(q, q, torch.tensor([5]), shared_qk=True))
     assert math.isclose(got, expected, rel_tol=1e-5)
+
+
+def mean_locality(q, k, lengths, radius):
+    shares, counted = attention_locality(q, k, lengths, False, (radius,))
+    return float(shares[0][counted].mean())
+
+
+def test_attention_on_itself_is_all_within_any_radius():
+    q = 100.0 * torch.eye(12).expand(1, 2, 12, 12)     # query i's only large score is key i
+    assert mean_locality(q, q, torch.tensor([12]), 0) == pytest.approx(1.0)
+
+
+def test_attention_ten_positions_ahead_is_outside_5_and_inside_20():
+    """Query i attends to key (i + 10) mod 30 alone: 10 positions ahead, or 20 behind at the end."""
+    length = 30
+    q = 100.0 * torch.eye(length)[None, None]
+    k = 100.0 * torch.roll(torch.eye(length), shifts=10, dims=0)[None, None]   # key j is e_(j - 10)
+    lengths = torch.tensor([length])
+    assert mean_locality(q, k, lengths, 5) == pytest.approx(0.0, abs=1e-6)
+    assert mean_locality(q, k, lengths, 19) == pytest.approx(20 / 30, abs=1e-6)
+    assert mean_locality(q, k, lengths, 20) == pytest.approx(1.0)
+
+
+def test_uniform_attention_shares_count_the_valid_keys_near_each_query():
+    """Identical keys: each valid query's share within r is (valid keys within r) / length, counted
+    here by hand; padded keys and queries take no part."""
+    q = torch.randn(2, 3, 16, 4)
+    k = torch.ones(2, 3, 16, 4)
+    k[1, :, 9:] = 1e3 * torch.randn(3, 7, 4)          # padded keys of sequence 1: would take the mass
+    lengths = torch.tensor([16, 9])
+    for radius in (0, 2, 5):
+        expected = [sum(abs(i - j) <= radius for j in range(length)) / length
+                    for length in (16, 9) for _ in range(3) for i in range(length)]
+        assert mean_locality(q, k, lengths, radius) == pytest.approx(sum(expected) / len(expected), rel=1e-5)
+
+
+def test_cluster_spread_is_the_size_weighted_standard_deviation_of_the_members_positions():
+    assignment = torch.tensor([[[0, 0, 1, 1, 0, 1, -1, -1], [2, 2, 2, 2, 2, 2, -1, -1]],
+                               [[0, 1, 0, 1, -1, -1, -1, -1], [3, 3, 3, 0, -1, -1, -1, -1]]])
+    lengths = torch.tensor([6, 4])
+    clusters = {}                                     # (batch, head, id) -> member positions
+    for b, h, i in itertools.product(*map(range, assignment.shape)):
+        if assignment[b, h, i] >= 0:
+            clusters.setdefault((b, h, int(assignment[b, h, i])), []).append(i)
+    spread = sum(len(members) * statistics.pstdev(members) for members in clusters.values())
+    fraction = sum(len(members) * statistics.pstdev(members) / int(lengths[b]) for (b, _, _), members in clusters.items())
+    got = cluster_time_spread(assignment, lengths)
+    assert got[2] == 6 + 6 + 4 + 4
+    assert got[0] == pytest.approx(spread) and got[1] == pytest.approx(fraction)
+    # one cluster spanning 0..5 evenly: sqrt(35 / 12); the two interleaved ones of sequence 1: 1 each
+    assert statistics.pstdev(clusters[0, 1, 2]) == pytest.approx(math.sqrt(35 / 12))
 
 
 def test_a_run_with_diagnostics_writes_one_row_per_interval(tiny_synth, tmp_path):

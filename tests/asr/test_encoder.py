@@ -12,7 +12,7 @@ from asr.model.recognizer import CheckpointMismatchError, check_state_dict_fits
 
 def tiny_encoder(**overrides):
     settings = dict(feature_dim=12, layers=2, heads=2, head_dim=4, ff_dim=16, dropout=0.0, subsampling=1,
-                    subsampling_channels=4, shared_qk=False, positions="sinusoidal",
+                    subsampling_channels=4, shared_qk=False, positions="sinusoidal", norm="pre",
                     attention=validate_attention("full"))
     settings.update(overrides)
     return TransformerEncoder(**settings).eval()
@@ -31,14 +31,12 @@ def brute_force_rotation(x: torch.Tensor) -> torch.Tensor:
     return out
 
 
-def brute_force_layer(layer: EncoderLayer, x: torch.Tensor, length: int, rotary: bool = False) -> torch.Tensor:
-    """One pre-norm layer for ONE sequence written out with explicit loops over heads."""
-    x = x[:length]
-    h = torch.nn.functional.layer_norm(x, (x.shape[-1],), layer.attention_norm.weight, layer.attention_norm.bias)
+def brute_force_attention_block(layer: EncoderLayer, h: torch.Tensor, rotary: bool = False) -> torch.Tensor:
+    """The attention block's output projection for ONE sequence h (N, D), one head at a time."""
     q = h @ layer.query.weight.T + layer.query.bias
     k = q if layer.key is None else h @ layer.key.weight.T + layer.key.bias
     v = h @ layer.value.weight.T + layer.value.bias
-    dim = x.shape[-1] // layer.heads
+    dim = h.shape[-1] // layer.heads
     heads = []
     for i in range(layer.heads):
         part = slice(i * dim, (i + 1) * dim)
@@ -47,10 +45,35 @@ def brute_force_layer(layer: EncoderLayer, x: torch.Tensor, length: int, rotary:
             head_q, head_k = brute_force_rotation(head_q), brute_force_rotation(head_k)
         scores = head_q @ head_k.T / math.sqrt(dim)
         heads.append(torch.softmax(scores, dim=-1) @ v[:, part])
-    x = x + torch.cat(heads, dim=-1) @ layer.output.weight.T + layer.output.bias
-    h = torch.nn.functional.layer_norm(x, (x.shape[-1],), layer.ff_norm.weight, layer.ff_norm.bias)
+    return torch.cat(heads, dim=-1) @ layer.output.weight.T + layer.output.bias
+
+
+def brute_force_feed_forward(layer: EncoderLayer, h: torch.Tensor) -> torch.Tensor:
     first, second = layer.ff[0], layer.ff[3]
-    return x + torch.relu(h @ first.weight.T + first.bias) @ second.weight.T + second.bias
+    return torch.relu(h @ first.weight.T + first.bias) @ second.weight.T + second.bias
+
+
+def layer_norm(x: torch.Tensor, norm: torch.nn.LayerNorm) -> torch.Tensor:
+    """(x - mean) / sqrt(var + eps) * weight + bias over the last dim, written out."""
+    mean = x.mean(-1, keepdim=True)
+    variance = ((x - mean) ** 2).mean(-1, keepdim=True)
+    return (x - mean) / torch.sqrt(variance + norm.eps) * norm.weight + norm.bias
+
+
+def brute_force_layer(layer: EncoderLayer, x: torch.Tensor, length: int, rotary: bool = False) -> torch.Tensor:
+    """One pre-norm layer for ONE sequence written out with explicit loops over heads."""
+    x = x[:length]
+    x = x + brute_force_attention_block(layer, layer_norm(x, layer.attention_norm), rotary)
+    return x + brute_force_feed_forward(layer, layer_norm(x, layer.ff_norm))
+
+
+def brute_force_post_norm_layer(layer: EncoderLayer, x: torch.Tensor, length: int) -> torch.Tensor:
+    """One post-norm layer for ONE sequence, as the reference library's TransformerEncoderLayer
+    (idiap/fast-transformers) computes it: x = norm1(x + attention(x)); norm2(x + ff(x)), with norm1
+    the layer's attention_norm and norm2 its ff_norm."""
+    x = x[:length]
+    x = layer_norm(x + brute_force_attention_block(layer, x), layer.attention_norm)
+    return layer_norm(x + brute_force_feed_forward(layer, x), layer.ff_norm)
 
 
 @pytest.mark.parametrize("shared_qk", [False, True])
@@ -65,6 +88,61 @@ def test_layer_equals_brute_force_transformer_layer_on_valid_positions(shared_qk
         for b, length in enumerate(lengths.tolist()):
             torch.testing.assert_close(out[b, :length], brute_force_layer(layer, x[b], length),
                                        rtol=1e-5, atol=1e-5)
+
+
+def randomise_norms(encoder: TransformerEncoder) -> None:
+    """LayerNorm weights and biases away from 1 and 0, so a test sees which norm is applied where."""
+    with torch.no_grad():
+        for module in encoder.modules():
+            if isinstance(module, torch.nn.LayerNorm):
+                module.weight.uniform_(0.5, 1.5)
+                module.bias.normal_(0.0, 0.3)
+
+
+@pytest.mark.parametrize("shared_qk", [False, True])
+def test_post_norm_layer_equals_the_reference_librarys_layer_written_out(shared_qk):
+    torch.manual_seed(0)
+    encoder = tiny_encoder(shared_qk=shared_qk, norm="post")
+    randomise_norms(encoder)
+    layer = encoder.layers[0]
+    x = torch.randn(2, 7, 8) * 3
+    lengths = torch.tensor([7, 4])
+    with torch.no_grad():
+        out = layer(x, lengths)
+        assert layer.attention_input(x) is x        # the projections read the input itself
+        for b, length in enumerate(lengths.tolist()):
+            expected = brute_force_post_norm_layer(layer, x[b], length)
+            torch.testing.assert_close(out[b, :length], expected, rtol=1e-5, atol=1e-5)
+            assert not torch.allclose(expected, brute_force_layer(layer, x[b], length), atol=1e-3)
+
+
+def test_post_norm_encoder_is_its_front_end_positions_layers_and_final_norm_written_out():
+    torch.manual_seed(0)
+    encoder = tiny_encoder(norm="post", layers=3)
+    randomise_norms(encoder)
+    features, lengths = torch.randn(2, 11, 12), torch.tensor([11, 6])
+    with torch.no_grad():
+        out, _ = encoder(features, lengths)
+        for b, length in enumerate(lengths.tolist()):
+            x = features[b, :length] @ encoder.frontend.projection.weight.T + encoder.frontend.projection.bias
+            x = x * math.sqrt(8) + sinusoidal_positions(length, 8)
+            for layer in encoder.layers:
+                x = brute_force_post_norm_layer(layer, x, length)
+            torch.testing.assert_close(out[b, :length], layer_norm(x, encoder.final_norm), rtol=1e-5, atol=1e-5)
+
+
+def test_both_layer_forms_have_the_same_parameters_and_the_form_is_what_differs():
+    torch.manual_seed(0)
+    pre = tiny_encoder(norm="pre")
+    post = tiny_encoder(norm="post")
+    post.load_state_dict(pre.state_dict())       # the same names and shapes: a state dict fits either
+    check_state_dict_fits(post, pre.state_dict(), "pre-norm weights")
+    features, lengths = torch.randn(1, 9, 12), torch.tensor([9])
+    with torch.no_grad():
+        assert not torch.allclose(pre(features, lengths)[0], post(features, lengths)[0], atol=1e-3)
+    assert [layer.norm for layer in post.layers] == ["post", "post"] and post.norm == "post"
+    with pytest.raises(ValueError, match="norm='sandwich': must be one of pre, post"):
+        tiny_encoder(norm="sandwich")
 
 
 @pytest.mark.parametrize("shared_qk", [False, True])
@@ -221,6 +299,18 @@ def test_set_attention_swaps_every_layer_and_keeps_the_weights():
     assert before.keys() == after.keys() and all(torch.equal(before[k], after[k]) for k in before)
 
 
+def test_set_attention_with_layers_swaps_those_layers_only():
+    encoder = tiny_encoder(layers=3)
+    encoder.set_attention(validate_attention("clustered", clusters=2), layers=[1])
+    assert [type(layer.attention).__name__ for layer in encoder.layers] == \
+        ["FullAttention", "ClusteredAttention", "FullAttention"]
+    assert encoder.attention_name == "full"          # names the attention of every layer, which a partial swap leaves
+    encoder.set_attention(validate_attention("full"))
+    assert all(type(layer.attention).__name__ == "FullAttention" for layer in encoder.layers)
+    with pytest.raises(IndexError, match=r"layers \[3\]: this encoder has layers 0 to 2"):
+        encoder.set_attention(validate_attention("clustered", clusters=2), layers=[3])
+
+
 def test_an_attention_that_does_not_fit_the_model_is_refused_by_the_one_check():
     """check_attention_fits is the one check of an attention against a model (asr.config at
     composition, asr.evaluation where a spec is read); the encoder takes what it is given."""
@@ -357,8 +447,8 @@ def test_a_long_input_in_evaluation_runs_in_pieces_with_the_same_numbers(monkeyp
     their thresholds (here 16 frames and 8 positions): the output equals the whole run's."""
     from asr.model.encoder import ConvSubsampling
     torch.manual_seed(0)
-    for factor in (2, 4):
-        encoder = tiny_encoder(subsampling=factor, subsampling_channels=3, layers=2)
+    for factor, norm in ((2, "pre"), (4, "pre"), (2, "post")):
+        encoder = tiny_encoder(subsampling=factor, subsampling_channels=3, layers=2, norm=norm)
         features, lengths = torch.randn(2, 101, 12), torch.tensor([101, 57])
         with torch.no_grad():
             whole, whole_lengths = encoder(features, lengths)

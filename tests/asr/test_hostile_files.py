@@ -6,6 +6,7 @@ from __future__ import annotations
 import gzip
 import json
 import logging
+import os
 import shutil
 from pathlib import Path
 
@@ -17,6 +18,7 @@ from asr.core.errors import ConfigError
 from asr.core.exit_status import FAILURE, SUCCESS, USAGE_ERROR
 from asr.data.corpus.manifests import ManifestError
 from asr.evaluate import main as evaluate_main
+from asr.evaluation.decoding.lexicon import LexiconFileError, read_lexicon
 from asr.prepare_shards import main as prepare_shards_main
 from asr.train import USAGE_ERRORS as TRAIN_USAGE_ERRORS
 from asr.training.fit import train
@@ -250,3 +252,28 @@ def one_error_line_tail(says: str) -> str:
     name = says.split("=", 1)[0]
     return {"lm_weight": " (e.g. lm_weight=1.0)", "word_score": " (e.g. word_score=0.0)",
             "beam": " (the lexicon decoder's hypotheses kept per frame)"}[name]
+
+
+def test_a_lexicon_line_of_100000_phones_is_refused_by_line_not_a_native_crash(checkpoint, tmp_path, capsys):
+    # it overflowed the decoder trie's native stack (SIGSEGV, no message) in asr.evaluate and asr.transcribe
+    lexicon = tmp_path / "lexicon.txt"
+    lexicon.write_text("yes Y EH S\n" + "endless " + " AH" * 100_000 + "\n")
+    audio = tmp_path / "one.wav"
+    soundfile.write(audio, np.zeros(16000, dtype=np.float32), 16000)
+    with pytest.raises(LexiconFileError, match=rf"lexicon file {lexicon}: 1 pronunciations are longer than 1000 phones "
+                                               r"\(line 2: 'endless' with 100000 phones\); a line spells one word"):
+        read_lexicon(lexicon)
+    for main, name in ((evaluate_main, "asr.evaluate"), (transcribe_main, "asr.transcribe")):
+        arguments = [f"checkpoint={checkpoint}", "decoder=lexicon", f"lexicon={lexicon}", "lm=none"]
+        arguments += ([f"out={tmp_path / 'e'}", "progress=false"] if main is evaluate_main else [str(audio)])
+        assert main(arguments) == USAGE_ERROR
+        line = one_error_line(capsys)
+        assert line.startswith(f"{name}: error: lexicon file {lexicon}: 1 pronunciations are longer than 1000 phones")
+
+
+def test_transcribe_named_on_a_fifo_says_so_instead_of_waiting_forever(checkpoint, tmp_path, capsys):
+    fifo = tmp_path / "speech.wav"
+    os.mkfifo(fifo)                 # nothing ever writes to it: opening it for reading would block
+    assert transcribe_main([f"checkpoint={checkpoint}", str(fifo)]) == USAGE_ERROR
+    assert one_error_line(capsys) == (f"asr.transcribe: error: {fifo} is not a regular file (a FIFO, device or "
+                                      "socket); give an audio file or a folder of them")

@@ -4,10 +4,10 @@ import pytest
 import torch
 
 from asr.model.ctc import ctc_loss
-from asr.step_benchmark.breakdown import ATTENTION, STAGES, instrument, profiled_step
-from asr.step_benchmark.plain_model import PlainRecognizer, plain_state_dict
-from asr.step_benchmark.workloads import MODELS, PLAIN, WORKLOADS, Workload, build_model, make_batch, parameter_count
-from asr.step_benchmark.workloads import toolkit_recognizer
+from asr.benchmarks.step.breakdown import ATTENTION, STAGES, instrument, profiled_step
+from asr.benchmarks.step.plain_model import PlainRecognizer, plain_state_dict
+from asr.benchmarks.step.workloads import MODELS, PLAIN, WORKLOADS, Workload, build_model, make_batch, parameter_count
+from asr.benchmarks.step.workloads import toolkit_recognizer
 
 SMALL = dict(layers=2, heads=2, head_dim=8, ff_dim=24, dropout=0.1, subsampling_channels=4)
 
@@ -127,7 +127,7 @@ def test_breakdown_console_has_no_profiler_notices(tmp_path):
     from tiny_runs import ROOT
     code = ("import sys, torch\n"
             "from torch.profiler import ProfilerActivity, profile\n"
-            "from asr.step_benchmark.breakdown import profiler_notices_silenced\n"
+            "from asr.benchmarks.step.breakdown import profiler_notices_silenced\n"
             "with profiler_notices_silenced():\n"
             "    print('from python', file=sys.stderr)\n"
             "    with profile(activities=[ProfilerActivity.CPU]):\n"

@@ -2,10 +2,10 @@
 import pytest
 import torch
 
-from asr.step_benchmark import timing
-from asr.step_benchmark.__main__ import format_table, main
-from asr.step_benchmark.modes import apply_mode
-from asr.step_benchmark.workloads import MODELS, PLAIN, WORKLOADS, Workload, build_model, make_batch, with_batch_seconds
+from asr.benchmarks.step import timing
+from asr.benchmarks.step.__main__ import format_table, main
+from asr.benchmarks.step.modes import apply_mode
+from asr.benchmarks.step.workloads import MODELS, PLAIN, WORKLOADS, Workload, build_model, make_batch, with_batch_seconds
 
 TINY = dict(layers=1, heads=2, head_dim=8, ff_dim=16, dropout=0.0, subsampling=2, subsampling_channels=4)
 

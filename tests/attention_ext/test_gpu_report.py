@@ -33,7 +33,7 @@ def test_the_parts_fit_in_ten_minutes_and_cover_the_issue(tmp_path):
     assert "--compile false --graphs false" in training["training_eager"]
     steps = {p.name: " ".join(p.command(tmp_path)) for p in PARTS if p.name.startswith("steps")}
     for name, command in steps.items():
-        assert "-m asr.step_benchmark --device cuda --precision bf16-mixed --modes eager graphed compiled" in command
+        assert "-m asr.benchmarks.step --device cuda --precision bf16-mixed --modes eager graphed compiled" in command
         assert "--batch-seconds 2400" in command
     assert "--workloads synth-380 --models i-clustered-64 plain" in steps["steps_demo"]
     assert "--workloads wsj --models full i-clustered-100 plain" in steps["steps_wsj"]

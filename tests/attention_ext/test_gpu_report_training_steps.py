@@ -1,8 +1,8 @@
-"""The GPU report's training-step parts read what asr.step_benchmark writes: the table and the
+"""The GPU report's training-step parts read what asr.benchmarks.step writes: the table and the
 issue's aims as checks, from step times whose answers are known."""
-from asr.step_benchmark.__main__ import write_csv
-from asr.step_benchmark.timing import StepTimes
-from asr.step_benchmark.workloads import WORKLOADS, with_batch_seconds
+from asr.benchmarks.step.__main__ import write_csv
+from asr.benchmarks.step.timing import StepTimes
+from asr.benchmarks.step.workloads import WORKLOADS, with_batch_seconds
 from attention_ext.gpu_report.training_steps import DEMO_AIM, csv_path, reader
 
 

@@ -9,7 +9,7 @@ from recipes.synth.experiment import main, training_budget
 from recipes.synth.experiment_results import (PUBLISHED, experiment_results, plot_training_curves, publish,
                                               validation_curve, with_columns_from)
 from recipes.synth.experiment_settings import PRESETS, SETTINGS, SPECS, training_spec
-from recipes.synth.paper_findings import format_findings, paper_findings
+from recipes.synth.paper_findings import format_findings, format_magnitudes, paper_findings, table1_magnitudes
 from test_presets_on_fixtures import compose_config   # composes conf/ as asr.train does
 
 COLUMNS = ["full", "shared_full", "lsh1", "lsh4", "clustered", "iclustered"]
@@ -74,6 +74,46 @@ def test_a_model_far_from_its_own_attention_under_full_breaks_the_closeness_find
     closeness = paper_findings(matrix(iclustered_falls_apart_under_full))[4]
     assert not closeness["holds"] and (closeness["held"], closeness["compared"]) == (1, 2)
     assert "iclustered model: full 30.00 within 1 of i-clustered-64 12.00: NO" in closeness["evidence"]
+
+
+def test_magnitudes_give_each_gap_in_points_beside_the_papers():
+    """paper_like's full column: full 10, clustered-32 45, i-clustered-32 15 (%): a 35-point clustered gap
+    (the first aim holds) but i-clustered 5 points off full (the second does not)."""
+    magnitudes = table1_magnitudes(matrix(paper_like), "full", 32, 64)
+    rows = {row["paper_row"]: row for row in magnitudes["rows"]}
+    assert [row["row"] for row in magnitudes["rows"]] == ["full", "clustered-32", "clustered-64", "i-clustered-32",
+                                                          "i-clustered-64", "oracle-top"]
+    assert rows["clustered-100"]["paper_gap"] == pytest.approx(44.88 - 5.14)
+    assert rows["i-clustered-100"]["paper_gap"] == pytest.approx(9.29 - 5.14)
+    assert rows["oracle-top"]["paper_per"] == 17.16
+    assert rows["clustered-100"]["per"] == pytest.approx(45.0) and rows["clustered-100"]["gap"] == pytest.approx(35.0)
+    assert rows["i-clustered-100"]["gap"] == pytest.approx(5.0) and rows["full"]["gap"] == pytest.approx(0.0)
+    assert [aim["holds"] for aim in magnitudes["aims"]] == [True, False] and not magnitudes["reproduced"]
+    text = format_magnitudes(magnitudes)
+    assert "| clustered-100 | 44.88 | +39.74 | clustered-32 | 45.00 | +35.00 |" in text
+    assert "i-clustered-32 within 3 points of full: +5.00 points: NO" in text
+    assert "the paper's gap (both aims)**: not reproduced here" in text
+
+
+def test_the_gap_is_reproduced_when_clustered_breaks_and_i_clustered_holds():
+    def reproduced(spec, column):
+        return {"full": 0.0514, "clustered-32": 0.4488, "i-clustered-32": 0.0800}.get(spec, paper_like(spec, column))
+
+    magnitudes = table1_magnitudes(matrix(reproduced), "full", 32, 64)
+    assert [aim["holds"] for aim in magnitudes["aims"]] == [True, True] and magnitudes["reproduced"]
+    assert [row["gap"] for row in magnitudes["rows"][:2]] == pytest.approx([0.0, 44.88 - 5.14])
+    # the paper's own numbers: its i-clustered-100 is 4.15 points off full, outside the 3 the aim allows
+    def table_1(spec, column):
+        return {"full": 0.0514, "clustered-32": 0.4488, "i-clustered-32": 0.0929}.get(spec, paper_like(spec, column))
+
+    paper = table1_magnitudes(matrix(table_1), "full", 32, 64)
+    assert all(row["gap"] == pytest.approx(row["paper_gap"]) for row in paper["rows"]
+               if row["paper_row"] in ("full", "clustered-100", "i-clustered-100"))
+    assert [aim["holds"] for aim in paper["aims"]] == [True, False]
+    # a column without the cells: the aims are missing, not held
+    missing = table1_magnitudes(matrix(table_1), "no_such_column", 32, 64)
+    assert [aim["holds"] for aim in missing["aims"]] == [None, None] and not missing["reproduced"]
+    assert "clustered-32 at least 10 points worse than full: - points: missing" in format_magnitudes(missing)
 
 
 # ---- budgets and settings ------------------------------------------------------------------------

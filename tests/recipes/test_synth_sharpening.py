@@ -1,9 +1,11 @@
 """recipes.synth.sharpening on a tiny run that kept two checkpoints: the gaps against the cross-matrix
-cells, the entropy against an unpadded computation written here, the cache, the PNG, the errors and
-the long run's config."""
+cells, the entropy against an unpadded computation written here, the per-layer measures and the gap by
+layer (one layer swapped at a time, the clustering the attention runs), the cache and its resumption,
+the PNGs, the errors and the long run's config."""
 import json
 import math
 import sys
+from types import SimpleNamespace
 from pathlib import Path
 
 import pytest
@@ -12,7 +14,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "asr"))
 from tiny_runs import compose_config, tiny_config  # noqa: E402
 
-from asr.evaluation import attention_matrix  # noqa: E402
+from asr.evaluation import attention_matrix, split_decoding  # noqa: E402
 from asr.config.schema import validate_config  # noqa: E402
 from asr.evaluation.evaluation import load_model
 from asr.evaluation.evaluation_data import evaluation_data
@@ -20,17 +22,19 @@ from asr.training.fit import ensure_corpus, train  # noqa: E402
 from recipes.synth import sharpening  # noqa: E402
 
 ROWS = ["full", "clustered-3", "i-clustered-3", "oracle-top-4"]
+PROBE = "clustered-3"
 
 
 @pytest.fixture(scope="module")
 def tiny_run(tmp_path_factory) -> Path:
-    """A tiny synth_full run of 4 steps that kept the checkpoints of steps 2 and 4."""
+    """A tiny synth_full run (two layers) of 4 steps that kept the checkpoints of steps 2 and 4."""
     root = tmp_path_factory.mktemp("synth")
     ensure_corpus(compose_config(f"data.root={root}", "synth_corpus.train_utterances=6",
                                  "synth_corpus.dev_utterances=2", "synth_corpus.test_utterances=2",
                                  "synth_corpus.jobs=1"))
     run = tmp_path_factory.mktemp("run")
-    results = train(tiny_config(root, "conf=synth_full", "test=false", "trainer.max_epochs=-1", "trainer.max_steps=4",
+    results = train(tiny_config(root, "conf=synth_full", "model.layers=2", "test=false", "trainer.max_epochs=-1",
+                                "trainer.max_steps=4",
                                 "trainer.keep_checkpoints_every_n_steps=2"), run)
     assert results["steps"] == 4
     return run
@@ -62,7 +66,8 @@ def unpadded_entropy(checkpoint: Path, layer_index: int) -> float:
 
 
 def test_the_curve_its_numbers_and_the_cache(tiny_run, monkeypatch, capsys):
-    assert sharpening.main(["--run", str(tiny_run), "--rows", *ROWS]) == 0
+    argv = ["--run", str(tiny_run), "--rows", *ROWS, "--probe", PROBE, "--by-layer", "--threads", "1"]
+    assert sharpening.main(argv) == 0
     out = tiny_run / "sharpening"
     result = json.loads((out / "sharpening.json").read_text())
     assert [point["step"] for point in result["points"]] == [2, 4] and result["split"] == "dev"
@@ -75,19 +80,102 @@ def test_the_curve_its_numbers_and_the_cache(tiny_run, monkeypatch, capsys):
         for row in ROWS[1:]:
             assert point["gap_to_full"][row] == pytest.approx(cells[row, column]["per"] - cells["full", column]["per"])
         assert point["mean_entropy"] == pytest.approx(sum(point["entropy_per_layer"]) / len(point["entropy_per_layer"]))
+        assert [layer["layer"] for layer in point["layers"]] == [0, 1]
+        for layer in point["layers"]:
+            assert set(layer) == {"layer", *sharpening.MEASURES}
+            assert 0 < layer["locality5"] <= layer["locality20"] <= 1
+            assert 0 < layer["cluster_spread_fraction"] < 0.5 and layer["cluster_spread"] > 1
+        assert point["entropy_per_layer"] == [layer["entropy"] for layer in point["layers"]]
+        assert len(point["per_by_layer"]) == 2
+        assert point["gap_by_layer"] == pytest.approx([per - point["per"]["full"] for per in point["per_by_layer"]])
     for index, step in enumerate((2, 4)):
         expected = unpadded_entropy(tiny_run / "checkpoints" / f"step-{step:06d}.ckpt", 0)
         assert 0 < expected < 1
         assert result["points"][index]["entropy_per_layer"][0] == pytest.approx(expected, rel=1e-5)
-    assert (out / "sharpening.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert "| step | mean entropy | full PER | clustered-3 gap |" in capsys.readouterr().out
+    for name in ("sharpening.png", "sharpening_layers.png"):
+        assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    printed = capsys.readouterr().out
+    assert "| step | mean entropy | full PER | clustered-3 gap |" in printed
+    assert "| layer | entropy | within +-5 | within +-20 | cluster spread (positions) |" in printed
     # started again, it evaluates and measures nothing
     monkeypatch.setattr(attention_matrix, "decode_split", lambda *a, **k: pytest.fail("an evaluation was recomputed"))
-    monkeypatch.setattr(sharpening, "checkpoint_entropy", lambda *a, **k: pytest.fail("an entropy was recomputed"))
-    assert sharpening.main(["--run", str(tiny_run), "--rows", *ROWS, "--publish", str(tiny_run / "published")]) == 0
+    monkeypatch.setattr(split_decoding, "decode_split", lambda *a, **k: pytest.fail("a layer was re-evaluated"))
+    monkeypatch.setattr(sharpening, "checkpoint_measures", lambda *a, **k: pytest.fail("a measure was recomputed"))
+    assert sharpening.main([*argv, "--publish", str(tiny_run / "published")]) == 0
     assert json.loads((out / "sharpening.json").read_text()) == result
     assert json.loads((tiny_run / "published" / f"sharpening_{tiny_run.name}.json").read_text()) == result
     assert (tiny_run / "published" / f"sharpening_{tiny_run.name}.png").is_file()
+    assert (tiny_run / "published" / f"sharpening_{tiny_run.name}_layers.png").is_file()
+
+
+def layer_attentions(model) -> list[str]:
+    return [type(layer.attention).__name__ for layer in model.encoder.layers]
+
+
+def test_the_gap_by_layer_swaps_one_layer_at_a_time_and_resumes_at_the_next(tiny_run, tmp_path, monkeypatch):
+    checkpoint = tiny_run / "checkpoints" / "step-000004.ckpt"
+    evaluated = []
+
+    def spy(model, data, *args, **kwargs):          # what runs in each layer when a layer's PER is measured
+        evaluated.append(layer_attentions(model))
+        return SimpleNamespace(rates={"per": 0.1 * len(evaluated)})
+
+    monkeypatch.setattr(split_decoding, "decode_split", spy)
+    lines = []
+    per = sharpening.cached_gap_by_layer(tmp_path, 4, checkpoint, "dev", None, PROBE, lines.append)
+    assert evaluated == [["ClusteredAttention", "FullAttention"], ["FullAttention", "ClusteredAttention"]]
+    assert per == pytest.approx([0.1, 0.2]) and len(lines) == 2
+    # interrupted after layer 0: the next run evaluates layer 1 only
+    path = tmp_path / "by_layer" / "step4.json"
+    stored = json.loads(path.read_text())
+    path.write_text(json.dumps({**stored, "per_by_layer": stored["per_by_layer"][:1]}))
+    evaluated.clear()
+    assert sharpening.cached_gap_by_layer(tmp_path, 4, checkpoint, "dev", None, PROBE, lines.append) == \
+        pytest.approx([0.1, 0.1])
+    assert evaluated == [["FullAttention", "ClusteredAttention"]]
+    # another probe is another measurement
+    evaluated.clear()
+    sharpening.cached_gap_by_layer(tmp_path, 4, checkpoint, "dev", None, "clustered-2", lines.append)
+    assert len(evaluated) == 2
+
+
+def test_the_cluster_spread_measures_the_clusters_the_attention_computes(tiny_run, monkeypatch):
+    """The clusters of layer 1 in the measurement are those clustered attention computes in an
+    evaluation of the same batch with it in layer 1 alone; their spread is the spread of those."""
+    import attention_ext.clustered
+    from asr.evaluation.attention_choice import evaluation_attention, set_evaluation_attention
+    from asr.model.diagnostics import cluster_time_spread, layer_attention_measures
+    from asr.model.recognizer import EVALUATION_SEED, seed_evaluation_batch
+    checkpoint = tiny_run / "checkpoints" / "step-000004.ckpt"
+    clusterings = []
+    original = attention_ext.clustered.cluster_queries
+
+    def recorded(q, lengths, *options):
+        clusters = original(q, lengths, *options)
+        clusterings.append((clusters.assignment.clone(), lengths.clone()))
+        return clusters
+
+    monkeypatch.setattr(attention_ext.clustered, "cluster_queries", recorded)
+    model = sharpening.exact_model(checkpoint)
+    data = evaluation_data(model, checkpoint, "dev", progress=False)
+    batch = next(iter(data.datamodule.dataloader("dev")))
+    set_evaluation_attention(model, evaluation_attention(model, PROBE), "trained", layers=[1])
+    assert layer_attentions(model) == ["FullAttention", "ClusteredAttention"]
+    seed_evaluation_batch(EVALUATION_SEED, 0)
+    with torch.no_grad():
+        model(batch["features"], batch["feature_lengths"])
+    [(evaluated, lengths)] = clusterings
+    assert int(evaluated.max()) == 2 and (evaluated >= 0).sum() == lengths.sum() * evaluated.shape[1]
+
+    set_evaluation_attention(model, evaluation_attention(model, "full"), "trained")
+    clusterings.clear()
+    measures = layer_attention_measures(model, batch["features"], batch["feature_lengths"],
+                                        sharpening.parse_attention_spec(PROBE).options,
+                                        reseed=lambda: seed_evaluation_batch(EVALUATION_SEED, 0))
+    assert len(clusterings) == 2 and torch.equal(clusterings[1][0], evaluated)
+    spread, fraction, queries = cluster_time_spread(evaluated, lengths)
+    assert measures[1]["cluster_spread"] == pytest.approx((spread, queries))
+    assert measures[1]["cluster_spread_fraction"] == pytest.approx((fraction, queries))
 
 
 def test_published_names_say_sharpening_once():
@@ -101,7 +189,11 @@ def test_usage_errors_exit_2_naming_the_problem(tiny_run, tmp_path, capsys):
                                                   "trainer.keep_checkpoints_every_n_steps=N"),
                        (["--run", str(tiny_run), "--rows", "clustered-3"], "the gaps are to full; add it to --rows"),
                        (["--run", str(tiny_run), "--rows", "full", "clusterd-3"], "unknown attention spec 'clusterd-3'"),
-                       (["--run", str(tiny_run), "--train", "0"], "--train=0 must be >= 1")):
+                       (["--run", str(tiny_run), "--train", "0"], "--train=0 must be >= 1"),
+                       (["--run", str(tiny_run), "--probe", "oracle-top"], "--probe oracle-top: its query clusters are "
+                                                                            "measured; give a clustered or i-clustered"),
+                       (["--run", str(tiny_run), "--rows", *ROWS, "--by-layer"],
+                        "--by-layer compares --probe clustered-100 in one layer with it in every layer; add it to --rows")):
         assert sharpening.main(argv) == 2
         error = capsys.readouterr().err.strip()
         assert error.startswith("recipes.synth.sharpening: error: ") and says in error.splitlines()[0], error

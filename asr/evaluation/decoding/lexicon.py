@@ -19,6 +19,9 @@ from typing import Iterable
 from asr.text.phones import strip_stress
 
 _ALTERNATIVE = re.compile(r"\(\d+\)$")
+# The longest pronunciation a lexicon line may hold. English words stay under 50 phones; the decoder's
+# trie is walked recursively, and a spelling of 100,000 phones overflowed the native stack (SIGSEGV).
+MAX_PRONUNCIATION_PHONES = 1000
 
 
 class LexiconFileError(ValueError):
@@ -38,6 +41,7 @@ def read_lexicon(path: str | Path) -> dict[str, list[tuple[str, ...]]]:
         raise LexiconFileError(f"lexicon file {path} does not exist; give lexicon=PATH (lines 'word PH ON ES')")
     lexicon: dict[str, list[tuple[str, ...]]] = {}
     malformed: list[str] = []
+    too_long: list[str] = []
     try:
         lines = path.read_text(encoding="utf-8", errors="strict").splitlines()
     except (OSError, UnicodeDecodeError) as error:
@@ -50,6 +54,9 @@ def read_lexicon(path: str | Path) -> dict[str, list[tuple[str, ...]]]:
         if len(fields) < 2:
             malformed.append(f"line {number}: {line[:40]!r}")
             continue
+        if len(fields) - 1 > MAX_PRONUNCIATION_PHONES:
+            too_long.append(f"line {number}: {fields[0][:40]!r} with {len(fields) - 1} phones")
+            continue
         word = _ALTERNATIVE.sub("", fields[0]).lower()
         phones = tuple(strip_stress(phone).upper() for phone in fields[1:])
         spellings = lexicon.setdefault(word, [])
@@ -58,6 +65,9 @@ def read_lexicon(path: str | Path) -> dict[str, list[tuple[str, ...]]]:
     if malformed:
         raise LexiconFileError(f"lexicon file {path}: {len(malformed)} lines are not 'word PHONE PHONE ...' "
                                f"({_examples(malformed)})")
+    if too_long:
+        raise LexiconFileError(f"lexicon file {path}: {len(too_long)} pronunciations are longer than "
+                               f"{MAX_PRONUNCIATION_PHONES} phones ({'; '.join(too_long[:3])}); a line spells one word")
     if not lexicon:
         raise LexiconFileError(f"lexicon file {path} holds no pronunciations")
     return lexicon

@@ -371,10 +371,10 @@ def test_a_read_only_corpus_folder_needs_a_writable_cache_dir(tmp_path, monkeypa
 
 
 def test_data_benchmark_exits_2_with_one_line_for_a_folder_without_manifests(tmp_path, capsys):
-    from asr import data_benchmark as benchmark
+    from asr.benchmarks import data as benchmark
     assert benchmark.main(["--root", str(tmp_path / "nothing")]) == 2
     error = capsys.readouterr().err.strip().splitlines()
-    assert len(error) == 1 and error[0].startswith("asr.data_benchmark: error: manifest ")
+    assert len(error) == 1 and error[0].startswith("asr.benchmarks.data: error: manifest ")
     write_corpus(tmp_path / "c", {"train": make_utterances(2, 1, "tr")}, "synth")
     assert benchmark.main(["--root", str(tmp_path / "c"), "--max-duration", "-1"]) == 2
     assert "data.max_duration=-1.0 must be a positive" in capsys.readouterr().err

@@ -17,7 +17,7 @@ from asr.data.features.feature_cache import FeatureStore, feature_directory, pre
 from asr.data.features.feature_stats import statistics_sample
 from asr.data.features.features import FilterBank
 from asr.data.corpus.manifests import ManifestError, cuts_path, load_cuts
-from asr.data.scaled_corpus import copy_id, replicate_feature_cache, write_scaled_cuts
+from asr.benchmarks.scaled_corpus import copy_id, replicate_feature_cache, write_scaled_cuts
 
 
 def config(root, **overrides):
@@ -128,10 +128,10 @@ def test_a_scaled_split_repeats_the_source_under_new_ids_and_its_cache_gives_the
 
 
 def test_scale_benchmark_refuses_bad_sizes_and_a_folder_without_manifests(tmp_path, capsys):
-    from asr import scale_benchmark
+    from asr.benchmarks import scale as scale_benchmark
 
     assert scale_benchmark.main(["--hours", "0", "--scratch", str(tmp_path)]) == 2
     assert scale_benchmark.main(["--source", str(tmp_path / "nothing"), "--scratch", str(tmp_path / "s")]) == 2
     errors = capsys.readouterr().err.strip().splitlines()
-    assert len(errors) == 2 and errors[0].startswith("asr.scale_benchmark: error: --hours")
-    assert errors[1].startswith("asr.scale_benchmark: error: manifest ")
+    assert len(errors) == 2 and errors[0].startswith("asr.benchmarks.scale: error: --hours")
+    assert errors[1].startswith("asr.benchmarks.scale: error: manifest ")

@@ -301,7 +301,7 @@ def test_a_damaged_shard_is_named_with_what_to_do_and_its_summary_removed_redoes
 
 
 def test_a_scaled_stream_repeats_the_shards_under_new_ids_with_the_same_frames(index, tmp_path):
-    from asr.data.scaled_corpus import copy_id, replicate_stream
+    from asr.benchmarks.scaled_corpus import copy_id, replicate_stream
 
     hours = 2.5 * index.hours
     scaled = replicate_stream(index.folder, tmp_path / "scaled", hours)

@@ -1,7 +1,7 @@
 """Greedy vs prefix beam vs lexicon-only vs lexicon + LM on one split, side by side in one run.
 
-    python -m asr.decoding_benchmark checkpoint=runs/.../best.ckpt [split=test workers=2 lm_weight=1 word_score=0]
-    python -m asr.decoding_benchmark simulate_per=0.05 data_root=/work/data/synth   # no model (see below)
+    python -m asr.benchmarks.decoding checkpoint=runs/.../best.ckpt [split=test workers=2 lm_weight=1 word_score=0]
+    python -m asr.benchmarks.decoding simulate_per=0.05 data_root=/work/data/synth   # no model (see below)
 
 The model runs once over the split (its forward time is printed); each decoder then decodes the
 same saved log-probabilities, and the table gives per decoder the WER, its decoding seconds and
@@ -151,7 +151,7 @@ def run(config: BenchmarkConfig) -> list[dict]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_key_value_command("asr.decoding_benchmark", __doc__, lambda arguments: run(parse_arguments(arguments))
+    return run_key_value_command("asr.benchmarks.decoding", __doc__, lambda arguments: run(parse_arguments(arguments))
                                  and None, argv, usage_errors=USAGE_ERRORS)
 
 

@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile, record_function
 
 from asr.data.batching.dataset import pad_sequences
 from asr.model.ctc import ctc_loss
-from asr.step_benchmark.workloads import OPTIM, PLAIN, TrainedModel, TrainingBatch
+from asr.benchmarks.step.workloads import OPTIM, PLAIN, TrainedModel, TrainingBatch
 
 STAGE_PREFIX = "stage:"
 DATA, FRONT_END, ATTENTION_PROJECTIONS, ATTENTION, FEED_FORWARD, CTC, OTHER, BACKWARD_ENGINE, OPTIMIZER = (

@@ -1,19 +1,19 @@
 """How the data side grows with the data: start-up, memory, feature cache and batch rate from 10 h to 100,000 h.
 
-    python -m asr.scale_benchmark [--source data/synth] [--scratch runs/scale_benchmark]
-                                  [--hours 10 100 1000 10000 100000] [--batches 200] [--memory-limit-gb 12]
-                                  [--modes precomputed on_the_fly streaming] [--eager-max-hours 10000]
+    python -m asr.benchmarks.scale [--source data/synth] [--scratch runs/scale_benchmark]
+                                   [--hours 10 100 1000 10000 100000] [--batches 200] [--memory-limit-gb 12]
+                                   [--modes precomputed on_the_fly streaming] [--eager-max-hours 10000]
 
 Three modes: the eager path with precomputed features and with features on the fly, and the
 streaming path (`data.streaming=true`, asr/data/batching/stream_sampler.py). For the streaming mode each size
-is a stream of its own (asr.data.scaled_corpus.replicate_stream: the source's shards, prepared once
+is a stream of its own (asr.benchmarks.scaled_corpus.replicate_stream: the source's shards, prepared once
 into `--scratch/base` and timed, repeated under new ids with their frames hard-linked and their
 records rewritten; no manifest beside it, so only the shards are read); 100,000 h takes ~9 GB of
 records and ~45,700 shards, and ~15 minutes to write once. The eager modes run only up to --eager-max-hours (their memory grows
 linearly: 12.5 GB at 10,000 h). "x model" is batches/s times --model-step-s, the demo model's step.
 
 For each size it writes, under `--scratch/<hours>h/`, a training manifest of that many hours made
-of the source corpus's training cuts under new ids (asr.data.scaled_corpus: no audio is written)
+of the source corpus's training cuts under new ids (asr.benchmarks.scaled_corpus: no audio is written)
 and a dev manifest (the source's dev cuts), and gives the copies their feature cache (the source's
 shards hard-linked under the new ids: the frames are those computing them would give; the disk
 size is counted per copy). Then, each in a fresh process (so each peak is its own):
@@ -112,7 +112,7 @@ def measure(folder: Path, mode: str, max_duration: float, batches: int, seconds:
 
 def run_measurement(folder: Path, mode: str, args: argparse.Namespace) -> dict:
     """`measure` in a fresh process, stopped if its resident memory passes --memory-limit-gb."""
-    command = [sys.executable, "-m", "asr.scale_benchmark", "--measure", str(folder), "--mode", mode,
+    command = [sys.executable, "-m", "asr.benchmarks.scale", "--measure", str(folder), "--mode", mode,
                "--batches", str(args.batches), "--seconds", str(args.seconds),
                "--max-duration", str(args.max_duration)]
     if mode == "precomputed":   # the first run after the cache is built: its statistics are computed too
@@ -155,7 +155,7 @@ def prepare_size(hours: float, source: Path, scratch: Path, base: dict) -> dict:
     from asr.data.features.feature_cache import feature_directory
     from asr.data.features.features import FilterBank
     from asr.data.corpus.manifests import cuts_path
-    from asr.data.scaled_corpus import replicate_feature_cache, write_scaled_cuts
+    from asr.benchmarks.scaled_corpus import replicate_feature_cache, write_scaled_cuts
 
     folder = scratch / f"{hours:g}h"
     done = folder / "prepared.json"
@@ -202,9 +202,9 @@ def prepare_stream_base(source: Path, scratch: Path, shard_cuts: int) -> dict:
 
 
 def prepare_stream_size(hours: float, scratch: Path, base: dict, shard_cuts: int) -> dict:
-    """A streamed corpus of `hours` (asr.data.scaled_corpus.replicate_stream), in a folder of its own
+    """A streamed corpus of `hours` (asr.benchmarks.scaled_corpus.replicate_stream), in a folder of its own
     without manifests (so the streaming path reads only its shards); reused when already written."""
-    from asr.data.scaled_corpus import replicate_stream
+    from asr.benchmarks.scaled_corpus import replicate_stream
     from asr.data.streaming.stream_shards import stream_folder
 
     folder = scratch / f"{hours:g}h-stream-{shard_cuts}"
@@ -383,7 +383,8 @@ def benchmark(args: argparse.Namespace) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m asr.benchmarks.scale", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--source", default="data/synth", help="a prepared synth corpus (recipes.synth)")
     parser.add_argument("--scratch", default="runs/scale_benchmark", help="where the scaled manifests go (1 GB a 10,000 h)")
     parser.add_argument("--out", default=None, help="where scale.csv/json/png go (default: --scratch)")
@@ -407,9 +408,9 @@ def main(argv: list[str] | None = None) -> int:
         print(json.dumps(measure(Path(args.measure), args.mode, args.max_duration, args.batches, args.seconds)))
         return 0
     if any(hours <= 0 for hours in args.hours) or args.batches < 1 or args.memory_limit_gb <= 0:
-        print("asr.scale_benchmark: error: --hours, --batches and --memory-limit-gb must be positive", file=sys.stderr)
+        print("asr.benchmarks.scale: error: --hours, --batches and --memory-limit-gb must be positive", file=sys.stderr)
         return 2
-    return run_command("asr.scale_benchmark", lambda: benchmark(args), usage_errors=(BadArguments,))
+    return run_command("asr.benchmarks.scale", lambda: benchmark(args), usage_errors=(BadArguments,))
 
 
 if __name__ == "__main__":

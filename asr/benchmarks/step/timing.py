@@ -7,8 +7,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from asr.step_benchmark.modes import apply_mode
-from asr.step_benchmark.workloads import PLAIN, TrainedModel, Workload, build_model, make_batch, parameter_count
+from asr.benchmarks.step.modes import apply_mode
+from asr.benchmarks.step.workloads import PLAIN, TrainedModel, Workload, build_model, make_batch, parameter_count
 
 
 @dataclass
@@ -20,7 +20,7 @@ class StepTimes:
     encoder_positions: float             # mean valid encoder positions per utterance
     seconds: list[float] = field(default_factory=list)        # wall clock per step
     cpu_seconds: list[float] = field(default_factory=list)    # this process's CPU time per step, all threads
-    mode: str = "eager"                  # asr.step_benchmark.modes.MODES
+    mode: str = "eager"                  # asr.benchmarks.step.modes.MODES
     error: str | None = None             # why the model stopped (out of memory, a failed capture), if it did
 
     @property
@@ -46,7 +46,7 @@ class StepTimes:
 def time_workload(workload: Workload, labels: list[str], repeats: int, warmup: int,
                   progress=lambda text: None, mode: str = "eager", device: str = "cpu",
                   precision: str = "32-true") -> list[StepTimes]:
-    """Builds every model (all from one seed, its encoder run in `mode`: asr.step_benchmark.modes),
+    """Builds every model (all from one seed, its encoder run in `mode`: asr.benchmarks.step.modes),
     then runs warmup + repeats rounds; in round r every model trains on batch r, in an order rotated
     by one each round (so no model always follows the same one). Returns one StepTimes per label
     with the timed rounds' seconds. A model that fails (out of memory, a capture that fails) gets

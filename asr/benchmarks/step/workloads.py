@@ -15,7 +15,7 @@ import torch
 from asr.data.splits.tokenizers import SymbolTokenizer, Tokenizer, build_tokenizer
 from asr.model.ctc import ctc_loss
 from asr.model.recognizer import SpeechRecognizer
-from asr.step_benchmark.plain_model import PlainRecognizer
+from asr.benchmarks.step.plain_model import PlainRecognizer
 from attention_ext import parse_attention_spec
 
 # conf/model: synth.yaml (the synth presets) and paper.yaml (the paper's WSJ model, also the

@@ -1,6 +1,6 @@
 """How fast the data pipeline is on this machine: feature precomputation and one epoch of batches.
 
-    python -m asr.data_benchmark --root data/synth [--corpus synth] [--split train] [--limit N]
+    python -m asr.benchmarks.data --root data/synth [--corpus synth] [--split train] [--limit N]
 
 Prints two tables, each measured in this one run:
 1. precomputing the fbank features of the split into a fresh temporary folder with 1 and 2 processes;
@@ -39,7 +39,8 @@ def _epoch_seconds(module: SpeechDataModule) -> tuple[float, int]:
 def main(argv: list[str] | None = None) -> int:
     """The command, with the project's exit statuses (asr.core.exit_status): 2 for a bad option or a
     folder without the manifests, 130 after Ctrl-C."""
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(prog="python -m asr.benchmarks.data", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--root", required=True)
     parser.add_argument("--corpus", default="synth")
     parser.add_argument("--split", default="train")
@@ -47,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--num-mel-bins", type=int, default=40)
     parser.add_argument("--max-duration", type=float, default=200.0)
     args = parser.parse_args(argv)
-    return run_command("asr.data_benchmark", lambda: benchmark(args), usage_errors=(BadArguments, ManifestError))
+    return run_command("asr.benchmarks.data", lambda: benchmark(args), usage_errors=(BadArguments, ManifestError))
 
 
 class BadArguments(ValueError):

@@ -20,7 +20,7 @@ import torch
 
 from asr.model.encoder import compile_encoder
 from asr.model.graphed_encoder import GraphedForward, graph_encoder
-from asr.step_benchmark.workloads import PLAIN, TrainedModel
+from asr.benchmarks.step.workloads import PLAIN, TrainedModel
 
 MODES = ("eager", "compiled", "graphed", "compiled-graphs")
 GPU_MODES = ("graphed", "compiled-graphs")

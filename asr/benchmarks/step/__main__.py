@@ -1,9 +1,9 @@
-"""python -m asr.step_benchmark: seconds per training step of the toolkit's model with each attention
+"""python -m asr.benchmarks.step: seconds per training step of the toolkit's model with each attention
 against the same model written plainly in PyTorch, on the same batches.
 
-    python -m asr.step_benchmark                                   # every workload, the default models
-    python -m asr.step_benchmark --workloads synth-380 wsj --repeats 7
-    python -m asr.step_benchmark --breakdown --workloads synth-380 --models full i-clustered-100 plain
+    python -m asr.benchmarks.step                                   # every workload, the default models
+    python -m asr.benchmarks.step --workloads synth-380 wsj --repeats 7
+    python -m asr.benchmarks.step --breakdown --workloads synth-380 --models full i-clustered-100 plain
 
 A step is what Lightning runs for one batch: forward, CTC loss, backward, gradient clipping, RAdam
 (the toolkit's own optimiser settings for both models). Every model of a workload is built from one
@@ -15,12 +15,12 @@ the time spent waiting for a core; "least CPU" compares the least CPU time of ea
 callbacks) is not in it.
 
 --breakdown profiles steps (torch.profiler) and prints, per model, where the time goes by stage
-(asr/step_benchmark/breakdown.py). Results: asr/step_benchmark/RESULTS.md.
+(asr/benchmarks/step/breakdown.py). Results: asr/benchmarks/step/RESULTS.md.
 
-On a GPU, with the encoder eager, compiled and replayed as CUDA graphs (asr/step_benchmark/modes.py;
+On a GPU, with the encoder eager, compiled and replayed as CUDA graphs (asr/benchmarks/step/modes.py;
 each mode's models are timed together, then freed), at a batch that fills the GPU:
 
-    python -m asr.step_benchmark --device cuda --precision bf16-mixed --modes eager compiled graphed \
+    python -m asr.benchmarks.step --device cuda --precision bf16-mixed --modes eager compiled graphed \
         --workloads synth-380 wsj --batch-seconds 2400 --models full i-clustered-100 plain
 """
 from __future__ import annotations
@@ -35,10 +35,10 @@ from pathlib import Path
 
 import torch
 
-from asr.step_benchmark.breakdown import ATTENTION, STAGES, fastest_breakdown, instrument, profiled_step
-from asr.step_benchmark.timing import StepTimes, time_workload
-from asr.step_benchmark.modes import MODES, PRECISIONS, mode_problem
-from asr.step_benchmark.workloads import MODELS, PLAIN, WORKLOADS, build_model, make_batch, with_batch_seconds
+from asr.benchmarks.step.breakdown import ATTENTION, STAGES, fastest_breakdown, instrument, profiled_step
+from asr.benchmarks.step.timing import StepTimes, time_workload
+from asr.benchmarks.step.modes import MODES, PRECISIONS, mode_problem
+from asr.benchmarks.step.workloads import MODELS, PLAIN, WORKLOADS, build_model, make_batch, with_batch_seconds
 from attention_ext import parse_attention_spec
 
 DEFAULT_MODELS = ("full", "clustered-100", "i-clustered-100", "lsh-1", "linear", PLAIN)
@@ -162,7 +162,7 @@ def check_models(labels: list[str]) -> None:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="python -m asr.step_benchmark", description=__doc__.split("\n\n")[0],
+    parser = argparse.ArgumentParser(prog="python -m asr.benchmarks.step", description=__doc__.split("\n\n")[0],
                                      formatter_class=argparse.RawDescriptionHelpFormatter,
                                      epilog="workloads:\n" + "\n".join(f"  {w.name:12s} {w.what}"
                                                                        for w in WORKLOADS.values()))
