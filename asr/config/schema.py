@@ -10,7 +10,8 @@ ConfigError with the offending key, its value and what is allowed.
 `attention` is the one open node: its keys are `name` plus that attention's options, checked by
 attention_ext.validate_attention (the group files in conf/attention/ list every option, so
 `attention.clusters=200` is an ordinary override). That is its one check: `validate_config`
-returns the ValidatedAttention, which the model builds as it is.
+returns the ValidatedAttention, which the model builds as it is, and the data section as a
+DataConfig (asr.data.config), from which the data module and the corpus are made without another check.
 """
 from __future__ import annotations
 
