@@ -57,10 +57,12 @@ class BadArguments(ValueError):
 
 def benchmark(args: argparse.Namespace) -> None:
     def config(**overrides) -> DataConfig:
-        return DataConfig(corpus=args.corpus, root=args.root, train_split=args.split, dev_split=args.split,
+        data = DataConfig(corpus=args.corpus, root=args.root, train_split=args.split, dev_split=args.split,
                           targets=["phones", "chars"], num_mel_bins=args.num_mel_bins,
                           max_duration=args.max_duration, max_train_utterances=args.limit, progress=False,
                           **overrides)
+        data.check_feature_cache()   # the cached mode writes features there
+        return data
 
     try:
         probe = SpeechDataModule(config(precompute_features=False))
