@@ -1,5 +1,5 @@
 """Prepare a corpus for the streaming data path: every split's cuts checked, their features computed
-and written as shards, once (asr/data/stream_shards.py; asr/docs/data.md, "Large corpora").
+and written as shards, once (asr/data/streaming/stream_shards.py; asr/docs/data.md, "Large corpora").
 
     python -m asr.prepare_shards root=data/big corpus=big [splits=[train,dev,test]] [jobs=4]
                                  [cache_dir=/scratch/big_features] [num_mel_bins=40]
@@ -20,8 +20,9 @@ from dataclasses import dataclass, field
 from typing import List, Optional
 
 from asr.config.command_line import key_value_config, run_key_value_command
-from asr.data.datamodule import DataConfig, SpeechDataModule
-from asr.data.manifests import ManifestError
+from asr.data.config import DataConfig
+from asr.data.datamodule import SpeechDataModule
+from asr.data.corpus.manifests import ManifestError
 
 
 class BadArguments(ValueError):
@@ -51,6 +52,7 @@ def prepare(arguments: list[str]) -> None:
                             stream_shard_cuts=args.stream_shard_cuts, feature_jobs=args.jobs,
                             skip_bad_audio=args.skip_bad_audio, allow_commands=args.allow_commands, progress=args.progress, streaming=True,
                             train_split=args.splits[0], targets=["chars"])
+        config.check_feature_cache()   # the shards are written there
         module = SpeechDataModule(config)
     except ValueError as error:
         raise BadArguments(str(error)) from None

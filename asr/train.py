@@ -48,7 +48,7 @@ from asr.config.schema import register_schema
 from asr.core.errors import ConfigError
 from asr.config.help import schema_help
 from asr.config.spelling import exit_on_misspelt_override
-from asr.data.manifests import ManifestError
+from asr.data.corpus.manifests import ManifestError
 from asr.training.distributed import launched_rank, lost_process
 from asr.core.exit_status import FAILURE, INTERRUPTED, USAGE_ERROR
 from asr.text.metrics import percent

@@ -10,7 +10,7 @@ import importlib
 import pkgutil
 
 import recipes
-from asr.data.corpus_recipes import CorpusRecipe
+from asr.data.corpus.corpus_recipes import CorpusRecipe
 
 
 def corpus_recipes() -> list[CorpusRecipe]:

@@ -1,13 +1,13 @@
 """The command line every recipe's prepare.py shares: its common options and how it runs
-(`asr.data.manifest_builder` does the preparation itself; this is the recipe layer's part of it,
+(`asr.data.corpus.manifest_builder` does the preparation itself; this is the recipe layer's part of it,
 because a recipe's usage errors include the lexicon's)."""
 
 from __future__ import annotations
 
 from typing import Callable
 
-from asr.data.manifest_builder import POLICIES, NoUtterancesError, PreparationError
-from asr.data.preparation_report import format_report
+from asr.data.corpus.manifest_builder import POLICIES, NoUtterancesError, PreparationError
+from asr.data.corpus.preparation_report import format_report
 from asr.core.exit_status import run_command
 from recipes.lexicon import LexiconError
 

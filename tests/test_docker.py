@@ -200,7 +200,7 @@ def test_runs_as_a_non_root_user_with_data_and_runs_on_volumes(runtime):
         return path
 
     run_root = yaml.safe_load((ROOT / "conf" / "config.yaml").read_text())["run_root"]
-    from asr.data.datamodule import DataConfig
+    from asr.data.config import DataConfig
     synth_root = DataConfig().root   # conf/data/synth.yaml keeps the schema's default root
     assert in_image(run_root).parts[:2] == ("/", "runs"), in_image(run_root)
     assert in_image(synth_root).parts[:2] == ("/", "data"), in_image(synth_root)

@@ -9,7 +9,7 @@ them imports one, and asr's top level holds only commands and layer folders.
 A module may import its own package and the packages below it, never one above it (README,
 "Layout"). The check reads every module's import statements, also those inside functions, and
 importlib.import_module / __import__ calls with a literal name. asr reaches a recipe only through
-the corpus-recipe entry point (asr/data/corpus_recipes.py), which this check cannot see and
+the corpus-recipe entry point (asr/data/corpus/corpus_recipes.py), which this check cannot see and
 need not: they name no package in asr's code.
 """
 from __future__ import annotations
@@ -261,9 +261,9 @@ def test_the_benchmark_checks_find_a_planted_import_and_a_stray_tool(tmp_path):
                     "asr/helpers"):
         (tmp_path / package / "__init__.py").write_text("")
     command = "import sys\n\nif __name__ == '__main__':\n    sys.exit(0)\n"
-    (tmp_path / "asr" / "benchmarks" / "step" / "timing.py").write_text("from asr.data.features import FilterBank\n")
+    (tmp_path / "asr" / "benchmarks" / "step" / "timing.py").write_text("from asr.data.features.features import FilterBank\n")
     (tmp_path / "asr" / "benchmarks" / "scale.py").write_text("from .step import timing\n" + command)
-    (tmp_path / "asr" / "train.py").write_text("from asr.data.features import FilterBank\n" + command)
+    (tmp_path / "asr" / "train.py").write_text("from asr.data.features.features import FilterBank\n" + command)
     (tmp_path / "asr" / "data" / "bad.py").write_text("def late():\n    from ..benchmarks.step import timing\n")
     (tmp_path / "asr" / "worse.py").write_text("from asr import benchmarks\n" + command)
     (tmp_path / "recipes" / "synth" / "bad.py").write_text("import asr.benchmarks.scale\n")
@@ -463,3 +463,70 @@ def test_importing_attention_ext_runs_no_tool_and_needs_no_plotting():
     tools, attentions = result.stdout.splitlines()
     assert tools == "[]"
     assert "'attention_ext.attentions.clustered'" in attentions and "'attention_ext.attentions.lsh'" in attentions
+
+
+# ---- inside asr/data: rooms ---------------------------------------------------------------------------
+# asr/data's rooms, bottom first (asr/docs/data.md, "The modules, in pipeline order"): a folder, or a
+# module of asr/data itself; every other module of asr/data stands on top. A room imports its own
+# modules and the rooms below it, never a peer or a room above.
+DATA_ROOMS = (("audio",), ("corpus", "features"), ("augment", "splits"), ("streaming",), ("batching",),
+              ("config",), ("datamodule",))
+MAX_ROOM_MODULES = 8
+
+
+def data_room(dotted: str) -> str:
+    """The room of asr.data a dotted name belongs to: asr.data.corpus.manifests -> corpus."""
+    return dotted.split(".")[2] if dotted.startswith("asr.data.") else ""
+
+
+def data_rank(room: str) -> int:
+    return next((rank for rank, rooms in enumerate(DATA_ROOMS) if room in rooms), len(DATA_ROOMS))
+
+
+def imports_against_the_data_rooms(root: Path) -> list[str]:
+    """'path:line: room imports asr.data.x (room x, not below it)' for every import of a peer or higher room."""
+    found = []
+    for path in sorted((root / "asr" / "data").rglob("*.py")):
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        room = data_room(module)
+        if room in ("", "__init__"):
+            continue
+        for line, name in imported_names(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            other = data_room(name)
+            if other and other != room and data_rank(other) >= data_rank(room):
+                found.append(f"{path.relative_to(root)}:{line}: {room} imports {name} (room {other}, not below it)")
+    return found
+
+
+def crowded_data_rooms(root: Path) -> list[str]:
+    """'room: N modules' for every folder of asr/data holding more than MAX_ROOM_MODULES modules."""
+    return [f"{folder.name}: {count} modules" for folder in sorted((root / "asr" / "data").iterdir())
+            if folder.is_dir() and (count := len([p for p in folder.glob("*.py") if p.name != "__init__.py"]))
+            > MAX_ROOM_MODULES]
+
+
+def test_asr_data_rooms_import_only_the_rooms_below_them_and_hold_eight_modules_at_most():
+    rooms = {path.name for path in (REPO / "asr" / "data").iterdir() if (path / "__init__.py").is_file()}
+    assert rooms == {room for layer in DATA_ROOMS for room in layer} - {"config", "datamodule"}, \
+        "a folder of asr/data that DATA_ROOMS does not place (or one it places that is gone)"
+    assert imports_against_the_data_rooms(REPO) == []
+    assert crowded_data_rooms(REPO) == []
+
+
+def test_the_data_room_check_finds_a_peer_import_an_upward_one_and_a_crowded_room(tmp_path):
+    for room in ("audio", "corpus", "features", "batching"):
+        (tmp_path / "asr" / "data" / room).mkdir(parents=True)
+    (tmp_path / "asr" / "data" / "corpus" / "ok.py").write_text("from asr.data.audio.sphere import read_sphere\n")
+    (tmp_path / "asr" / "data" / "corpus" / "peer.py").write_text("import asr.data.features.features\n")
+    (tmp_path / "asr" / "data" / "audio" / "up.py").write_text(
+        "def late():\n    from asr.data.batching.dataset import Batch\n")
+    (tmp_path / "asr" / "data" / "datamodule.py").write_text("from asr.data.batching.dataset import Batch\n")
+    for index in range(9):
+        (tmp_path / "asr" / "data" / "batching" / f"m{index}.py").write_text("from asr.data.config import X\n")
+    assert imports_against_the_data_rooms(tmp_path) == [
+        "asr/data/audio/up.py:2: audio imports asr.data.batching.dataset (room batching, not below it)",
+        *[f"asr/data/batching/m{index}.py:1: batching imports asr.data.config (room config, not below it)"
+          for index in range(9)],
+        "asr/data/corpus/peer.py:1: corpus imports asr.data.features.features (room features, not below it)",
+    ]
+    assert crowded_data_rooms(tmp_path) == ["batching: 9 modules"]

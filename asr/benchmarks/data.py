@@ -16,11 +16,13 @@ import tempfile
 import time
 from pathlib import Path
 
-from asr.data.datamodule import DataConfig, SpeechDataModule
-from asr.data.manifests import ManifestError
+from asr.data.config import DataConfig
+
+from asr.data.datamodule import SpeechDataModule
+from asr.data.corpus.manifests import ManifestError
 from asr.core.exit_status import run_command
-from asr.data.feature_cache import precompute_features
-from asr.data.features import FilterBank
+from asr.data.features.feature_cache import precompute_features
+from asr.data.features.features import FilterBank
 
 
 def _epoch_seconds(module: SpeechDataModule) -> tuple[float, int]:
@@ -55,10 +57,12 @@ class BadArguments(ValueError):
 
 def benchmark(args: argparse.Namespace) -> None:
     def config(**overrides) -> DataConfig:
-        return DataConfig(corpus=args.corpus, root=args.root, train_split=args.split, dev_split=args.split,
+        data = DataConfig(corpus=args.corpus, root=args.root, train_split=args.split, dev_split=args.split,
                           targets=["phones", "chars"], num_mel_bins=args.num_mel_bins,
                           max_duration=args.max_duration, max_train_utterances=args.limit, progress=False,
                           **overrides)
+        data.check_feature_cache()   # the cached mode writes features there
+        return data
 
     try:
         probe = SpeechDataModule(config(precompute_features=False))

@@ -25,7 +25,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from asr.data.manifests import corpus_root, default_root, manifest_path
+from asr.data.corpus.manifests import corpus_root, default_root, manifest_path
 from asr.evaluation.decoding.evaluation import resolve_settings, word_head
 from asr.model.decoding_files import corpus_decoding_files, model_decoding_files
 from asr.evaluation.decoding.lexicon_decoder import ParallelLexiconDecoder
@@ -54,7 +54,7 @@ class BenchmarkConfig:
 
 def simulated_emissions(root: Path, split: str, per: float, seed: int):
     """(log-probs per utterance, word references, phone references, the phones tokenizer, greedy phones)."""
-    from asr.data.tokenizers import build_tokenizer
+    from asr.data.splits.tokenizers import build_tokenizer
     tokenizer = build_tokenizer("phones")
     rng = np.random.default_rng(seed)
     vocab = tokenizer.vocab_size

@@ -59,8 +59,8 @@ from typing import Optional
 
 import asr
 from asr.config.command_line import key_value_config, run_key_value_command
-from asr.data.long_recordings import (SETTINGS_NAME, LongRecordingError, length_folder, minutes_label,
-                                      read_long_recording)
+from asr.data.corpus.long_recordings import (SETTINGS_NAME, LongRecordingError, length_folder, minutes_label,
+                                             read_long_recording)
 from asr.evaluation.evaluation import USAGE_ERRORS
 
 COMMAND = "asr.benchmarks.longform"

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from asr.data.long_recordings import read_long_recording
+from asr.data.corpus.long_recordings import read_long_recording
 from asr.evaluation.transcription import TranscribeConfig, process_status_kib, transcribe
 from asr.text.metrics import phone_error_rate, word_error_rate
 

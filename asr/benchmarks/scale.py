@@ -5,7 +5,7 @@
                                    [--modes precomputed on_the_fly streaming] [--eager-max-hours 10000]
 
 Three modes: the eager path with precomputed features and with features on the fly, and the
-streaming path (`data.streaming=true`, asr/data/stream_sampler.py). For the streaming mode each size
+streaming path (`data.streaming=true`, asr/data/batching/stream_sampler.py). For the streaming mode each size
 is a stream of its own (asr.benchmarks.scaled_corpus.replicate_stream: the source's shards, prepared once
 into `--scratch/base` and timed, repeated under new ids with their frames hard-linked and their
 records rewritten; no manifest beside it, so only the shards are read; what the largest sizes take
@@ -64,7 +64,7 @@ def peak_rss_mb() -> float:
 
 
 def data_config(folder: Path, mode: str, max_duration: float):
-    from asr.data.datamodule import DataConfig
+    from asr.data.config import DataConfig
 
     return DataConfig(corpus=CORPUS, root=str(folder), targets=["phones", "chars"],
                       precompute_features=mode != "on_the_fly", cache_dir=str(folder / "features"),
@@ -152,9 +152,9 @@ def _resident_kb(pid: int, field: str = "VmRSS:") -> int:
 
 def prepare_size(hours: float, source: Path, scratch: Path, base: dict) -> dict:
     """The manifests and feature cache of one size (reused when a previous run wrote them)."""
-    from asr.data.feature_cache import feature_directory
-    from asr.data.features import FilterBank
-    from asr.data.manifests import cuts_path
+    from asr.data.features.feature_cache import feature_directory
+    from asr.data.features.features import FilterBank
+    from asr.data.corpus.manifests import cuts_path
     from asr.benchmarks.scaled_corpus import replicate_feature_cache, write_scaled_cuts
 
     folder = scratch / f"{hours:g}h"
@@ -180,11 +180,11 @@ def prepare_size(hours: float, source: Path, scratch: Path, base: dict) -> dict:
 
 def prepare_stream_base(source: Path, scratch: Path, shard_cuts: int) -> dict:
     """The source's training and dev splits prepared as streams once (timed: the preparation rate)."""
-    from asr.data.feature_cache import feature_directory
-    from asr.data.features import FilterBank
-    from asr.data.manifests import cuts_path
-    from asr.data.stream_preparation import prepare_stream
-    from asr.data.stream_shards import stream_folder
+    from asr.data.features.feature_cache import feature_directory
+    from asr.data.features.features import FilterBank
+    from asr.data.corpus.manifests import cuts_path
+    from asr.data.streaming.stream_preparation import prepare_stream
+    from asr.data.streaming.stream_shards import stream_folder
 
     done = scratch / "base" / f"stream-{shard_cuts}.json"
     if done.is_file():
@@ -205,7 +205,7 @@ def prepare_stream_size(hours: float, scratch: Path, base: dict, shard_cuts: int
     """A streamed corpus of `hours` (asr.benchmarks.scaled_corpus.replicate_stream), in a folder of its own
     without manifests (so the streaming path reads only its shards); reused when already written."""
     from asr.benchmarks.scaled_corpus import replicate_stream
-    from asr.data.stream_shards import stream_folder
+    from asr.data.streaming.stream_shards import stream_folder
 
     folder = scratch / f"{hours:g}h-stream-{shard_cuts}"
     done = folder / "prepared.json"
@@ -230,9 +230,9 @@ def prepare_stream_size(hours: float, scratch: Path, base: dict, shard_cuts: int
 
 def prepare_base(source: Path, scratch: Path) -> dict:
     """The source's features computed once into `scratch/base` (timed: the cache build rate)."""
-    from asr.data.feature_cache import feature_directory, precompute_features
-    from asr.data.features import FilterBank
-    from asr.data.manifests import ManifestError, load_cuts
+    from asr.data.features.feature_cache import feature_directory, precompute_features
+    from asr.data.features.features import FilterBank
+    from asr.data.corpus.manifests import ManifestError, load_cuts
 
     done = scratch / "base" / "base.json"
     if done.is_file():

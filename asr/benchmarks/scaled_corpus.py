@@ -9,7 +9,7 @@ every check, tokenizer and feature of the copies equals the source's.
 `replicate_feature_cache` gives the copies the feature cache they would get by computing their
 features (identical audio gives identical frames and fingerprints): each source shard once per copy,
 its index re-keyed, the frames hard-linked (`link=True`, no disk used) or copied.
-`replicate_stream` does the same for a streamed split (asr.data.stream_shards).
+`replicate_stream` does the same for a streamed split (asr.data.streaming.stream_shards).
 """
 from __future__ import annotations
 
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from asr.data.feature_cache import SHARD_SUFFIX
-from asr.data.manifests import ManifestError, make_sources_absolute
+from asr.data.features.feature_cache import SHARD_SUFFIX
+from asr.data.corpus.manifests import ManifestError, make_sources_absolute
 
 
 def copy_id(cut_id: str, copy: int) -> str:
@@ -110,13 +110,13 @@ def replicate_feature_cache(source_directory: Path, destination: Path, scaled: S
 
 def replicate_stream(source: Path, destination: Path, hours: float, link: bool = True) -> dict:
     """A streamed split of at least `hours` in `destination` made of copies of the finished stream in
-    `source` (asr.data.stream_shards), as `write_scaled_cuts` makes a manifest: copy c of a cut has
+    `source` (asr.data.streaming.stream_shards), as `write_scaled_cuts` makes a manifest: copy c of a cut has
     the id `copy_id(id, c)`; its frames are the source shard's, hard-linked (`link=True`, no disk
     used) or copied; its cut records are rewritten with the new ids. Whole shards are copied, so the
     split holds up to one shard more than `hours`. Resumable: shards already written are kept.
     The index's statistics are the source's (the copies' frames are the source's frames).
     Returns the index."""
-    from asr.data.stream_shards import FORMAT, read_records, shard_name, source_key
+    from asr.data.streaming.stream_shards import FORMAT, read_records, shard_name, source_key
 
     source, destination = Path(source), Path(destination)
     index = json.loads((source / "index.json").read_text())

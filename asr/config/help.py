@@ -1,6 +1,6 @@
 """`python -m asr.train --help`: every key of the typed schema with its type, default and description.
 
-The descriptions are the schema's own comments (asr/config/schema.py, DataConfig in asr/data/datamodule.py):
+The descriptions are the schema's own comments (asr/config/schema.py, DataConfig in asr/data/config.py):
 the comment on a field's line, or else the comment lines right above it. One source
 of truth: the same text a reader of the schema sees. tests/asr/test_config_help.py requires one for
 every field.

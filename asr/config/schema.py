@@ -10,19 +10,20 @@ ConfigError with the offending key, its value and what is allowed.
 `attention` is the one open node: its keys are `name` plus that attention's options, checked by
 attention_ext.validate_attention (the group files in conf/attention/ list every option, so
 `attention.clusters=200` is an ordinary override). That is its one check: `validate_config`
-returns the ValidatedAttention, which the model builds as it is.
+returns the ValidatedAttention, which the model builds as it is, and the data section as a
+DataConfig (asr.data.config), from which the data module and the corpus are made without another check.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, NamedTuple, Optional
 
 from hydra.core.config_store import ConfigStore
 from omegaconf import DictConfig, OmegaConf
 
 from asr.core.errors import ConfigError
-from asr.data.datamodule import DataConfig, as_data_config, validate_data_config
-from asr.data.waveform_augmentation import check_augment_sources
+from asr.data.config import DataConfig
+from asr.data.augment.waveform_augmentation import check_augment_sources
 from asr.config.presets import register_presets
 from attention_ext import AttentionConfigError, ValidatedAttention, validate_attention
 
@@ -220,21 +221,27 @@ def gpu_absence() -> str:
             "start the container with --gpus all on a host with the NVIDIA driver and Container Toolkit")
 
 
-def validate_config(cfg: Any) -> ValidatedAttention:
+class ValidatedConfig(NamedTuple):
+    """What `validate_config` checked, in the form the run uses it: built from, never checked again."""
+    attention: ValidatedAttention   # the model builds it as it is
+    data: DataConfig                # the data module and the corpus are made from it
+
+
+def validate_config(cfg: Any) -> ValidatedConfig:
     """Checks ranges and combinations; raises ConfigError / AttentionConfigError with the fix.
 
-    Returns the validated attention, for the model to build without checking it again.
+    Returns the validated attention and data section, for the run to build without checking them again.
     """
     try:
         attention = attention_settings(cfg.attention)
     except AttentionConfigError as error:
         raise AttentionConfigError(f"attention: {error}") from None
     _check_model_section(cfg.model, attention)
-    _check_data_section(cfg)
+    data = _check_data_section(cfg)
     _check_optim_section(cfg.optim)
     _check_trainer_section(cfg.trainer)
     _check_cuda_graph_options(cfg)
-    return attention
+    return ValidatedConfig(attention, data)
 
 
 def _check_model_section(model: Any, attention: ValidatedAttention) -> None:
@@ -252,11 +259,10 @@ def _check_model_section(model: Any, attention: ValidatedAttention) -> None:
              "needs model.subsampling 2 or 4: with subsampling 1 nothing tells the encoder the order of its frames")
 
 
-def _check_data_section(cfg: Any) -> None:
-    """data.*, and model.loss_weights against data.targets."""
+def _check_data_section(cfg: Any) -> DataConfig:
+    """data.* (the DataConfig it makes), and model.loss_weights against data.targets."""
     try:
-        data = as_data_config(cfg.data)
-        validate_data_config(data)   # data.targets among them
+        data = DataConfig.of(cfg.data)   # data.targets among them
         check_augment_sources(data.augment)
     except ValueError as error:
         raise ConfigError(str(error)) from None
@@ -265,6 +271,7 @@ def _check_data_section(cfg: Any) -> None:
         _require(kind in targets, f"model.loss_weights.{kind}", weight,
                  f"names no target; the targets (data.targets) are {targets}")
         _require(weight >= 0.0, f"model.loss_weights.{kind}", weight, "must be >= 0")
+    return data
 
 
 def _check_optim_section(optim: Any) -> None:

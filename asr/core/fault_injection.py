@@ -7,8 +7,8 @@ Off unless the environment sets ASR_PAUSE_AT; then, the n-th time this process r
 
 it creates the file ASR_PAUSE_MARKER names and sleeps until it is killed. The points:
 
-    feature_shard_index   asr.data.feature_cache: a shard's frames are on disk, its index is not yet
-    stream_shard_summary  asr.data.stream_preparation: a streaming shard's frames and cuts are on disk,
+    feature_shard_index   asr.data.features.feature_cache: a shard's frames are on disk, its index is not yet
+    stream_shard_summary  asr.data.streaming.stream_preparation: a streaming shard's frames and cuts are on disk,
                           its summary (what marks it finished) is not yet
     checkpoint_replace    asr.model.checkpoint.AtomicCheckpointIO: a new checkpoint is whole in its temporary file,
                           about to be renamed over the existing one

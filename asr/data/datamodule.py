@@ -1,4 +1,7 @@
-"""The data section of the config (`DataConfig`) and the Lightning DataModule that serves batches.
+"""The Lightning DataModule that serves batches, from a DataConfig (asr.data.config) and its corpus.
+
+The config is checked where it was made (`DataConfig.of`, once per start) and the corpus resolved
+by the caller (asr.train resolves it once and hands it over); neither is done again here.
 
 A split's way through the data layer reads top to bottom in `SpeechDataModule.split` (steps 1-4)
 and `SpeechDataModule.dataloader` (steps 5-6); each step is one call into the module that owns it:
@@ -19,7 +22,8 @@ and `SpeechDataModule.dataloader` (steps 5-6); each step is one call into the mo
 5. build the dataset: cuts -> padded tensors and their transcripts' ids; for training, waveform
    augmentation drawn per utterance and epoch (`waveform_augmentation`) and SpecAugment
    (`dataset.SpeechBatchDataset`);
-6. build the sampler: duration-bucketed batches, this process's share (`batching.duration_bucketing_sampler`);
+6. build the sampler: duration-bucketed batches, this process's share
+   (`duration_buckets.duration_bucketing_sampler`);
    with `data.join_seconds` the training split's batches are of long examples, consecutive
    utterances joined with a pause (`joined_examples.join_utterances`; step 5 joins their features).
 
@@ -30,8 +34,8 @@ reported before minutes are spent; features already computed are kept on disk wh
 
 A corpus too large for this (data.streaming, by default from 50 MB of training manifest) takes the
 streaming path instead: `split()` opens the split's shards, prepared once with steps 1-4 done
-(asr.data.streamed_split), and step 6 is asr.data.stream_sampler's sampler; nothing per cut is
-kept in memory (asr/docs/data.md, "Large corpora").
+(asr.data.streaming.streamed_split), and step 6 is asr.data.batching.stream_sampler's sampler;
+nothing per cut is kept in memory (asr/docs/data.md, "Large corpora").
 
 The global mean/std (`feature_mean`, `feature_std`) are over all frames of the kept training
 utterances, or of `feature_stats.STATS_SAMPLE_CUTS` of them evenly spread where the split has more;
@@ -40,191 +44,39 @@ they are computed on first use and cached next to the features.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
-import os
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, List, Optional
 
 import lightning
 import torch
 from lhotse import CutSet
 
-from asr.data.augmentation import SpecAugment
-from asr.data.batching import FixedBatchShapes, duration_bucketing_sampler
-from asr.data.cut_checks import (SplitData, drop_bad_audio, drop_ctc_infeasible, drop_unusable_cuts,
-                                 note_ctc_candidate)
-from asr.data.dataset import SpeechBatchDataset
-from asr.data.feature_cache import StoredFeatures, attach_features, feature_directory
-from asr.data.feature_stats import FeatureStats, global_feature_stats, statistics_sample
-from asr.data.joined_examples import JOIN_BY, join_utterances, pause_between
-from asr.data.features import FilterBank
-from asr.data.corpus import Corpus
-from asr.data.manifests import load_cuts
-from asr.data.stream_sampler import StreamingBucketSampler, plan_buckets
-from asr.data.stream_shards import MAX_SHARD_CUTS, stream_folder
-from asr.data.streamed_split import (StreamedSplit, check_stream_transcripts, choose_streaming, open_streamed_split,
-                                     stream_tokenizers)
-from asr.data.tokenizers import (SENTENCEPIECE_TYPES, TOKENIZER_KINDS, Tokenizer, build_tokenizers,
-                                 check_transcripts, tokenizer_from_state_dict)
-from asr.data.vtlp import VocalTractLengthPerturbation
-from asr.data.waveform_augmentation import (AugmentConfig, WaveformAugmenter, augment_config_from, speed_factors,
-                                            transforms_on_the_fly, validate_augment_config, with_speed_copies)
+from asr.data.config import DataConfig
+from asr.data.corpus.corpus import Corpus
+from asr.data.corpus.manifests import load_cuts
+from asr.data.features.features import FilterBank
+from asr.data.features.feature_cache import StoredFeatures, attach_features, feature_directory
+from asr.data.features.feature_stats import FeatureStats, global_feature_stats, statistics_sample
+from asr.data.augment.specaugment import SpecAugment
+from asr.data.augment.vtlp import VocalTractLengthPerturbation
+from asr.data.augment.waveform_augmentation import (WaveformAugmenter, speed_factors, transforms_on_the_fly,
+                                                    with_speed_copies)
+from asr.data.splits.tokenizers import Tokenizer, build_tokenizers, check_transcripts, tokenizer_from_state_dict
+from asr.data.splits.cut_checks import (SplitData, drop_bad_audio, drop_ctc_infeasible, drop_unusable_cuts,
+                                        note_ctc_candidate)
+from asr.data.streaming.stream_shards import stream_folder
+from asr.data.streaming.streamed_split import (StreamedSplit, check_stream_transcripts, choose_streaming,
+                                               open_streamed_split, stream_tokenizers)
+from asr.data.batching.duration_buckets import FixedBatchShapes, duration_bucketing_sampler
+from asr.data.batching.joined_examples import join_utterances, pause_between
+from asr.data.batching.stream_sampler import StreamingBucketSampler, plan_buckets
+from asr.data.batching.dataset import SpeechBatchDataset
 
 log = logging.getLogger(__name__)
 
 # data.streaming=auto streams a corpus whose training manifest is larger (~500 h of lhotse cuts): from
 # there the eager path's start-up and memory grow past what the streaming one needs (asr/RESULTS.md, "Scale")
 AUTO_STREAMING_BYTES = 50 * 1024 ** 2
-
-
-@dataclass
-class DataConfig:
-    """The `data:` section of the Hydra config."""
-
-    corpus: str = "synth"                 # manifests are {root}/{corpus}_cuts_{split}.jsonl.gz
-    root: str = "data/synth"              # the folder holding the manifests (and, by default, the feature cache)
-    train_split: str = "train"            # training split: {root}/{corpus}_cuts_{train_split}.jsonl.gz
-    dev_split: str = "dev"                # validation split (picks the best checkpoint)
-    test_split: str = "test"              # scored once at the end of asr.train
-    # Tokenizer kinds, one CTC head each; the first is the primary one (its error rate picks the best checkpoint).
-    targets: List[str] = field(default_factory=lambda: ["phones", "chars"])
-    sentencepiece_vocab: int = 256        # sentencepiece pieces incl. <unk>; the head adds the blank
-    sentencepiece_type: str = "unigram"   # unigram | bpe
-    num_mel_bins: int = 40                # 40 (the paper, WSJ) or 80
-    precompute_features: bool = True      # cache fbank (under cache_dir); false: compute per batch
-    cache_dir: Optional[str] = None       # the feature cache; None: {root}/features (root must be writable)
-    feature_jobs: int = 1                 # processes that precompute features (2 was slower on a shared 2-core box)
-    specaugment: bool = True              # training batches only
-    freq_masks: int = 2                   # SpecAugment frequency bands masked per utterance
-    freq_mask_width: int = 10             # mel bins, each band 0..width wide
-    time_masks: int = 2                   # SpecAugment time bands masked per utterance
-    time_mask_width: int = 40             # frames (10 ms), each band 0..width wide ...
-    time_mask_max_fraction: float = 0.2   # ... and at most this fraction of the utterance
-    # waveform augmentation of training utterances (speed, rooms, noise, channel, level): data.augment.KEY
-    augment: AugmentConfig = field(default_factory=AugmentConfig)
-    max_duration: float = 200.0           # padded seconds per batch: batch size x longest utterance
-    num_buckets: int = 10                 # duration buckets; a batch takes utterances of one bucket
-    # Long training examples (asr/data/joined_examples.py): consecutive training utterances joined into
-    # examples of up to this many seconds (each example's length drawn in [half, all] of it; at most
-    # data.max_duration), dev/test untouched; null: every example one utterance
-    join_seconds: Optional[float] = None
-    join_pause: float = 0.4               # seconds of digital silence between joined utterances (whole frames)
-    # which utterances join: speaker (one speaker's, in manifest order, where the manifest names speakers) | none (consecutive ones)
-    join_by: str = "speaker"
-    # pad every training batch to its bucket's shape (rows x frames), so that training sees at most
-    # num_buckets shapes (what trainer.cuda_graphs needs); the padded rows and frames change no loss
-    fixed_batch_shapes: bool = False
-    num_workers: int = 0                  # DataLoader workers (0 is fastest with precomputed features)
-    max_train_utterances: Optional[int] = None  # use only the first N training cuts (quick runs)
-    skip_bad_audio: bool = False          # false: missing/corrupt audio is an error listing every cut
-    # true: audio may come from shell commands (a manifest source of type "command", a Kaldi wav.scp line
-    # ending in '|'), each logged when it first runs; false: such a file is refused before any work
-    allow_commands: bool = False
-    # The streaming data path for large corpora (asr/data/stream_sampler.py, asr/docs/data.md): every
-    # split read from shards prepared once, memory and start-up flat in the corpus's size. true | false |
-    # auto: streams when the training manifest is over 50 MB (about 500 h of cuts) or its shards exist,
-    # unless an option it cannot take is set (asr/docs/data.md, "Large corpora")
-    streaming: Any = "auto"
-    stream_shard_cuts: int = 1000         # utterances per shard when a split's shards are written
-    stream_window_shards: int = 8         # shards batched together: the shuffle's reach, the memory held
-    progress: bool = True                 # progress bars for feature computation
-    # a real-speech corpus asr.train also scores at the end (PER, lexicon + LM WER), prepared beside data.root: asterisk; null: none
-    real_speech_test: Optional[str] = None
-
-
-def as_data_config(cfg: Any) -> DataConfig:
-    """A DataConfig from a DataConfig, an OmegaConf node or a dict; unknown keys are an error."""
-    if isinstance(cfg, DataConfig):
-        return cfg
-    try:
-        from omegaconf import DictConfig, OmegaConf
-
-        if isinstance(cfg, DictConfig):
-            cfg = OmegaConf.to_container(cfg, resolve=True)
-    except ImportError:
-        pass
-    if not isinstance(cfg, dict):
-        raise TypeError(f"data config must be a DataConfig, a dict or an OmegaConf node, got {type(cfg).__name__}")
-    known = {f.name for f in dataclasses.fields(DataConfig)}
-    unknown = sorted(set(cfg) - known)
-    if unknown:
-        raise ValueError(f"unknown data options {unknown}; the data options are: {', '.join(sorted(known))}")
-    cfg = dict(cfg)
-    if cfg.get("targets") is not None:
-        cfg["targets"] = list(cfg["targets"])
-    if "augment" in cfg:
-        cfg["augment"] = augment_config_from(cfg["augment"])
-    return DataConfig(**cfg)
-
-
-def feature_cache_folder(cfg: DataConfig) -> Path:
-    """Where the features are cached: data.cache_dir, or by default {data.root}/features."""
-    return Path(cfg.cache_dir) if cfg.cache_dir else Corpus.of(cfg).root / "features"
-
-
-def can_write(path: Path) -> bool:
-    """Whether `path` can be written or created: the nearest existing folder on its way is writable
-    (os.access: for root, who may write anywhere, a read-only permission bit does not count)."""
-    for candidate in (path, *path.absolute().parents):
-        if candidate.exists():
-            return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
-    return False
-
-
-def validate_data_config(cfg: DataConfig) -> None:
-    """Raise ValueError naming the first bad option and what is allowed."""
-    if not cfg.targets:
-        raise ValueError(f"data.targets is empty; choose one or more of {list(TOKENIZER_KINDS)}")
-    for kind in cfg.targets:
-        if kind not in TOKENIZER_KINDS:
-            raise ValueError(f"data.targets: unknown tokenizer kind {kind!r}; choose from {list(TOKENIZER_KINDS)}")
-    if len(set(cfg.targets)) != len(cfg.targets):
-        raise ValueError(f"data.targets lists a kind twice: {cfg.targets}")
-    if cfg.sentencepiece_type not in SENTENCEPIECE_TYPES:
-        raise ValueError(f"data.sentencepiece_type={cfg.sentencepiece_type!r}; choose from {list(SENTENCEPIECE_TYPES)}")
-    if cfg.num_mel_bins not in (40, 80):
-        raise ValueError(f"data.num_mel_bins={cfg.num_mel_bins}; choose 40 (the paper) or 80")
-    if cfg.sentencepiece_vocab < 2:
-        raise ValueError(f"data.sentencepiece_vocab={cfg.sentencepiece_vocab} must be at least 2")
-    if not cfg.max_duration > 0:
-        raise ValueError(f"data.max_duration={cfg.max_duration} must be a positive number of seconds")
-    if cfg.num_buckets < 1:
-        raise ValueError(f"data.num_buckets={cfg.num_buckets} must be >= 1")
-    if cfg.num_workers < 0 or cfg.feature_jobs < 1:
-        raise ValueError(f"data.num_workers={cfg.num_workers} must be >= 0 and data.feature_jobs="
-                         f"{cfg.feature_jobs} >= 1")
-    if not isinstance(cfg.allow_commands, bool):
-        raise ValueError(f"data.allow_commands={cfg.allow_commands!r}; give true or false")
-    if cfg.streaming not in (True, False, "auto"):
-        raise ValueError(f"data.streaming={cfg.streaming!r}; choose true, false or auto")
-    if not 1 <= cfg.stream_shard_cuts <= MAX_SHARD_CUTS or cfg.stream_window_shards < 1:
-        raise ValueError(f"data.stream_shard_cuts={cfg.stream_shard_cuts} must lie in [1, {MAX_SHARD_CUTS}] and "
-                         f"data.stream_window_shards={cfg.stream_window_shards} be >= 1")
-    if cfg.join_seconds is not None and not cfg.join_seconds > 0:
-        raise ValueError(f"data.join_seconds={cfg.join_seconds} must be a positive number of seconds, or null "
-                         "(one utterance per training example)")
-    if cfg.join_seconds is not None and cfg.join_seconds > cfg.max_duration:
-        raise ValueError(f"data.join_seconds={cfg.join_seconds} is longer than data.max_duration={cfg.max_duration} "
-                         "(the padded seconds of a batch), so no batch could hold a joined example: raise "
-                         f"data.max_duration to at least {cfg.join_seconds} or lower data.join_seconds")
-    if not cfg.join_pause >= 0:
-        raise ValueError(f"data.join_pause={cfg.join_pause} must be a number of seconds >= 0")
-    if cfg.join_by not in JOIN_BY:
-        raise ValueError(f"data.join_by={cfg.join_by!r}; choose one of {', '.join(JOIN_BY)}")
-    if cfg.max_train_utterances is not None and cfg.max_train_utterances < 1:
-        raise ValueError(f"data.max_train_utterances={cfg.max_train_utterances} must be >= 1 or null")
-    SpecAugment(cfg.freq_masks, cfg.freq_mask_width, cfg.time_masks, cfg.time_mask_width,
-                cfg.time_mask_max_fraction)  # validates its own options
-    validate_augment_config(cfg.augment)
-    if cfg.precompute_features and not can_write(feature_cache_folder(cfg)):
-        if cfg.cache_dir:
-            raise ValueError(f"data.cache_dir={cfg.cache_dir!r} is not writable; give a folder you can write to")
-        raise ValueError(
-            f"the feature cache {feature_cache_folder(cfg)} cannot be written (data.root={cfg.root!r} is read-only): "
-            f"give a writable folder with data.cache_dir=FOLDER (features are computed once and reused from "
-            f"there), or data.precompute_features=false to compute them per batch")
 
 
 class SpeechDataModule(lightning.LightningDataModule):
@@ -237,12 +89,14 @@ class SpeechDataModule(lightning.LightningDataModule):
     the cache (features, statistics); reading needs no lock (feature_cache.precompute_features).
     """
 
-    def __init__(self, cfg: DataConfig | Any, frame_subsampling: int = 1, seed: int = 0,
-                 filterbank: FilterBank | None = None, cache_lock=None):
+    def __init__(self, cfg: DataConfig, frame_subsampling: int = 1, seed: int = 0,
+                 filterbank: FilterBank | None = None, cache_lock=None, corpus: Corpus | None = None):
         super().__init__()
-        self.cfg = as_data_config(cfg)
-        validate_data_config(self.cfg)
-        self.corpus = Corpus.of(self.cfg)   # data.corpus and data.root, resolved once
+        if not isinstance(cfg, DataConfig):   # checked where it was made (DataConfig.of), never again here
+            raise TypeError(f"SpeechDataModule takes a DataConfig (DataConfig.of(section)), got {type(cfg).__name__}")
+        self.cfg = cfg
+        # data.corpus and data.root: the corpus the caller resolved (asr.train's one), or resolved here
+        self.corpus = corpus if corpus is not None else Corpus.of(cfg)
         if frame_subsampling < 1:
             raise ValueError(f"frame_subsampling={frame_subsampling} must be >= 1")
         self.frame_subsampling = int(frame_subsampling)
@@ -303,7 +157,7 @@ class SpeechDataModule(lightning.LightningDataModule):
         if features and data.features is None:
             # 4. attach features; leave out audio found corrupt there, and what CTC cannot align
             data.features, failures = attach_features(data.cuts, self.filterbank, cfg.precompute_features,
-                                                      feature_cache_folder(cfg), name, cfg.feature_jobs, cfg.progress,
+                                                      cfg.feature_cache_folder, name, cfg.feature_jobs, cfg.progress,
                                                       self.cache_lock)
             drop_bad_audio(data, failures, cfg.skip_bad_audio)
             drop_ctc_infeasible(data, self.frame_subsampling, is_train=name == cfg.train_split)
@@ -321,7 +175,7 @@ class SpeechDataModule(lightning.LightningDataModule):
         return self._streaming
 
     def _streamed_split(self, name: str) -> StreamedSplit:
-        """A split from its streaming shards, prepared now if they are missing (asr.data.streamed_split)."""
+        """A split from its streaming shards, prepared now if they are missing (asr.data.streaming.streamed_split)."""
         cfg = self.cfg
         data = self._splits.get(name)
         if data is None:
@@ -368,7 +222,7 @@ class SpeechDataModule(lightning.LightningDataModule):
             if train and transforms_on_the_fly(cfg.augment) else None
         vtlp = VocalTractLengthPerturbation(cfg.augment.vtlp_prob, cfg.augment.vtlp_warp_range, self.seed,
                                             self.filterbank) if train and cfg.augment.vtlp_prob > 0 else None
-        # a streamed training split finds the utterances CTC cannot align per batch (asr.data.streamed_split)
+        # a streamed training split finds the utterances CTC cannot align per batch (asr.data.streaming.streamed_split)
         ctc_check = self.frame_subsampling if train and self.streaming else None
         pause = pause_between(self.filterbank, cfg.join_pause) if train and cfg.join_seconds is not None else None
         dataset = SpeechBatchDataset(self._tokenizers, data.features, specaugment,
@@ -394,7 +248,7 @@ class SpeechDataModule(lightning.LightningDataModule):
 
     def _joined_examples(self, cuts: CutSet, pause) -> CutSet:
         """The training split's utterances joined into long examples (data.join_seconds); the same on
-        every process and in every epoch of the run (asr.data.joined_examples)."""
+        every process and in every epoch of the run (asr.data.batching.joined_examples)."""
         cfg = self.cfg
         examples = join_utterances(cuts, cfg.join_seconds, pause, cfg.join_by, self.seed)
         durations = [example.duration for example in examples]
@@ -447,7 +301,7 @@ class SpeechDataModule(lightning.LightningDataModule):
 
     @property
     def feature_directory(self) -> Path:
-        return feature_directory(feature_cache_folder(self.cfg), self.filterbank)
+        return feature_directory(self.cfg.feature_cache_folder, self.filterbank)
 
     @property
     def feature_stats(self) -> FeatureStats:
@@ -500,7 +354,7 @@ class SpeechDataModule(lightning.LightningDataModule):
 
     def state_dict(self) -> dict:
         """Saved in Lightning checkpoints: the training epoch a resumed run starts with, and for a
-        streamed split the position in it (asr.data.stream_sampler: the same on every process)."""
+        streamed split the position in it (asr.data.batching.stream_sampler: the same on every process)."""
         sampler = self._train_sampler
         if isinstance(sampler, StreamingBucketSampler):
             # the steps trained, not the batches drawn: the loader draws ahead of training

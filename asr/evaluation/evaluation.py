@@ -20,8 +20,8 @@ from typing import Any, Optional
 import torch
 
 from asr.core.errors import EvaluationError
-from asr.data.corpus import Corpus
-from asr.data.manifests import ManifestError
+from asr.data.corpus.corpus import Corpus
+from asr.data.corpus.manifests import ManifestError
 from asr.evaluation.attention_choice import (attention_label, check_shared_qk_keys, evaluation_attention,
                                            set_evaluation_attention)
 from asr.evaluation.decoding.lexicon import LexiconFileError
@@ -263,7 +263,7 @@ def lexicon_word_decoding(checkpoint: str | Path, tokenizers: dict, workers: int
 
 def real_speech_rates(checkpoint: str | Path, corpus: Corpus, progress: bool = True) -> dict:
     """asr.train's closing real-speech line: the test split of `corpus` (e.g. asterisk, in its
-    folder beside the training corpus: asr.data.corpus; prepared there on first use) scored with
+    folder beside the training corpus: asr.data.corpus.corpus; prepared there on first use) scored with
     the model's greedy PER and, when the model has a lexicon and LM, lexicon + LM WER with the
     corpus's own lexicon.txt added to the model's (its words outside the LM get <unk>'s
     probability; the OOV rate against the LM says how many)."""

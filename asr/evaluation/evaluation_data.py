@@ -7,9 +7,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from asr.core.errors import EvaluationError, closest_name
-from asr.data.corpus import Corpus
-from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config, validate_data_config
-from asr.data.manifests import cuts_path, default_root, other_corpora
+from asr.data.config import DataConfig
+from asr.data.corpus.corpus import Corpus
+from asr.data.datamodule import SpeechDataModule
+from asr.data.corpus.manifests import cuts_path, default_root, other_corpora
 from asr.model.recognizer import SpeechRecognizer
 from asr.model.run_folder import trained_data_config
 
@@ -24,10 +25,10 @@ def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, 
     Unreadable, empty, multi-channel audio stops it with the recipe's list of problems, or with
     data.skip_bad_audio=true is left out and counted (the recipes' --bad-data drop). A wav.scp pipe
     (a shell command) is refused unless `allow_commands` (data.allow_commands=true)."""
-    from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
-    from asr.data.manifest_builder import (NoUtterancesError, PreparationError, RecordingSpec, UtteranceSpec,
-                                           build_manifests, file_identity)
-    from asr.data.preparation_report import Problem
+    from asr.data.corpus.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
+    from asr.data.corpus.manifest_builder import (NoUtterancesError, PreparationError, RecordingSpec, UtteranceSpec,
+                                                  build_manifests, file_identity)
+    from asr.data.corpus.preparation_report import Problem
     from asr.text.normalisation import normalise_transcript
     try:
         kaldi = read_kaldi_data_dir(data_dir, require_utt2spk=False, allow_commands=allow_commands)
@@ -57,25 +58,24 @@ def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, 
     return out_dir
 
 
-def prepare_missing_split(config: DataConfig, split: str, progress: bool = True) -> None:
+def prepare_missing_split(corpus: Corpus, split: str, progress: bool = True) -> None:
     """Prepares the corpus into data.root when the split's manifest is missing and a preparer is
-    in its recipe (asr.data.corpus_recipes: synth, asterisk), as asr.train does; for any other
+    in its recipe (asr.data.corpus.corpus_recipes: synth, asterisk), as asr.train does; for any other
     corpus, or a folder holding the split under another corpus name (data.corpus forgotten), the
     missing manifest is load_cuts' error saying what to do. A preparer that fails (a package to
     install, a damaged file) is one EvaluationError line."""
-    from asr.data.corpus_recipes import corpus_preparer
-    corpus = Corpus.of(config)
+    from asr.data.corpus.corpus_recipes import corpus_preparer
     root = corpus.root
     if corpus.cuts_path(split).is_file() or other_corpora(root, corpus.name, split):
         return
-    preparer = corpus_preparer(config.corpus)
+    preparer = corpus_preparer(corpus.name)
     if preparer is None:
         return
-    log.info("corpus %s: no %s manifest in %s, preparing the corpus there (once)", config.corpus, split, root)
+    log.info("corpus %s: no %s manifest in %s, preparing the corpus there (once)", corpus.name, split, root)
     try:
         preparer(root, progress=progress)
     except (ValueError, RuntimeError, OSError) as error:   # a preparer's own errors: usage, problems, files
-        raise EvaluationError(f"data.corpus={config.corpus}: preparing its manifests in {config.root} failed: "
+        raise EvaluationError(f"data.corpus={corpus.name}: preparing its manifests in {root} failed: "
                               f"{error}") from error
 
 
@@ -114,9 +114,8 @@ def _evaluation_data_config(settings: dict, overrides: dict) -> DataConfig:
             raise EvaluationError(f"data.{key}={overrides[key]!r} cannot be changed for an evaluation: "
                                   f"the model sets it to {settings[key]!r}")
     try:
-        config = as_data_config({key: value for key, value in settings.items()
-                                 if key in DataConfig.__dataclass_fields__})
-        validate_data_config(config)
+        config = DataConfig.of({key: value for key, value in settings.items()
+                                if key in DataConfig.__dataclass_fields__})
     except (ValueError, TypeError) as error:
         raise EvaluationError(f"data: {error}") from None
     return config
@@ -174,9 +173,11 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
     config = _evaluation_data_config(settings, overrides)
     split = split or config.test_split
     config.test_split = split
+    corpus = Corpus.of(config)
     if data_dir is None:
-        prepare_missing_split(config, split, settings["progress"])
-    datamodule = SpeechDataModule(config, frame_subsampling=model.encoder.subsampling, filterbank=frontend)
+        prepare_missing_split(corpus, split, settings["progress"])
+    datamodule = SpeechDataModule(config, frame_subsampling=model.encoder.subsampling, filterbank=frontend,
+                                  corpus=corpus)
     datamodule.set_tokenizers({kind: model.tokenizers[kind].state_dict() for kind in config.targets})
     source = source if data_dir is not None else str(cuts_path(config.root, config.corpus, split))
     return EvaluationData(datamodule, split, scored, source)

@@ -10,7 +10,7 @@ from typing import Optional
 import torch
 
 from asr.core.errors import EvaluationError
-from asr.data.dataset import batch_references
+from asr.data.batching.dataset import batch_references
 from asr.evaluation.evaluation_data import EvaluationData
 from asr.model.ctc import decode_transcripts
 from asr.model.evaluation_tally import EvaluationTally

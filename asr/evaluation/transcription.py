@@ -26,7 +26,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import torch
 
-from asr.data.features import FilterBank
+from asr.data.features.features import FilterBank
 from asr.evaluation.evaluation import load_model
 from asr.evaluation.attention_choice import evaluation_attention
 from asr.model.ctc import BLANK_ID, decode_transcripts

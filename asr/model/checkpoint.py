@@ -34,7 +34,7 @@ from pathlib import Path
 import torch
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from asr.data.features import FilterBank
+from asr.data.features.features import FilterBank
 from asr.core.fault_injection import pause_point
 from attention_ext import AttentionConfigError, available_attentions, validate_attention
 

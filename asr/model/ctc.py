@@ -1,6 +1,6 @@
 """CTC output layers (one per target kind), the CTC loss, greedy decoding and prefix beam search.
 
-Blank is token 0 in every vocabulary (asr.data.tokenizers.BLANK_ID).
+Blank is token 0 in every vocabulary (asr.data.splits.tokenizers.BLANK_ID).
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from asr.data.tokenizers import BLANK_ID
+from asr.data.splits.tokenizers import BLANK_ID
 
 
 class CTCHeads(nn.Module):

@@ -29,7 +29,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
-from asr.data.manifests import corpus_root
+from asr.data.corpus.manifests import corpus_root
 from asr.model.run_folder import run_folder_of, stored_data_config
 
 LEXICON_FILE, LM_FILE = "lexicon.txt", "lm/3gram.arpa.gz"

@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from asr.data.tokenizers import Tokenizer
+from asr.data.splits.tokenizers import Tokenizer
 from asr.text.metrics import char_error_rate, phone_error_rate, word_error_rate
 
 

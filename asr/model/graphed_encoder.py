@@ -6,7 +6,7 @@ batch shape.
 A training step of the demo model is hundreds of small kernels, and on a GPU its time is mostly the
 host launching them (attention_ext/RESULTS.md, "The GPU"). A CUDA graph launches them all at once.
 A graph replays fixed shapes at fixed addresses, so the batches come padded to a few fixed shapes
-(`data.fixed_batch_shapes`: one per duration bucket, asr.data.batching) and each shape gets its own
+(`data.fixed_batch_shapes`: one per duration bucket, asr.data.batching.duration_buckets) and each shape gets its own
 graph, captured the first time it is seen; later batches of that shape are copied into the graph's
 input and replayed. All graphs share one memory pool: a step runs one graph's forward and then its
 backward, never two graphs at once, so what one graph frees may serve another.

@@ -25,9 +25,9 @@ import numpy as np
 import torch
 from torch import nn
 
-from asr.data.dataset import Batch, batch_references
-from asr.data.tokenizers import Tokenizer, tokenizer_from_state_dict
-from asr.data.features import FilterBank
+from asr.data.batching.dataset import Batch, batch_references
+from asr.data.splits.tokenizers import Tokenizer, tokenizer_from_state_dict
+from asr.data.features.features import FilterBank
 from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY, feature_frontend
 from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode
 from asr.model.encoder import TransformerEncoder
@@ -168,7 +168,7 @@ class SpeechRecognizer(L.LightningModule):
     def training_step(self, batch: Batch, batch_index: int) -> torch.Tensor:
         total, losses, _, _ = self._losses(batch)
         if batch.get("padding"):
-            # a DDP rank's stand-in batch (asr.data.batching): it must take the step with the other
+            # a DDP rank's stand-in batch (asr.data.batching.duration_buckets): it must take the step with the other
             # ranks, so it returns a loss connected to every parameter, but contributes no gradient
             return total * 0.0
         size = len(batch["ids"])

@@ -27,7 +27,7 @@ import yaml
 from omegaconf import DictConfig
 
 from asr.core.errors import ConfigError
-from asr.data.manifests import cuts_path
+from asr.data.corpus.manifests import cuts_path
 from asr.training.adaptation_data import (ADAPTATION_CORPUS, DEV, REHEARSAL_SPLIT, TEST, TRAIN,
                                           AdaptationDataError, AdaptationFolders, prepare_adaptation_data,
                                           rehearsal_line, summary_line, write_rehearsal_split)

@@ -4,7 +4,7 @@
 
 `prepare_adaptation_data(folders, out_dir, ...)` writes corpus `adapt` (ADAPTATION_CORPUS) into
 `out_dir` (by default `<data_dir>/asr_adapt`): splits `train` and `dev`, and `test` when a test folder
-is given, with the audio converted once to 16 kHz FLAC (asr.data.manifest_builder, as every recipe).
+is given, with the audio converted once to 16 kHz FLAC (asr.data.corpus.manifest_builder, as every recipe).
 
 - Folders: `data_dir` (wav.scp and text; utt2spk and segments optional, as asr.evaluate's data_dir=)
   is the training data. Validation is a second folder (`dev_data_dir`) or, without one, a held-out
@@ -44,7 +44,7 @@ from pathlib import Path
 
 from tqdm.auto import tqdm
 
-from asr.data.manifests import cuts_path, make_sources_absolute
+from asr.data.corpus.manifests import cuts_path, make_sources_absolute
 
 ADAPTATION_CORPUS = "adapt"
 TRAIN, DEV, TEST = "train", "dev", "test"
@@ -112,7 +112,7 @@ def sentence_phones(texts: list[str], progress: bool) -> list[str | Exception]:
 
 
 def _read_folder(option: str, folder: str, allow_commands: bool = False):
-    from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
+    from asr.data.corpus.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
     try:
         return read_kaldi_data_dir(folder, require_utt2spk=False, allow_commands=allow_commands)
     except KaldiDataDirError as error:
@@ -121,8 +121,8 @@ def _read_folder(option: str, folder: str, allow_commands: bool = False):
 
 def _specs(folders: AdaptationFolders, dev_fraction: float, seed: int, allow_commands: bool = False):
     """RecordingSpecs, UtteranceSpecs (without phones) and Problems of every folder."""
-    from asr.data.manifest_builder import RecordingSpec, UtteranceSpec
-    from asr.data.preparation_report import Problem
+    from asr.data.corpus.manifest_builder import RecordingSpec, UtteranceSpec
+    from asr.data.corpus.preparation_report import Problem
     from asr.text.normalisation import normalise_transcript
 
     recordings, utterances, problems = [], [], []
@@ -146,9 +146,9 @@ def prepare_adaptation_data(folders: AdaptationFolders, out_dir: str | Path, *, 
     AdaptationDataError for a folder that is missing, not Kaldi-style, without usable utterances,
     or with bad audio (unless skip_bad_audio: then those utterances are left out and counted), or with a
     wav.scp pipe (a shell command) unless allow_commands (data.allow_commands)."""
-    from asr.data.manifest_builder import (NoUtterancesError, PreparationError, UtteranceSpec, build_manifests,
-                                           file_identity)
-    from asr.data.preparation_report import Problem, previous_complete_report
+    from asr.data.corpus.manifest_builder import (NoUtterancesError, PreparationError, UtteranceSpec, build_manifests,
+                                                  file_identity)
+    from asr.data.corpus.preparation_report import Problem, previous_complete_report
 
     out_dir = Path(out_dir).resolve()
     settings = {"folders": {option: {"path": str(Path(folder).resolve()),

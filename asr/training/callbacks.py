@@ -18,7 +18,7 @@ log = logging.getLogger("asr.train")
 class BatchRecorder(Callback):
     """trainer.record_batches=true: each process appends one JSON line per batch it runs to
     <run folder>/batches/rank<global rank>.jsonl: {"fn": fit|validate|test, "stage": train|val|test,
-    "epoch", "batch", "ids": [utterance ids], "padding": stand-in batch (asr.data.batching)}.
+    "epoch", "batch", "ids": [utterance ids], "padding": stand-in batch (asr.data.batching.duration_buckets)}.
     For checking how data is split over DDP processes; off by default."""
 
     def __init__(self, folder: Path):

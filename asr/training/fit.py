@@ -26,11 +26,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from asr.config.schema import validate_config
 from asr.core.errors import ConfigError
-from asr.data.corpus_recipes import corpus_preparer, corpus_recipe, preparation_hint, unregistered_note
-from asr.data.corpus_summary import format_corpus_summary, summarise_split
-from asr.data.corpus import Corpus
+from asr.data.corpus.corpus_recipes import corpus_preparer, corpus_recipe, preparation_hint, unregistered_note
+from asr.data.corpus.corpus_summary import format_corpus_summary, summarise_split
+from asr.data.config import DataConfig
+from asr.data.corpus.corpus import Corpus
 from asr.data.datamodule import SpeechDataModule
-from asr.data.manifests import manifest_name
+from asr.data.corpus.manifests import manifest_name
 from asr.evaluation.decoding.evaluation import out_of_vocabulary_report
 from asr.evaluation.evaluation import lexicon_word_decoding, real_speech_rates
 from asr.model.checkpoint import AtomicCheckpointIO
@@ -57,7 +58,7 @@ file_log.propagate = False
 
 def ensure_corpus(cfg: DictConfig, corpus: Corpus | None = None, run_dir: Path | None = None) -> None:
     """Generates a corpus whose manifests are missing when its recipe has a preparer
-    (asr.data.corpus_recipes: the built-in synthetic corpus), logs a summary of it and writes the
+    (asr.data.corpus.corpus_recipes: the built-in synthetic corpus), logs a summary of it and writes the
     recipe's full report to <run_dir>/corpus_report.json; for any other corpus (the user's copy
     of WSJ, TIMIT, ...) missing manifests are a ConfigError naming the recipe command. `corpus`:
     the one resolved from cfg.data (resolved here when not given)."""
@@ -171,7 +172,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     # init_from: the trained model the run starts from; the config follows it from here on
     source = adaptation.adaptation_source(cfg, adaptation.command_line_overrides())
     # everything that can be checked is checked before the run folder gets anything of ours
-    attention = validate_config(cfg)
+    # the attention and the data section as the run builds them, each checked here once
+    attention, data = validate_config(cfg)
     check_launch_shares_run_folder(cfg.run_dir)
     check_launch_matches_trainer(cfg.trainer)
     if rank_zero_only.rank == 0 and run_dir.is_dir():   # before anything reads it: a second run stops here
@@ -180,7 +182,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     adaptation.check_resume(cfg, run_dir, resume_from)
     if source is not None:   # adapt.data_dir's Kaldi-style folders -> manifests, once
         adaptation.prepare_data(cfg, run_dir)
-    corpus = Corpus.of(cfg.data)
+    corpus = Corpus.of(data)   # resolved once, handed down
     # A real corpus is the user's: only checked, here, before the run folder is made (its missing
     # manifests stop us); one with a preparer is generated later, once, under the preparation lock.
     prepared_here = corpus_preparer(corpus.name) is not None
@@ -193,7 +195,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         claim_run_folder(run_dir)   # a folder made just now (one that existed was claimed above)
         (run_dir / "config.yaml").write_text(OmegaConf.to_yaml(cfg, resolve=True))
     L.seed_everything(cfg.seed, workers=True)
-    datamodule = prepare_data(cfg, corpus, run_dir, checkpoint, generate_corpus=prepared_here, source=source)
+    datamodule = prepare_data(cfg, data, corpus, run_dir, checkpoint, generate_corpus=prepared_here, source=source)
     model = build_model(cfg, attention, datamodule)
     if checkpoint is not None:
         check_state_dict_fits(model, checkpoint["state_dict"], f"checkpoint {resume_from}")
@@ -227,10 +229,10 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     return results
 
 
-def prepare_data(cfg: DictConfig, corpus: Corpus, run_dir: Path, checkpoint: dict | None,
+def prepare_data(cfg: DictConfig, data: DataConfig, corpus: Corpus, run_dir: Path, checkpoint: dict | None,
                  generate_corpus: bool, source: adaptation.AdaptationSource | None = None) -> SpeechDataModule:
-    """The data module, set up for fitting (and testing): the corpus generated if its recipe can
-    and it must be, its lexicon and LM copied into the run folder, the tokenizers a resumed run's
+    """The data module of `data` (cfg.data, validated) and `corpus` (resolved from it), set up for
+    fitting (and testing): the corpus generated if its recipe can and it must be, its lexicon and LM copied into the run folder, the tokenizers a resumed run's
     checkpoint has. A run from a trained model (`source`, init_from) takes that model's tokenizers,
     front-end, lexicon and LM."""
     # The processes of a multi-process run prepare the data together: each reads and checks the
@@ -238,8 +240,9 @@ def prepare_data(cfg: DictConfig, corpus: Corpus, run_dir: Path, checkpoint: dic
     # statistics, the run's copies of the lexicon and LM) is written by one process at a time, and
     # whoever comes later finds it on disk (asr.model.run_folder.one_process_at_a_time).
     preparation_lock = partial(one_process_at_a_time, run_dir / ".data_preparation.lock")
-    datamodule = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed,
-                                  cache_lock=preparation_lock, filterbank=source.frontend if source else None)
+    datamodule = SpeechDataModule(data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed,
+                                  cache_lock=preparation_lock, filterbank=source.frontend if source else None,
+                                  corpus=corpus)
     if checkpoint is not None or source is not None:
         datamodule.set_tokenizers((checkpoint or source.checkpoint)["hyper_parameters"]["tokenizers"])
     with preparation_lock():

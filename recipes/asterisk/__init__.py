@@ -1,7 +1,7 @@
 """Debian's Asterisk voice prompts (one human voice): a real-speech dev/test set with ARPABET_39
 phone references from espeak-ng; see README.md."""
 
-from asr.data.corpus_recipes import CorpusRecipe
+from asr.data.corpus.corpus_recipes import CorpusRecipe
 
 
 def generate(out_dir, **options) -> dict:

@@ -9,7 +9,7 @@ Layout read (the Debian packages asterisk-core-sounds-en-g722 and asterisk-core-
     /usr/share/doc/asterisk-core-sounds-en/core-sounds-en.txt.gz         `name: text` lines, `;` comments
 
 - Audio: each prompt is decoded once by `ffmpeg -f g722` into 16 kHz mono 16-bit FLAC under
-  `{out}/audio/` (written atomically by asr.data.manifest_builder; a rerun decodes only what is
+  `{out}/audio/` (written atomically by asr.data.corpus.manifest_builder; a rerun decodes only what is
   missing). G.722 codes two samples per byte, so a file of B bytes must decode to 2B samples at
   16 kHz; any other rate or length is an unreadable_audio problem (`--bad-data`).
 - Text and split: the prompt's words as the speaker reads them (steps 1-4; which prompts are left
@@ -52,9 +52,9 @@ import numpy as np
 import soundfile
 from tqdm.auto import tqdm
 
-from asr.data.audio_source import AudioMissingError, AudioSource, AudioSourceError, select_channel
-from asr.data.manifest_builder import RecordingSpec, UtteranceSpec, build_manifests, file_identity
-from asr.data.preparation_report import Problem, previous_complete_report, report_path
+from asr.data.audio.audio_source import AudioMissingError, AudioSource, AudioSourceError, select_channel
+from asr.data.corpus.manifest_builder import RecordingSpec, UtteranceSpec, build_manifests, file_identity
+from asr.data.corpus.preparation_report import Problem, previous_complete_report, report_path
 from asr.text.synthesiser_phonemes import UnmappablePhonemeError
 from asr.evaluation.decoding.lexicon import write_lexicon
 from asr.evaluation.decoding.pronunciation import (
@@ -178,7 +178,7 @@ def write_set_lexicon(out_dir: Path, texts: list[str]) -> dict:
 def prepare_asterisk(out_dir, sounds_dir=None, transcripts=None, *, bad_data_policy: str = "error",
                      jobs: int | None = None, progress: bool = True) -> dict:
     """Prepare the dev/test manifests and the lexicon of the Asterisk prompts under out_dir; returns
-    the report (see asr.data.manifest_builder; plus `lexicon` and minutes per split).
+    the report (see asr.data.corpus.manifest_builder; plus `lexicon` and minutes per split).
     sounds_dir / transcripts: the Debian packages' folder and file (SOUNDS_DIR, TRANSCRIPTS)."""
     out_dir = Path(out_dir).resolve()
     sounds_dir = Path(sounds_dir or SOUNDS_DIR).resolve()
@@ -217,7 +217,7 @@ def prepare_asterisk(out_dir, sounds_dir=None, transcripts=None, *, bad_data_pol
 
 
 def print_extra_summary(report: dict) -> None:
-    """After the report table (asr.data.preparation_report.format_report): minutes and the lexicon."""
+    """After the report table (asr.data.corpus.preparation_report.format_report): minutes and the lexicon."""
     lines = []
     lines.append("minutes: " + ", ".join(f"{split} {row['minutes']}" for split, row in report["splits"].items()))
     lexicon = report["lexicon"]

@@ -33,7 +33,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from asr.data.preparation_report import Problem
+from asr.data.corpus.preparation_report import Problem
 from asr.text.normalisation import normalise_transcript
 
 MIN_WORDS = 2

@@ -36,9 +36,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from asr.data.audio_source import AudioSource
-from asr.data.manifest_builder import RecordingSpec, UtteranceSpec, build_manifests, file_identity
-from asr.data.preparation_report import Problem, previous_complete_report
+from asr.data.audio.audio_source import AudioSource
+from asr.data.corpus.manifest_builder import RecordingSpec, UtteranceSpec, build_manifests, file_identity
+from asr.data.corpus.preparation_report import Problem, previous_complete_report
 from asr.text.normalisation import normalise_transcript
 from recipes.archive_download import (BadArchiveError, DownloadError, DownloadRequestError, http_url,
                                       read_md5_file)

@@ -5,7 +5,7 @@ into recordings of 1, 10, 30 and 60 minutes, each a Kaldi folder any asr command
     python -m recipes.longform.prepare --split dev test --minutes 1 10 30 60
     python -m recipes.longform.prepare --corpus asterisk --split dev test --minutes 1 5 --longer-than-split refuse
 
-Writes `<out>/<corpus>_<split>/<minutes>min/` (asr.data.long_recordings describes the files): the
+Writes `<out>/<corpus>_<split>/<minutes>min/` (asr.data.corpus.long_recordings describes the files): the
 audio (recording.wav), wav.scp / text / utt2spk (one utterance: the whole recording), and
 references.json (per joined utterance its boundaries and its words and phone reference). A length
 longer than the split goes round the split again (`--longer-than-split repeat`, the default) or is
@@ -25,9 +25,9 @@ import soundfile
 from tqdm.auto import tqdm
 
 from asr.core.exit_status import run_command
-from asr.data.long_recordings import (AUDIO_NAME, DEFAULT_OUT, REFERENCES_NAME, SETTINGS_NAME, JoinedUtterance,
-                                      LongRecording, length_folder, recording_id, set_folder, write_references)
-from asr.data.manifests import ManifestError, cuts_path, default_root, load_cuts
+from asr.data.corpus.long_recordings import (AUDIO_NAME, DEFAULT_OUT, REFERENCES_NAME, SETTINGS_NAME, JoinedUtterance,
+                                             LongRecording, length_folder, recording_id, set_folder, write_references)
+from asr.data.corpus.manifests import ManifestError, cuts_path, default_root, load_cuts
 
 LONGER_THAN_SPLIT = ("repeat", "refuse")
 SAMPLE_FORMATS = {"int16": "PCM_16", "float": "FLOAT"}

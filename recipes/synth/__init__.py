@@ -4,7 +4,7 @@
 word and ARPAbet phone targets; see README.md in this folder.
 """
 
-from asr.data.corpus_recipes import CorpusRecipe
+from asr.data.corpus.corpus_recipes import CorpusRecipe
 
 
 def generate(out_dir, **options) -> dict:

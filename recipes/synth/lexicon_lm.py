@@ -16,7 +16,7 @@ import gzip
 import json
 from pathlib import Path
 
-from asr.data.manifests import manifest_path
+from asr.data.corpus.manifests import manifest_path
 from asr.evaluation.decoding.lexicon import read_lexicon, write_lexicon
 from asr.evaluation.decoding.ngram import estimate_arpa
 from asr.evaluation.decoding.pronunciation import add_weak_forms, synthesiser_pronunciations

@@ -14,7 +14,7 @@ voicing: ``recipes.synth.plans``, which says how they are drawn), synthesis in p
   there (the plan of utterance i does not depend on the sizes).
 
 Output in ``out_dir``: ``synth_{recordings,supervisions,cuts}_{train,dev,test}.jsonl.gz`` (audio
-paths relative to ``out_dir``, which ``asr.data.manifests`` resolves), ``audio/``, ``meta/``,
+paths relative to ``out_dir``, which ``asr.data.corpus.manifests`` resolves), ``audio/``, ``meta/``,
 ``synth_report.json``, and for lexicon decoding ``lexicon.txt`` (every corpus word) and
 ``lm/3gram.arpa.gz`` (trained on the training transcripts only), see ``recipes.synth.lexicon_lm``.
 """
@@ -34,7 +34,7 @@ import numpy as np
 
 from asr.core.exit_status import run_command
 from recipes.synth.lexicon_lm import write_lexicon_and_lm
-from asr.data.manifests import manifest_path
+from asr.data.corpus.manifests import manifest_path
 from recipes.synth.plans import (
     CORPUS, GENERATOR_VERSION, PIPER_SHARE, SPLITS, SplitPlanner, parse_extra_voices, piper_share_of_espeak,
     split_sentence_pools,

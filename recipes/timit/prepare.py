@@ -28,9 +28,9 @@ import sys
 from pathlib import Path
 
 from asr.text.phones import TIMIT_61
-from asr.data.audio_source import AudioSource
-from asr.data.manifest_builder import RecordingSpec, UtteranceSpec, build_manifests
-from asr.data.preparation_report import Problem, previous_complete_report
+from asr.data.audio.audio_source import AudioSource
+from asr.data.corpus.manifest_builder import RecordingSpec, UtteranceSpec, build_manifests
+from asr.data.corpus.preparation_report import Problem, previous_complete_report
 from asr.text.normalisation import normalise_transcript
 from recipes.preparation_command import add_preparation_arguments, run_preparation
 

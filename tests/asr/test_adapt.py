@@ -23,6 +23,7 @@ import yaml
 from asr.core.errors import ConfigError
 from asr.training.adaptation_data import (AdaptationDataError, AdaptationFolders, held_out_texts,
                                           prepare_adaptation_data, write_rehearsal_split)
+from asr.data.config import DataConfig
 from asr.data.datamodule import SpeechDataModule
 from asr.evaluation.evaluation import EvaluateConfig, evaluate
 from asr.evaluation.transcription import TranscribeConfig, transcribe
@@ -85,7 +86,8 @@ def weights(checkpoint: Path) -> dict[str, torch.Tensor]:
 def training_loss(checkpoint: Path, run: Path) -> float:
     """Mean CTC loss (all heads, eval mode, no SpecAugment) over the adaptation run's training split."""
     model = SpeechRecognizer.load_from_checkpoint(checkpoint, map_location="cpu").eval()
-    data = SpeechDataModule({**yaml.safe_load((run / "config.yaml").read_text())["data"], "specaugment": False},
+    data = SpeechDataModule(DataConfig.of({**yaml.safe_load((run / "config.yaml").read_text())["data"],
+                                           "specaugment": False}),
                             frame_subsampling=model.encoder.subsampling, filterbank=model.frontend)
     data.set_tokenizers(model.hparams.tokenizers)
     total, count = 0.0, 0

@@ -10,13 +10,13 @@ from pathlib import Path
 
 import pytest
 
-import asr.data.corpus_recipes as corpus_recipes
+import asr.data.corpus.corpus_recipes as corpus_recipes
 import asr.training.fit
 import recipes
 from asr.config.schema import SynthCorpusConfig
 from asr.core.errors import ConfigError
-from asr.data.corpus_recipes import CorpusRecipe, corpus_recipe
-from asr.data.manifests import ManifestError
+from asr.data.corpus.corpus_recipes import CorpusRecipe, corpus_recipe
+from asr.data.corpus.manifests import ManifestError
 from recipes.corpora import corpus_recipes as recipes_of_this_package
 from tiny_runs import ROOT, TINY, compose_config
 
@@ -81,7 +81,7 @@ def test_a_preparer_refusing_an_option_or_folder_is_a_config_error(tmp_path, mon
 
 # ---- a new corpus from a temporary folder ---------------------------------------------------------
 TOY_RECIPE = '''"""A toy corpus: a few utterances of synthetic audio (tests/asr/data/synthetic_corpus.py)."""
-from asr.data.corpus_recipes import CorpusRecipe
+from asr.data.corpus.corpus_recipes import CorpusRecipe
 
 
 def generate(out_dir, progress=True):
@@ -141,8 +141,9 @@ def test_a_toy_corpus_without_a_preparer_names_its_prepare_command(tmp_path, mon
                                           rf"{tmp_path / 'nowhere'}` \(see recipes/toyreal/README.md\)"):
         asr.training.fit.train(cfg, tmp_path / "run")
     with pytest.raises(ManifestError, match=r"python -m recipes.toyreal.prepare --out"):   # the data module too
+        from asr.data.config import DataConfig
         from asr.data.datamodule import SpeechDataModule
-        SpeechDataModule(cfg.data).setup("fit")
+        SpeechDataModule(DataConfig.of(cfg.data)).setup("fit")
 
 
 def test_a_corpus_without_a_test_split_trains_with_test_false_and_is_refused_with_test_true(tmp_path):

@@ -25,6 +25,7 @@ from lhotse import load_manifest
 
 from asr.config.schema import validate_config
 from asr.core.errors import ConfigError
+from asr.data.config import DataConfig
 from asr.data.datamodule import SpeechDataModule
 from asr.training.distributed import check_launch_matches_trainer, launched_rank, lost_process
 from asr.model.run_folder import check_launch_shares_run_folder, one_process_at_a_time, run_folder
@@ -192,7 +193,8 @@ def test_a_collective_failed_by_a_lost_process_is_recognised(error, said):
 # ---- the processes of a run prepare the data: all read at once, one writes at a time ---------------------
 def test_a_complete_feature_cache_is_read_without_the_lock_and_a_missing_one_written_under_it(ddp_corpus, tmp_path):
     lock_file, cache = tmp_path / "run" / ".data_preparation.lock", tmp_path / "features"
-    data_config = compose_config(*TINY, "conf=synth_full", f"data.root={ddp_corpus}", f"data.cache_dir={cache}").data
+    data_config = DataConfig.of(compose_config(*TINY, "conf=synth_full", f"data.root={ddp_corpus}",
+                                               f"data.cache_dir={cache}").data)
 
     def set_up_in_a_thread() -> tuple[threading.Thread, SpeechDataModule]:
         data = SpeechDataModule(data_config, frame_subsampling=2, cache_lock=partial(one_process_at_a_time, lock_file))

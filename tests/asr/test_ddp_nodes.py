@@ -15,7 +15,7 @@ One run folder goes through three jobs, as a run on a cluster might:
 3. It resumes again on one process (python -m asr.train, no launcher) and trains to the end.
 
 Each resume continues from its checkpoint's step and epoch; the epochs it trains take the batches
-that the sampler gives for the new number of processes (asr.data.batching: the checkpoint holds the
+that the sampler gives for the new number of processes (asr.data.batching.duration_buckets: the checkpoint holds the
 epoch to start, not a position in it, so nothing of the old world size carries over).
 """
 from __future__ import annotations
@@ -39,7 +39,8 @@ import torch
 from lhotse import load_manifest
 from omegaconf import OmegaConf
 
-from asr.data.batching import duration_bucketing_sampler
+from asr.data.batching.duration_buckets import duration_bucketing_sampler
+from asr.data.config import DataConfig
 from asr.data.datamodule import SpeechDataModule
 from tiny_runs import ROOT, TINY, subprocess_environment, validate_in_one_process
 
@@ -153,7 +154,7 @@ def sampler_batches(run: Path, world_size: int, rank: int, epoch: int) -> list[t
     """The training batches (ids, padding) of `rank` out of `world_size` in `epoch`, from the sampler
     alone, as the data module builds it (asr.data.datamodule, step 6) for the run's config."""
     cfg = OmegaConf.load(run / "config.yaml")
-    data = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
+    data = SpeechDataModule(DataConfig.of(cfg.data), frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
     cuts = data.split(cfg.data.train_split).cuts   # as training kept them (the features are cached)
     sampler = duration_bucketing_sampler(cuts, cfg.data.max_duration, cfg.data.num_buckets, shuffle=True,
                                          seed=cfg.seed, rank=rank, world_size=world_size)

@@ -12,7 +12,7 @@ and one process given the union U of those batches follows g_U = (1/|U|) sum_{i 
 They are the same gradient when every process's batch holds the same number of utterances
 (n_r = |U|/N), and then the same step: RAdam, weight decay and clipping all act on the averaged
 gradient, after DDP's all-reduce. When the sizes differ, an utterance of a smaller batch weighs more;
-in particular a process's *padding* batch (asr.data.batching: an epoch's last round with fewer
+in particular a process's *padding* batch (asr.data.batching.duration_buckets: an epoch's last round with fewer
 utterances than processes) contributes a zero gradient yet counts in the average, so that step
 follows (processes with data / N) times the gradient of the union. Both sides must also compute the
 same forward: dropout 0, SpecAugment off (its masks are drawn per batch, from the batch's ids), no
@@ -35,8 +35,9 @@ import torch
 from lhotse import CutSet, load_manifest
 from omegaconf import OmegaConf
 
+from asr.data.config import DataConfig
 from asr.data.datamodule import SpeechDataModule
-from asr.data.dataset import SpeechBatchDataset
+from asr.data.batching.dataset import SpeechBatchDataset
 from asr.model.recognizer import SpeechRecognizer
 from tiny_runs import TINY, subprocess_environment
 
@@ -48,7 +49,7 @@ def two_process_run(tiny_synth, tmp_path_factory) -> Path:
     """Three steps of synth_full on 2 processes (gloo), with the checkpoint of every step."""
     where = tmp_path_factory.mktemp("ddp_step")
     cuts = list(load_manifest(tiny_synth / "synth_cuts_train.jsonl.gz"))[:UTTERANCES]
-    # one bucket bounded by the longest utterance (asr.data.batching): floor(2.5) = 2 utterances a batch
+    # one bucket bounded by the longest utterance (asr.data.batching.duration_buckets): floor(2.5) = 2 utterances a batch
     max_duration = 2.5 * (max(cut.duration for cut in cuts) + 1e-3)
     run = where / "run"
     command = [sys.executable, "-m", "asr.train", "conf=synth_full", *TINY, f"data.root={tiny_synth}", f"run_dir={run}",
@@ -79,7 +80,7 @@ class OneProcess:
     def __init__(self, run: Path):
         self.run = run
         cfg = OmegaConf.load(run / "config.yaml")
-        self.data = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
+        self.data = SpeechDataModule(DataConfig.of(cfg.data), frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
         self.cuts = None
 
     def model(self, step: int) -> SpeechRecognizer:

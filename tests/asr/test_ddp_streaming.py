@@ -30,9 +30,10 @@ from pathlib import Path
 import pytest
 import torch
 
+from asr.data.config import DataConfig
 from asr.data.datamodule import SpeechDataModule
-from asr.data.stream_sampler import StreamingBucketSampler, plan_buckets
-from asr.data.stream_shards import StreamIndex
+from asr.data.batching.stream_sampler import StreamingBucketSampler, plan_buckets
+from asr.data.streaming.stream_shards import StreamIndex
 from asr.training.fit import ensure_corpus
 from test_ddp_nodes import arguments, manifest_ids, of, processes_of, records, recorded_as_sampled, torchrun, wait
 from tiny_runs import ROOT, compose_config, subprocess_environment, tiny_config, validate_in_one_process
@@ -75,13 +76,13 @@ def stream_corpus(tmp_path_factory) -> tuple[Path, Path]:
                                  "synth_corpus.jobs=1"))
     cache = root / "cache"
     cfg = tiny_config(root, "conf=synth_full", f"data.cache_dir={cache}", *STREAMING)
-    SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed).setup("fit")
+    SpeechDataModule(DataConfig.of(cfg.data), frame_subsampling=cfg.model.subsampling, seed=cfg.seed).setup("fit")
     return root, cache
 
 
 def stream_sampler(run_config, rank: int, world_size: int) -> StreamingBucketSampler:
     """The training sampler of `rank` out of `world_size`, as the data module builds it for the run."""
-    data = SpeechDataModule(run_config.data, frame_subsampling=run_config.model.subsampling, seed=run_config.seed)
+    data = SpeechDataModule(DataConfig.of(run_config.data), frame_subsampling=run_config.model.subsampling, seed=run_config.seed)
     index = StreamIndex.open(data.split(run_config.data.train_split).index.folder)
     buckets = plan_buckets(index, run_config.data.num_buckets, run_config.data.max_duration)
     return StreamingBucketSampler(index, buckets, shuffle=True, seed=run_config.seed, rank=rank, world_size=world_size,

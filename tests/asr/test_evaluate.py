@@ -21,7 +21,7 @@ from asr.evaluation.evaluation import EvaluateConfig, default_out_dir, evaluate,
 from asr.core.errors import EvaluationError
 from asr.evaluation.split_decoding import decode_split
 from asr.evaluation.evaluation_data import evaluation_data
-from asr.data.features import FilterBank
+from asr.data.features.features import FilterBank
 from asr.core.exit_status import USAGE_ERROR
 from asr.model.checkpoint import CHECKPOINT_FORMAT, FORMAT_KEY, CheckpointError, read_checkpoint
 from asr.training.fit import train

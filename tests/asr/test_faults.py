@@ -102,7 +102,7 @@ def final_weights(run: Path) -> dict[str, torch.Tensor]:
 
 
 def cached_features(corpus: Path) -> dict[str, np.ndarray]:
-    from asr.data.feature_cache import FeatureStore
+    from asr.data.features.feature_cache import FeatureStore
     features = {}
     for split_folder in sorted(corpus.glob("features/*/*/")):
         store = FeatureStore(split_folder, 40)

@@ -57,9 +57,10 @@ def test_fixed_batch_shapes_train_as_without_them_and_resume_exactly(tiny_synth,
     train(tiny_config(tiny_synth, *common, *fixed, "trainer.max_epochs=1"), interrupted)
     train(tiny_config(tiny_synth, *common, *fixed, "trainer.max_epochs=2", "ckpt_path=last"), interrupted)
     # the fixed-shape batches were padded: rows past their utterances, frames past their longest
+    from asr.data.config import DataConfig
     from asr.data.datamodule import SpeechDataModule
     cfg = tiny_config(tiny_synth, *common, *fixed)
-    data = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
+    data = SpeechDataModule(DataConfig.of(cfg.data), frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
     data.setup("fit")
     batches = list(data.train_dataloader())
     assert any(len(b["feature_lengths"]) > len(b["ids"]) for b in batches)

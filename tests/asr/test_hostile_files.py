@@ -16,7 +16,7 @@ import soundfile
 
 from asr.core.errors import ConfigError
 from asr.core.exit_status import FAILURE, SUCCESS, USAGE_ERROR
-from asr.data.manifests import ManifestError
+from asr.data.corpus.manifests import ManifestError
 from asr.evaluate import main as evaluate_main
 from asr.evaluation.decoding.lexicon import LexiconFileError, read_lexicon
 from asr.prepare_shards import main as prepare_shards_main
@@ -124,7 +124,7 @@ def test_evaluate_and_prepare_shards_refuse_a_manifest_command_unless_allowed(ch
 def test_a_noise_manifest_command_is_refused_unless_allowed(tmp_path):
     from lhotse import Recording, RecordingSet
 
-    from asr.data.waveform_augmentation import recordings_of
+    from asr.data.augment.waveform_augmentation import recordings_of
     wav, marker = tmp_path / "noise.wav", tmp_path / "ran"
     soundfile.write(wav, np.zeros(1600, dtype=np.float32), 16000)
     recording = Recording.from_file(wav)
@@ -174,7 +174,7 @@ def test_a_wav_scp_pipe_stops_adaptation_before_any_work(tiny_synth, checkpoint,
 
 
 def test_read_kaldi_data_dir_keeps_pipes_as_commands_only_when_allowed(tmp_path):
-    from asr.data.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
+    from asr.data.corpus.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
     (tmp_path / "wav.scp").write_text("a /audio/a.wav\nb sph2pipe -f wav /audio/b.sph |\n")
     (tmp_path / "text").write_text("a HELLO\nb WORLD\n")
     with pytest.raises(KaldiDataDirError, match=r"wav.scp: line 2 \(b\) gets its audio by running the shell "
@@ -197,7 +197,7 @@ def write_float_wav(path: Path, bad: float) -> Path:
 def test_nan_or_infinite_samples_are_an_error_naming_the_file_for_features(tmp_path, bad):
     from lhotse import Recording
 
-    from asr.data.feature_cache import load_waveform
+    from asr.data.features.feature_cache import load_waveform
     path = write_float_wav(tmp_path / "bad.wav", bad)
     cut = Recording.from_file(path).to_cut()
     with pytest.raises(RuntimeError, match=f"the audio of cut {cut.id} \\({path}\\) holds NaN or infinite samples"):

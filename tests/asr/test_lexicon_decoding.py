@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from asr.data.tokenizers import build_tokenizer
+from asr.data.splits.tokenizers import build_tokenizer
 from asr.evaluation.decoding.lexicon import LexiconFileError, read_lexicon, words_to_phones
 from asr.evaluation.decoding.lexicon_decoder import LexiconDecoder, LexiconDecoderSettings, ParallelLexiconDecoder
 from asr.evaluation.decoding.ngram import (LanguageModelError, arpa_text, discounts, estimate_arpa,

@@ -9,7 +9,7 @@ import pytest
 from lhotse import CutSet
 from lhotse.testing.dummies import dummy_cut
 
-from asr.data.batching import duration_bucketing_sampler
+from asr.data.batching.duration_buckets import duration_bucketing_sampler
 from asr.training.progress import EpochProgressBar, clock
 
 

@@ -7,7 +7,7 @@ import lightning as L
 import pytest
 import torch
 
-from asr.data.tokenizers import build_tokenizer
+from asr.data.splits.tokenizers import build_tokenizer
 from asr.text.metrics import phone_error_rate
 from asr.model.evaluation_tally import EvaluationTally
 from asr.model.recognizer import SpeechRecognizer, warmup_factor

@@ -5,7 +5,7 @@ SIL; Q deleted; AO -> AA, IX -> IH, HV -> HH, AX-H -> AH, ZH -> SH, ...), not co
 """
 import pytest
 
-from asr.data.tokenizers import build_tokenizer
+from asr.data.splits.tokenizers import build_tokenizer
 from asr.text.metrics import phone_error_rate
 from asr.model.evaluation_tally import EvaluationTally
 

@@ -52,12 +52,13 @@ def validate_in_one_process(run: Path, checkpoint: Path):
     import lightning as L
     from omegaconf import OmegaConf
 
+    from asr.data.config import DataConfig
     from asr.data.datamodule import SpeechDataModule
     from asr.model.recognizer import SpeechRecognizer
 
     model = SpeechRecognizer.load_from_checkpoint(checkpoint, map_location="cpu")
     cfg = OmegaConf.load(run / "config.yaml")
-    data = SpeechDataModule(cfg.data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
+    data = SpeechDataModule(DataConfig.of(cfg.data), frame_subsampling=cfg.model.subsampling, seed=cfg.seed)
     data.set_tokenizers(model.hparams.tokenizers)
     single = L.Trainer(accelerator="cpu", devices=1, logger=False, enable_checkpointing=False,
                        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False)

@@ -17,8 +17,8 @@ import pytest
 import soundfile
 
 import recipes.asterisk.prepare as asterisk
-from asr.data.audio_source import AudioSourceError
-from asr.data.manifest_builder import PreparationError
+from asr.data.audio.audio_source import AudioSourceError
+from asr.data.corpus.manifest_builder import PreparationError
 from asr.evaluation.decoding.lexicon import read_lexicon
 from corpus_fixtures import flac_samples, read_gz_jsonl, tone
 from recipes.asterisk.prepare import AsteriskSetupError, G722File, main, prepare_asterisk
@@ -372,7 +372,7 @@ def registered_asterisk(monkeypatch, sounds: Path, transcripts: Path) -> None:
 
 
 def test_the_asterisk_recipe_has_a_preparer():
-    from asr.data.corpus_recipes import corpus_recipe
+    from asr.data.corpus.corpus_recipes import corpus_recipe
     recipe = corpus_recipe("asterisk")
     assert recipe.preparer is not None and recipe.prepare_command == "python -m recipes.asterisk.prepare --out {root}"
 
@@ -395,7 +395,7 @@ def test_evaluate_with_data_corpus_asterisk_prepares_the_set_in_data_asterisk(ti
 
 @needs_programs
 def test_evaluate_names_what_to_install_or_prepare_when_it_cannot(tiny_model, tmp_path, monkeypatch, capsys):
-    from asr.data.manifests import ManifestError
+    from asr.data.corpus.manifests import ManifestError
     from asr.evaluate import main as evaluate_main
     from asr.evaluation.evaluation import EvaluateConfig, evaluate
     from asr.core.errors import EvaluationError

@@ -10,7 +10,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "asr" / "data"))
 from synthetic_corpus import make_utterances, write_corpus  # noqa: E402
 from tiny_runs import compose_config  # noqa: E402
 
-from asr.data.kaldi_dir import read_kaldi_data_dir  # noqa: E402
+from asr.data.corpus.kaldi_dir import read_kaldi_data_dir  # noqa: E402
 from recipes.asterisk import adapt  # noqa: E402
 
 

@@ -9,7 +9,7 @@ import soundfile
 
 from corpus_fixtures import flac_samples, read_gz_jsonl, tone
 from recipes.librispeech.prepare import main, prepare_librispeech
-from asr.data.manifest_builder import PreparationError
+from asr.data.corpus.manifest_builder import PreparationError
 
 # subset -> {utterance id: (transcript, samples)}
 CORPUS = {

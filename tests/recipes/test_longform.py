@@ -10,8 +10,8 @@ import soundfile
 from lhotse import CutSet, MonoCut, Recording, SupervisionSegment
 
 from asr.core.exit_status import SUCCESS, USAGE_ERROR
-from asr.data.kaldi_dir import read_kaldi_data_dir
-from asr.data.long_recordings import read_long_recording
+from asr.data.corpus.kaldi_dir import read_kaldi_data_dir
+from asr.data.corpus.long_recordings import read_long_recording
 from recipes.longform.prepare import LongformError, build_long_recordings, main
 
 RATE = 16000

@@ -24,7 +24,7 @@ from hydra import compose, initialize_config_dir
 from asr.config.schema import attention_settings, register_schema, validate_config
 from asr.core.errors import ConfigError
 from asr.data.datamodule import SpeechDataModule
-from asr.data.manifests import ManifestError
+from asr.data.corpus.manifests import ManifestError
 from asr.config.presets import corpus_setups, preset_names
 from asr.training.fit import train
 from recipes.librispeech.prepare import MINI_OUT, prepare_librispeech

@@ -7,9 +7,9 @@ import numpy as np
 import pytest
 
 from corpus_fixtures import flac_samples, read_gz_jsonl, write_sphere_ulaw
-from asr.data.audio_source import AudioSource, run_audio_command
-from asr.data.manifest_builder import PreparationError
-from asr.data.sphere import read_sphere
+from asr.data.audio.audio_source import AudioSource, run_audio_command
+from asr.data.corpus.manifest_builder import PreparationError
+from asr.data.audio.sphere import read_sphere
 from recipes.switchboard.prepare import clean_ms98_tokens, main, prepare_switchboard
 
 SECONDS = 4.0
@@ -142,7 +142,7 @@ def test_segment_past_the_end_of_its_side(tmp_path):
 
 def test_kaldi_sph2pipe_channel_command_without_sph2pipe(tmp_path, monkeypatch):
     """`sph2pipe -f wav -p -c 2 x.sph |` (Kaldi's swbd wav.scp) is emulated when sph2pipe is missing."""
-    from asr.data import audio_source
+    from asr.data.audio import audio_source
 
     sides = build_switchboard(tmp_path)
     monkeypatch.setattr(audio_source.shutil, "which", lambda name: None)

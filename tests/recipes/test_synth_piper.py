@@ -14,7 +14,7 @@ import pytest
 import soundfile
 
 from asr.core.errors import ConfigError
-from asr.data.tokenizers import build_tokenizer
+from asr.data.splits.tokenizers import build_tokenizer
 from asr.training.fit import ensure_corpus
 from recipes.synth import piper_voice
 from recipes.synth.plans import SPLITS, UtterancePlan, plan_utterances

@@ -127,7 +127,7 @@ def test_missing_and_unreadable_audio_stop_with_report_then_resume(tmp_path, mon
     # Fix both files; the re-run converts only those two.
     (tmp_path / "SX127.WAV.moved").rename(speaker_dir / "SX127.WAV")
     (tmp_path / "corpus" / "TIMIT" / "TEST" / "DR1" / "FAKS0" / "SI943.WAV").write_bytes(good)
-    from asr.data.audio_source import AudioSource
+    from asr.data.audio.audio_source import AudioSource
     loaded = []
     original_load = AudioSource.load
     monkeypatch.setattr(AudioSource, "load", lambda self: loaded.append(self.path) or original_load(self))

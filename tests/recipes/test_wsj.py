@@ -12,9 +12,9 @@ import pytest
 import soundfile
 
 from corpus_fixtures import flac_samples, read_gz_jsonl, tone, write_sphere_pcm, write_sphere_shorten
-from asr.data.kaldi_dir import KaldiDataDirError
-from asr.data.manifest_builder import PreparationError
-from asr.data.sphere import SphereError, read_sphere
+from asr.data.corpus.kaldi_dir import KaldiDataDirError
+from asr.data.corpus.manifest_builder import PreparationError
+from asr.data.audio.sphere import SphereError, read_sphere
 from recipes.wsj.prepare import clean_wsj_tokens, main, prepare_wsj
 
 LEXICON = """\
@@ -169,7 +169,7 @@ def test_kaldi_data_dir(tmp_path, monkeypatch):
     samples = build_ldc_discs(tmp_path / "corpus")
     build_kaldi_dir(tmp_path / "kaldi" / "data", samples, tmp_path / "corpus")
     (tmp_path / "cmudict").write_text(LEXICON)
-    from asr.data import audio_source
+    from asr.data.audio import audio_source
 
     # sph2pipe is not installed here: its commands are read natively. Another program that is not
     # installed gets a message naming it.
@@ -215,7 +215,7 @@ def test_out_of_lexicon_words_report_then_extra_lexicon_resumes(tmp_path, monkey
 
     extra = tmp_path / "my_words.txt"
     extra.write_text("ROSE  R OW1 Z\nsharply sh aa1 r p l iy0 # lowercase cmudict.dict style\n")
-    from asr.data.audio_source import AudioSource
+    from asr.data.audio.audio_source import AudioSource
     loaded = []
     monkeypatch.setattr(AudioSource, "load", lambda self: loaded.append(self) or (_ for _ in ()).throw(AssertionError))
     prepare_wsj(tmp_path / "corpus", out, lexicon, extra_lexicon=[extra], progress=False)
@@ -266,7 +266,7 @@ def test_shorten_compressed_wv1_is_decoded(tmp_path):
 
 
 def test_shorten_without_a_decoder_says_what_to_install(tmp_path, monkeypatch):
-    from asr.data import sphere
+    from asr.data.audio import sphere
 
     write_sphere_shorten(tmp_path / "x.wv1", tone(1000))
     monkeypatch.setattr(sphere.shutil, "which", lambda name: None)

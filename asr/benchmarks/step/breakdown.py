@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from asr.data.dataset import pad_sequences
+from asr.data.batching.dataset import pad_sequences
 from asr.model.ctc import ctc_loss
 from asr.benchmarks.step.workloads import OPTIM, PLAIN, TrainedModel, TrainingBatch
 
@@ -83,7 +83,7 @@ def instrument(model: TrainedModel) -> None:
 
 
 def assemble_batch(batch: TrainingBatch) -> TrainingBatch:
-    """The batch as the loader's collation makes it from per-utterance tensors (asr.data.dataset)."""
+    """The batch as the loader's collation makes it from per-utterance tensors (asr.data.batching.dataset)."""
     utterances = [f[:n] for f, n in zip(batch.features, batch.lengths.tolist())]
     targets = {kind: pad_sequences([t[:n] for t, n in zip(batch.targets[kind], batch.target_lengths[kind].tolist())])
                for kind in batch.targets}

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
-from asr.data.tokenizers import SymbolTokenizer, Tokenizer, build_tokenizer
+from asr.data.splits.tokenizers import SymbolTokenizer, Tokenizer, build_tokenizer
 from asr.model.ctc import ctc_loss
 from asr.model.recognizer import SpeechRecognizer
 from asr.benchmarks.step.plain_model import PlainRecognizer
@@ -27,7 +27,7 @@ MODELS = {
 # The optimiser of conf/optim (RAdam, decoupled weight decay 0.01, gradient norm clipped at 10).
 OPTIM = dict(lr=1e-4, weight_decay=0.01, clip_norm=10.0, plateau_factor=0.5, plateau_patience=1, min_lr=1e-6,
              warmup_steps=0)
-FRAMES_PER_SECOND = 100   # 10 ms frame shift (asr.data.features.FilterBank)
+FRAMES_PER_SECOND = 100   # 10 ms frame shift (asr.data.features.features.FilterBank)
 
 
 @dataclass(frozen=True)

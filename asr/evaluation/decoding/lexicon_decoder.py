@@ -213,7 +213,7 @@ _WORKER_DECODER: LexiconDecoder | None = None
 
 def _start_worker(tokenizer_state: dict, settings: LexiconDecoderSettings) -> None:
     global _WORKER_DECODER
-    from asr.data.tokenizers import tokenizer_from_state_dict
+    from asr.data.splits.tokenizers import tokenizer_from_state_dict
     _WORKER_DECODER = LexiconDecoder(tokenizer_from_state_dict(tokenizer_state), settings)
 
 

@@ -1,4 +1,4 @@
-"""Bad data end to end (asr.data.cut_checks): every kind of broken utterance is either refused at
+"""Bad data end to end (asr.data.splits.cut_checks): every kind of broken utterance is either refused at
 start-up in one message that names every bad utterance and data.skip_bad_audio, or - with that
 option - left out and counted; never a traceback from a DataLoader, never a silent wrong result."""
 from __future__ import annotations
@@ -15,8 +15,10 @@ import pytest
 import soundfile
 from synthetic_corpus import make_utterances, synthetic_speech, write_corpus
 
-from asr.data.datamodule import DataConfig, SpeechDataModule
-from asr.data.manifests import ManifestError
+from asr.data.config import DataConfig
+
+from asr.data.datamodule import SpeechDataModule
+from asr.data.corpus.manifests import ManifestError
 
 ROOT = Path(__file__).resolve().parents[3]
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 import pytest
 from synthetic_corpus import write_corpus
 
-from asr.data.corpus import Corpus
-from asr.data.corpus_summary import format_corpus_summary, summarise_split
+from asr.data.corpus.corpus import Corpus
+from asr.data.corpus.corpus_summary import format_corpus_summary, summarise_split
 
 
 def utterance(uid: str, duration: float, speaker: str, text: str) -> dict:

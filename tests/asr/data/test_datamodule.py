@@ -7,10 +7,11 @@ import soundfile
 import torch
 from synthetic_corpus import make_utterances, write_corpus
 
-from asr.data import feature_cache
-from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config
-from asr.data.features import FilterBank
-from asr.data.manifests import ManifestError
+from asr.data.features import feature_cache
+from asr.data.config import DataConfig
+from asr.data.datamodule import SpeechDataModule
+from asr.data.features.features import FilterBank
+from asr.data.corpus.manifests import ManifestError
 from asr.text.phones import ARPABET_39
 
 
@@ -280,15 +281,18 @@ def test_tokenizers_from_a_checkpoint_are_used_as_given(tiny_corpus):
 
 
 def test_config_errors_name_the_option():
+    # a DataConfig checks its values when it is made; the data module takes only one
     with pytest.raises(ValueError, match="num_mel_bins=64"):
-        SpeechDataModule(DataConfig(num_mel_bins=64))
+        DataConfig(num_mel_bins=64)
     with pytest.raises(ValueError, match="unknown tokenizer kind 'words'"):
-        SpeechDataModule(DataConfig(targets=["words"]))
+        DataConfig(targets=["words"])
+    with pytest.raises(TypeError, match="SpeechDataModule takes a DataConfig"):
+        SpeechDataModule({"num_mel_bins": 40})
     with pytest.raises(ValueError, match=r"unknown data options \['max_durration'\]"):
-        as_data_config({"max_durration": 10})
+        DataConfig.of({"max_durration": 10})
     from omegaconf import OmegaConf
 
-    cfg = as_data_config(OmegaConf.structured(DataConfig(num_mel_bins=80)))
+    cfg = DataConfig.of(OmegaConf.structured(DataConfig(num_mel_bins=80)))
     assert cfg.num_mel_bins == 80 and cfg.targets == ["phones", "chars"]
 
 
@@ -339,20 +343,20 @@ def test_a_read_only_corpus_folder_needs_a_writable_cache_dir(tmp_path, monkeypa
     test asserts that nothing is written into it."""
     import shutil
 
-    from asr.data import datamodule
+    from asr.data import config as data_config
     corpus = tmp_path / "corpus"
     write_corpus(corpus, {"train": make_utterances(8, 1, "tr"), "dev": make_utterances(3, 2, "dv"),
                           "test": make_utterances(3, 3, "te")})
     before = sorted(path.relative_to(corpus) for path in corpus.rglob("*"))
     real_access = os.access
-    monkeypatch.setattr(datamodule.os, "access", lambda path, mode, *a, **k: (
+    monkeypatch.setattr(data_config.os, "access", lambda path, mode, *a, **k: (
         False if mode & os.W_OK and str(path).startswith(str(corpus)) else real_access(path, mode, *a, **k)))
 
     with pytest.raises(ValueError, match=r"cannot be written \(data.root=.* is read-only\): give a writable "
                                          r"folder with data.cache_dir=FOLDER"):
-        SpeechDataModule(config(corpus, targets=["phones"]))
+        DataConfig.of(config(corpus, targets=["phones"]))
     with pytest.raises(ValueError, match=r"data.cache_dir=.* is not writable"):
-        SpeechDataModule(config(corpus, targets=["phones"], cache_dir=str(corpus / "cache")))
+        DataConfig.of(config(corpus, targets=["phones"], cache_dir=str(corpus / "cache")))
 
     cache = tmp_path / "cache"
     module = SpeechDataModule(config(corpus, targets=["phones"], cache_dir=str(cache)))

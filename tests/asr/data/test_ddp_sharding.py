@@ -1,4 +1,4 @@
-"""How the duration-bucketing sampler splits every split over DDP processes (asr.data.batching).
+"""How the duration-bucketing sampler splits every split over DDP processes (asr.data.batching.duration_buckets).
 
 Without processes: each rank's sampler is built with an explicit rank and world size, and the
 ranks' batches are put side by side as DDP would run them.
@@ -11,8 +11,9 @@ from lhotse import CutSet
 from lhotse.testing.dummies import dummy_cut
 from synthetic_corpus import make_utterances, write_corpus
 
-from asr.data.batching import duration_bucketing_sampler, share_last_round
-from asr.data.datamodule import DataConfig, SpeechDataModule
+from asr.data.batching.duration_buckets import duration_bucketing_sampler, share_last_round
+from asr.data.config import DataConfig
+from asr.data.datamodule import SpeechDataModule
 
 
 def cuts_of(durations: list[float]) -> CutSet:

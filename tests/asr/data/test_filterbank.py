@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import soundfile
 
-from asr.data.features import FilterBank
+from asr.data.features.features import FilterBank
 
 TOLERANCE = 2e-3
 

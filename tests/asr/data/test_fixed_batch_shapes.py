@@ -10,7 +10,7 @@ import torch
 from lhotse import CutSet
 from lhotse.testing.dummies import dummy_cut
 
-from asr.data.batching import FixedBatchShapes, duration_bucketing_sampler, pad_to_shape
+from asr.data.batching.duration_buckets import FixedBatchShapes, duration_bucketing_sampler, pad_to_shape
 
 
 def test_each_bucket_has_one_shape_that_holds_its_batches():

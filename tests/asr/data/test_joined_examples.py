@@ -1,5 +1,5 @@
 """data.join_seconds: long training examples of consecutive utterances joined with a pause
-(asr/data/joined_examples.py), checked against the utterances' own cached features and token ids."""
+(asr/data/batching/joined_examples.py), checked against the utterances' own cached features and token ids."""
 from __future__ import annotations
 
 import json
@@ -10,10 +10,12 @@ import pytest
 import torch
 from synthetic_corpus import make_utterances, write_corpus
 
-from asr.data.datamodule import DataConfig, SpeechDataModule, validate_data_config
-from asr.data.joined_examples import join_utterances, pause_between
-from asr.data.features import FilterBank
-from asr.data.manifests import load_cuts, transcript
+from asr.data.config import DataConfig
+
+from asr.data.datamodule import SpeechDataModule
+from asr.data.batching.joined_examples import join_utterances, pause_between
+from asr.data.features.features import FilterBank
+from asr.data.corpus.manifests import load_cuts, transcript
 
 JOIN_SECONDS = 6.0
 PAUSE = 0.3
@@ -149,7 +151,7 @@ def test_one_speakers_utterances_join_in_their_manifest_order(two_speaker_corpus
 
 
 def test_speed_copies_join_copies_of_their_own_factor(tiny_corpus):
-    from asr.data.waveform_augmentation import with_speed_copies
+    from asr.data.augment.waveform_augmentation import with_speed_copies
 
     cuts = with_speed_copies(load_cuts(tiny_corpus, "tiny", "train", need_phones=True), [0.9, 1.1])
     factor = lambda cut_id: cut_id.rsplit("_sp", 1)[1] if "_sp" in cut_id else "1.0"
@@ -205,7 +207,7 @@ def test_augmentations_apply_per_utterance_and_leave_the_pause_alone(tiny_corpus
 ])
 def test_bad_join_options_are_refused_by_name(tiny_corpus, options, message):
     with pytest.raises(ValueError, match=message):
-        validate_data_config(config(tiny_corpus, **options))
+        config(tiny_corpus, **options)   # a DataConfig checks its values when it is made
 
 
 def test_streaming_refuses_joined_examples(tiny_corpus):

@@ -10,12 +10,13 @@ import pytest
 import soundfile
 from lhotse import CutSet
 
-from asr.data import feature_stats
-from asr.data.datamodule import DataConfig, SpeechDataModule
-from asr.data.feature_cache import FeatureStore, feature_directory, precompute_features
-from asr.data.feature_stats import statistics_sample
-from asr.data.features import FilterBank
-from asr.data.manifests import ManifestError, cuts_path, load_cuts
+from asr.data.features import feature_stats
+from asr.data.config import DataConfig
+from asr.data.datamodule import SpeechDataModule
+from asr.data.features.feature_cache import FeatureStore, feature_directory, precompute_features
+from asr.data.features.feature_stats import statistics_sample
+from asr.data.features.features import FilterBank
+from asr.data.corpus.manifests import ManifestError, cuts_path, load_cuts
 from asr.benchmarks.scaled_corpus import copy_id, replicate_feature_cache, write_scaled_cuts
 
 

@@ -9,10 +9,10 @@ import scipy.signal
 import torch
 from lhotse import CutSet
 
-from asr.data.features import FilterBank
-from asr.data.speaker_change import SpeakerChange, change_speaker, draw_speaker_change, pitch_track
-from asr.data.waveform_augmentation import (AugmentConfig, WaveformAugmenter, transforms_on_the_fly,
-                                            validate_augment_config)
+from asr.data.features.features import FilterBank
+from asr.data.augment.speaker_change import SpeakerChange, change_speaker, draw_speaker_change, pitch_track
+from asr.data.augment.waveform_augmentation import (AugmentConfig, WaveformAugmenter, transforms_on_the_fly,
+                                                    validate_augment_config)
 
 SR = 16000
 FORMANTS = (700.0, 1200.0, 2600.0)
@@ -185,7 +185,8 @@ def test_bad_speaker_values_are_refused_naming_the_key_and_the_allowed_range(opt
 
 
 def test_training_batches_with_speakers_repeat_with_workers_and_evaluation_batches_are_untouched(tiny_corpus):
-    from asr.data.datamodule import DataConfig, SpeechDataModule
+    from asr.data.config import DataConfig
+    from asr.data.datamodule import SpeechDataModule
 
     def batches(loader_of, **overrides):
         cfg = DataConfig(corpus="tiny", root=str(tiny_corpus), max_duration=8.0, progress=False, feature_jobs=1,

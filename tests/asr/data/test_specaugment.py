@@ -1,8 +1,9 @@
 import numpy as np
 import torch
 
-from asr.data.augmentation import SpecAugment
-from asr.data.datamodule import DataConfig, SpeechDataModule
+from asr.data.augment.specaugment import SpecAugment
+from asr.data.config import DataConfig
+from asr.data.datamodule import SpeechDataModule
 
 FILL = torch.arange(40, dtype=torch.float32) * -1.0 - 100.0  # distinct from every feature value
 

@@ -1,5 +1,5 @@
-"""The streaming data path: shards prepared once (asr.data.stream_shards) and batched window by
-window (asr.data.stream_sampler), checked against the manifest and the eager path on a tiny corpus
+"""The streaming data path: shards prepared once (asr.data.streaming.stream_shards) and batched window by
+window (asr.data.batching.stream_sampler), checked against the manifest and the eager path on a tiny corpus
 whose every cut, duration and transcript is known."""
 from __future__ import annotations
 
@@ -15,13 +15,15 @@ import torch
 from lhotse import load_manifest
 from synthetic_corpus import make_utterances, write_corpus
 
-from asr.data.datamodule import DataConfig, SpeechDataModule
-from asr.data.feature_cache import feature_directory
-from asr.data.features import FilterBank
-from asr.data.manifests import ManifestError, cuts_path
-from asr.data.stream_sampler import StreamingBucketSampler, plan_buckets
-from asr.data.stream_preparation import prepare_stream
-from asr.data.stream_shards import StreamIndex, read_records, shard_name, stream_folder
+from asr.data.config import DataConfig
+
+from asr.data.datamodule import SpeechDataModule
+from asr.data.features.feature_cache import feature_directory
+from asr.data.features.features import FilterBank
+from asr.data.corpus.manifests import ManifestError, cuts_path
+from asr.data.batching.stream_sampler import StreamingBucketSampler, plan_buckets
+from asr.data.streaming.stream_preparation import prepare_stream
+from asr.data.streaming.stream_shards import StreamIndex, read_records, shard_name, stream_folder
 
 SHARD_CUTS = 5
 MAX_DURATION = 8.0
@@ -212,7 +214,7 @@ def test_without_shuffling_the_shards_and_buckets_keep_their_order(index):
 def streamed_module(corpus, **options) -> SpeechDataModule:
     config = dict(corpus="tiny", root=str(corpus), progress=False, stream_shard_cuts=SHARD_CUTS,
                   stream_window_shards=2, max_duration=MAX_DURATION, **options)
-    return SpeechDataModule(config, frame_subsampling=2)
+    return SpeechDataModule(DataConfig.of(config), frame_subsampling=2)
 
 
 def test_auto_streams_a_corpus_whose_shards_are_prepared_and_options_it_cannot_take_are_named(corpus, index, tmp_path):
@@ -313,7 +315,7 @@ def test_a_scaled_stream_repeats_the_shards_under_new_ids_with_the_same_frames(i
         original = source[record[0].rsplit("-x", 1)[0]]
         assert record[1:] == original[1:]                                   # duration, frames, offsets, words
     first, again = next(iter(copy.cuts_of(0))), next(iter(copy.cuts_of(9)))
-    from asr.data.stream_shards import StreamedFeatures
+    from asr.data.streaming.stream_shards import StreamedFeatures
     assert torch.equal(StreamedFeatures(copy.folder).load(first), StreamedFeatures(copy.folder).load(again))
     assert (tmp_path / "scaled" / "shard-000009.lilcom").stat().st_ino == (index.folder / "shard-000000.lilcom").stat().st_ino
     assert sorted(real_ids(sampler(copy))) == sorted(r[0] for r in records)

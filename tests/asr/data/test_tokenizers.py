@@ -4,7 +4,7 @@ import string
 import pytest
 
 from asr.text.phones import ARPABET_39
-from asr.data.tokenizers import UnknownTokenError, build_tokenizer, tokenizer_from_state_dict
+from asr.data.splits.tokenizers import UnknownTokenError, build_tokenizer, tokenizer_from_state_dict
 
 TRAIN_TEXT = [
     "the cat sat on the mat", "a quick brown fox jumps over the lazy dog", "don't stop believing",

@@ -7,10 +7,12 @@ import numpy as np
 import pytest
 import torch
 
-from asr.data.datamodule import DataConfig, SpeechDataModule
-from asr.data.features import FilterBank
-from asr.data.vtlp import VocalTractLengthPerturbation, unwarp_frequency, warp_frequency
-from asr.data.waveform_augmentation import AugmentConfig, validate_augment_config
+from asr.data.config import DataConfig
+
+from asr.data.datamodule import SpeechDataModule
+from asr.data.features.features import FilterBank
+from asr.data.augment.vtlp import VocalTractLengthPerturbation, unwarp_frequency, warp_frequency
+from asr.data.augment.waveform_augmentation import AugmentConfig, validate_augment_config
 
 TOP = 8000.0
 ALPHAS = (0.8, 0.9, 1.1, 1.25)

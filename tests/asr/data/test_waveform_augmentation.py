@@ -11,11 +11,12 @@ import torch
 from lhotse import MonoCut, Recording
 from synthetic_corpus import make_utterances, write_corpus
 
-from asr.data import waveform_augmentation as wa
-from asr.data.datamodule import DataConfig, SpeechDataModule, as_data_config
-from asr.data.features import FilterBank
-from asr.data.tokenizers import encode_transcripts
-from asr.data.waveform_augmentation import AugmentConfig, WaveformAugmenter, validate_augment_config
+from asr.data.augment import waveform_augmentation as wa
+from asr.data.config import DataConfig
+from asr.data.datamodule import SpeechDataModule
+from asr.data.features.features import FilterBank
+from asr.data.splits.tokenizers import encode_transcripts
+from asr.data.augment.waveform_augmentation import AugmentConfig, WaveformAugmenter, validate_augment_config
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -199,7 +200,7 @@ def test_a_missing_noise_source_is_refused_by_training_only():
 
 def test_unknown_augment_key_is_refused_listing_the_options():
     with pytest.raises(ValueError, match=r"unknown data.augment options \['reverb'\]; the options are: channel_prob"):
-        as_data_config({"augment": {"reverb": 0.5}})
+        DataConfig.of({"augment": {"reverb": 0.5}})
 
 
 @pytest.mark.parametrize("override, message", [

@@ -42,9 +42,9 @@ from dataclasses import dataclass, field
 import numpy as np
 from lhotse import CutSet
 
-from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures
-from asr.data.features import SAMPLING_RATE, FilterBank
-from asr.data.manifests import ManifestError, listing, transcript
+from asr.data.features.feature_cache import OnTheFlyFeatures, StoredFeatures
+from asr.data.features.features import SAMPLING_RATE, FilterBank
+from asr.data.corpus.manifests import ManifestError, listing, transcript
 
 log = logging.getLogger(__name__)
 

@@ -18,7 +18,7 @@ import torch
 
 @dataclass
 class SpecAugment:
-    # No defaults: they live in the data config's schema (asr.data.datamodule.DataConfig).
+    # No defaults: they live in the data config's schema (asr.data.config.DataConfig).
     freq_masks: int
     freq_mask_width: int
     time_masks: int

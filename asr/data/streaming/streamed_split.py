@@ -1,4 +1,4 @@
-"""A streamed split on its way to batches: its prepared shards (asr.data.stream_shards), its
+"""A streamed split on its way to batches: its prepared shards (asr.data.streaming.stream_shards), its
 tokenizers and the checks of its transcripts, all from the split's index - no cut is read here.
 
 What the eager path does per cut at every start (asr.data.datamodule, steps 1-4) was done once
@@ -7,7 +7,7 @@ when the shards were written; what is left:
   sentencepiece (`stream_tokenizers`);
 - every symbol the split's transcripts use against the tokenizers' tables (the index lists them),
   and phones present where phones are a target (`check_stream_transcripts`);
-- CTC feasibility: per batch, when it is built (asr.data.dataset: a training batch leaves such
+- CTC feasibility: per batch, when it is built (asr.data.batching.dataset: a training batch leaves such
   utterances out and says so; dev and test keep them, as the eager path does).
 """
 from __future__ import annotations
@@ -18,12 +18,12 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asr.data.features import FilterBank
-from asr.data.manifests import ManifestError
-from asr.data.stream_preparation import prepare_stream
-from asr.data.stream_shards import StreamedFeatures, StreamIndex
-from asr.data.tokenizers import Tokenizer, UnknownTokenError, build_tokenizer
-from asr.data.waveform_augmentation import speed_factors, transforms_on_the_fly
+from asr.data.features.features import FilterBank
+from asr.data.corpus.manifests import ManifestError
+from asr.data.streaming.stream_preparation import prepare_stream
+from asr.data.streaming.stream_shards import StreamedFeatures, StreamIndex
+from asr.data.splits.tokenizers import Tokenizer, UnknownTokenError, build_tokenizer
+from asr.data.augment.waveform_augmentation import speed_factors, transforms_on_the_fly
 from asr.text.phones import DEFAULT_PHONE_SET, PHONE_SETS
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 @dataclass
 class StreamedSplit:
-    """A split read from its shards: the counterpart of asr.data.cut_checks.SplitData."""
+    """A split read from its shards: the counterpart of asr.data.splits.cut_checks.SplitData."""
 
     name: str
     index: StreamIndex

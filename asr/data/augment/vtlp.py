@@ -26,7 +26,7 @@ that W moves onto the bin's centre c_m:
     p_m = (mel(W^-1(c_m)) - mel_low) / delta - 1     the fractional bin it reads, clamped to [0, M - 1]
     y[t, m] = (1 - w) x[t, floor(p_m)] + w x[t, floor(p_m) + 1],   w = p_m - floor(p_m)
 
-with mel(f) = 1127 ln(1 + f / 700) (asr/data/features.py).
+with mel(f) = 1127 ln(1 + f / 700) (asr/data/features/features.py).
 
 Decisions where the paper is silent (it recomputes the filter bank with warped centres from audio):
 - On cached features the log-mel energies are interpolated linearly along the mel-bin axis, in the
@@ -52,7 +52,7 @@ from typing import Sequence
 import numpy as np
 import torch
 
-from asr.data.features import FilterBank, inverse_mel_scale, mel_filter_range, mel_scale
+from asr.data.features.features import FilterBank, inverse_mel_scale, mel_filter_range, mel_scale
 
 BREAKPOINT_SHARE = 0.6   # F_hi / top: Jaitly & Hinton's 4800 Hz at an 8 kHz top
 

@@ -10,7 +10,7 @@ What is wrong with an utterance falls in two groups:
 - problems of the manifest as a whole (file missing, a cut without exactly one supervision, no phones
   field while phone targets are asked for): `ManifestError` at once;
 - problems of single utterances (empty transcript, missing/corrupt audio, a sampling rate other than
-  16 kHz, too short or too long): found and dealt with in `asr.data.cut_checks`.
+  16 kHz, too short or too long): found and dealt with in `asr.data.splits.cut_checks`.
 """
 
 from __future__ import annotations
@@ -22,8 +22,8 @@ from pathlib import Path
 from lhotse import CutSet
 from lhotse.cut import MixedCut
 
-from asr.data.command_sources import CommandNotAllowedError, recording_commands, refuse_command
-from asr.data.corpus_recipes import preparation_hint
+from asr.data.audio.command_sources import CommandNotAllowedError, recording_commands, refuse_command
+from asr.data.corpus.corpus_recipes import preparation_hint
 
 
 # How many offending items an error message lists before it says "and N more".
@@ -103,7 +103,7 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
               limit: int | None = None, allow_commands: bool = False) -> CutSet:
     """Read `{root}/{corpus}_cuts_{split}.jsonl.gz` into memory (the first `limit` cuts when given),
     check its structure and make audio paths absolute. A recording whose audio comes from a shell
-    command is a ManifestError unless `allow_commands` (data.allow_commands; asr.data.command_sources)."""
+    command is a ManifestError unless `allow_commands` (data.allow_commands; asr.data.audio.command_sources)."""
     root = corpus_root(root)
     path = cuts_path(root, corpus, split)
     if not path.is_file():
@@ -155,7 +155,7 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
 
 
 class StreamCut:
-    """One utterance of a streamed split (asr.data.stream_shards): what a batch needs, nothing else
+    """One utterance of a streamed split (asr.data.streaming.stream_shards): what a batch needs, nothing else
     (~0.9 KB in memory, where a lhotse cut takes ~2.7 KB)."""
 
     __slots__ = ("id", "duration", "num_frames", "offset", "length", "text", "phones", "shard")
@@ -170,7 +170,7 @@ class StreamCut:
 
 def transcript(cut, field: str) -> str:
     """The supervision field a tokenizer reads: 'text' (words) or 'phones'. A joined training example
-    (a MixedCut, asr.data.joined_examples) reads its utterances' fields joined with a space."""
+    (a MixedCut, asr.data.batching.joined_examples) reads its utterances' fields joined with a space."""
     if isinstance(cut, StreamCut):
         return cut.transcript(field)
     if isinstance(cut, MixedCut):

@@ -16,8 +16,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from asr.data.audio_source import AudioSource
-from asr.data.command_sources import CommandNotAllowedError, refuse_command
+from asr.data.audio.audio_source import AudioSource
+from asr.data.audio.command_sources import CommandNotAllowedError, refuse_command
 
 
 class KaldiDataDirError(ValueError):
@@ -69,7 +69,7 @@ def read_kaldi_data_dir(path: str | Path, require_utt2spk: bool = True, allow_co
     """Reads a data directory. With require_utt2spk=False a missing utt2spk means every
     utterance is its own speaker (enough for scoring a model on a user's audio). A wav.scp pipe
     (`... |`) runs a shell command, so it is a KaldiDataDirError naming its line and `allow_option`
-    unless `allow_commands` (asr.data.command_sources)."""
+    unless `allow_commands` (asr.data.audio.command_sources)."""
     path = Path(path)
     required = ("wav.scp", "text", "utt2spk") if require_utt2spk else ("wav.scp", "text")
     needs = (f"a data directory is a folder holding {', '.join(required[:-1])} and {required[-1]}, as written by "

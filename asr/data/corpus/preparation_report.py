@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from asr.data.manifests import manifest_path
+from asr.data.corpus.manifests import manifest_path
 
 SPLITS = ("train", "dev", "test")  # every recipe writes these; some add more (librispeech: dev_other, ...)
 REPORT_PROBLEM_LIMIT = 2000  # problems listed one by one in the report file; all are counted

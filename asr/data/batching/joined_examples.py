@@ -11,7 +11,7 @@ Grouping (`join_utterances`), once per run, on the training split only:
   on a spread of long lengths, not one; an utterance longer than its draw is an example alone. Every
   utterance is in exactly one example.
 - the examples are fixed for the run: the sampler shuffles and buckets them by duration each epoch
-  as it does utterances (asr.data.batching), so epochs, DDP shares and resumed runs stay what they
+  as it does utterances (asr.data.batching.duration_buckets), so epochs, DDP shares and resumed runs stay what they
   are for utterances; what varies per epoch inside an example is each utterance's augmentation.
 
 An example is a lhotse MixedCut whose tracks are its utterances at their offsets (the pause left as
@@ -24,7 +24,7 @@ samples inside a recording gives away from its edges (so what a long recording o
 with silent pauses holds between them), and what the synthetic voices' own trailing silences are. (Real recordings pause
 on their noise floor instead; their utterances' own quiet frames would be the closer pause there.)
 
-Targets (`asr.data.manifests.transcript` of a MixedCut): the utterances' transcripts joined with a
+Targets (`asr.data.corpus.manifests.transcript` of a MixedCut): the utterances' transcripts joined with a
 space, then encoded as any transcript: phone ids concatenated, characters with the space id
 between utterances, sentencepiece with the word-start piece of the next utterance's first word.
 """
@@ -40,7 +40,7 @@ import torch
 from lhotse.cut import MixedCut
 from lhotse.cut.mixed import MixTrack
 
-from asr.data.features import FilterBank
+from asr.data.features.features import FilterBank
 
 JOIN_BY = ("speaker", "none")
 

@@ -1,8 +1,8 @@
-"""Writing a split's streaming shards (the layout: asr.data.stream_shards): `prepare_stream`, resumable
+"""Writing a split's streaming shards (the layout: asr.data.streaming.stream_shards): `prepare_stream`, resumable
 shard by shard, then the index from the shards' summaries.
 
-Per cut, once, here: the structure checks of asr.data.manifests, empty transcripts (left out and
-counted), the audio checks of asr.data.cut_checks (bad audio is left out and listed; the index is
+Per cut, once, here: the structure checks of asr.data.corpus.manifests, empty transcripts (left out and
+counted), the audio checks of asr.data.splits.cut_checks (bad audio is left out and listed; the index is
 written only with `skip_bad_audio`, as data.skip_bad_audio says), the features, the duration (its
 bucket), the transcripts (stored normalised as the manifest has them; a batch encodes its own).
 Per training start: the index, the tokenizers (phones and chars from the index; sentencepiece from
@@ -29,16 +29,16 @@ from lhotse import CutSet
 from lhotse.serialization import deserialize_item
 
 from asr.core.fault_injection import pause_point
-from asr.data.command_sources import (COMMAND_SOURCE_TYPE, CommandNotAllowedError, recording_commands,
-                                     refuse_command)
-from asr.data.cut_checks import UtteranceProblems, find_bad_audio, find_empty_transcripts
-from asr.data.feature_cache import (compress_frames, filterbank_worker_options, load_waveform, single_torch_thread,
-                                    write_atomic)
-from asr.data.feature_stats import FeatureStats
-from asr.data.features import SAMPLING_RATE, FilterBank
-from asr.data.manifests import ManifestError, listing, transcript, with_absolute_sources
-from asr.data.stream_shards import (DURATION_GRID, FORMAT, MAX_SHARD_CUTS, StreamIndex, duration_bin, read_records,
-                                    shard_name, source_key)
+from asr.data.audio.command_sources import (COMMAND_SOURCE_TYPE, CommandNotAllowedError, recording_commands,
+                                            refuse_command)
+from asr.data.splits.cut_checks import UtteranceProblems, find_bad_audio, find_empty_transcripts
+from asr.data.features.feature_cache import (compress_frames, filterbank_worker_options, load_waveform, single_torch_thread,
+                                             write_atomic)
+from asr.data.features.feature_stats import FeatureStats
+from asr.data.features.features import SAMPLING_RATE, FilterBank
+from asr.data.corpus.manifests import ManifestError, listing, transcript, with_absolute_sources
+from asr.data.streaming.stream_shards import (DURATION_GRID, FORMAT, MAX_SHARD_CUTS, StreamIndex, duration_bin, read_records,
+                                              shard_name, source_key)
 
 TEXT_SAMPLE = 100_000        # transcripts kept for training a sentencepiece tokenizer
 ID_HASH_BYTES = 8
@@ -169,7 +169,7 @@ def prepare_stream(manifest: Path, root: Path, folder: Path, filterbank: FilterB
                    description: str = "shards", allow_commands: bool = False) -> "StreamIndex":
     """Write the shards of `manifest` that are missing or stale, then the index; returns the index.
     Finished shards are kept whatever fails later (the next call resumes). A cut whose audio comes
-    from a shell command is a ManifestError unless `allow_commands` (asr.data.command_sources),
+    from a shell command is a ManifestError unless `allow_commands` (asr.data.audio.command_sources),
     found before any shard is written."""
     from tqdm.auto import tqdm
 

@@ -5,8 +5,8 @@ WAV file (`sph2pipe -f wav -p -c 1 /corpus/sw02001.sph |`). `AudioSource.load()`
 int16 samples. A `sph2pipe` command is run as written when sph2pipe is installed; when it is not,
 we read the SPHERE file it names ourselves (sphere.py), so Kaldi data directories prepared on
 another machine work here without sph2pipe. A wav.scp pipe is read at all only with
-data.allow_commands=true (asr.data.kaldi_dir refuses it otherwise); each command that runs is logged
-the first time (asr.data.command_sources).
+data.allow_commands=true (asr.data.corpus.kaldi_dir refuses it otherwise); each command that runs is logged
+the first time (asr.data.audio.command_sources).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import soundfile
 
-from asr.data.command_sources import announce_command
-from asr.data.sphere import SphereError, is_sphere, read_sphere
+from asr.data.audio.command_sources import announce_command
+from asr.data.audio.sphere import SphereError, is_sphere, read_sphere
 
 
 class AudioSourceError(Exception):

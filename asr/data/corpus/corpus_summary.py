@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 from lhotse import CutSet
 
-from asr.data.corpus import Corpus
+from asr.data.corpus.corpus import Corpus
 
 
 @dataclass

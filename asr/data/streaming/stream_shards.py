@@ -2,13 +2,13 @@
 
 The eager path (asr.data.datamodule) reads, checks and tokenises every cut of a split at every
 training start and keeps them in memory: at 10,000 h that is 12.5 GB and 6.6 minutes per process
-(asr/RESULTS.md, "Scale"). A streamed split does that work once (asr.data.stream_preparation) and
-keeps in memory only the window of shards it is batching (asr.data.stream_sampler).
+(asr/RESULTS.md, "Scale"). A streamed split does that work once (asr.data.streaming.stream_preparation) and
+keeps in memory only the window of shards it is batching (asr.data.batching.stream_sampler).
 
 Layout, under `{cache}/{FilterBank.cache_key}/{split}/stream/` (beside the eager cache's shards):
 
     shard-000000.lilcom           the lilcom-compressed frames of up to `shard_cuts` cuts, one blob per
-                                  cut, concatenated (the eager cache's encoding, asr.data.feature_cache)
+                                  cut, concatenated (the eager cache's encoding, asr.data.features.feature_cache)
     shard-000000.cuts.jsonl.gz    one JSON list per cut: [id, duration, frames, byte offset, byte length,
                                   words, phones] - all a batch needs (no audio path: features only)
     shard-000000.json             the shard's summary, written last (a shard without it is unfinished):
@@ -23,7 +23,7 @@ out), so preparation resumes shard by shard: a rerun skips finished shards (read
 lines without parsing them) and redoes the rest. Shards of another source (its size or mtime
 changed) are redone.
 
-Writing them: asr.data.stream_preparation (what is checked per cut, and when).
+Writing them: asr.data.streaming.stream_preparation (what is checked per cut, and when).
 """
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ from pathlib import Path
 
 import numpy as np
 
-from asr.data.feature_stats import FeatureStats
-from asr.data.manifests import ManifestError, StreamCut
+from asr.data.features.feature_stats import FeatureStats
+from asr.data.corpus.manifests import ManifestError, StreamCut
 
 FORMAT = 1
 DURATION_GRID = 0.1          # seconds per histogram bin: bin j holds durations in (j*grid, (j+1)*grid]

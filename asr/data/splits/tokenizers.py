@@ -32,7 +32,7 @@ from typing import Callable, Iterable, Sequence
 
 from lhotse import CutSet
 
-from asr.data.manifests import ManifestError, listing, transcript
+from asr.data.corpus.manifests import ManifestError, listing, transcript
 from asr.text.phones import DEFAULT_PHONE_SET, PHONE_SETS, strip_stress
 
 log = logging.getLogger(__name__)
@@ -265,7 +265,7 @@ def build_tokenizers(kinds: Sequence[str], train_cuts: CutSet, split: str, sente
 
 
 def encode_transcripts(cut, tokenizers: dict[str, Tokenizer]) -> dict[str, list[int]]:
-    """{kind: token ids} of one cut's transcripts: what its batch holds (asr.data.dataset)."""
+    """{kind: token ids} of one cut's transcripts: what its batch holds (asr.data.batching.dataset)."""
     return {kind: tokenizer.encode(transcript(cut, tokenizer.field)) for kind, tokenizer in tokenizers.items()}
 
 

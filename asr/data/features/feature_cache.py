@@ -1,5 +1,5 @@
 """Filter-bank features on disk (the mean/variance statistics of the training features, cached beside
-them: asr.data.feature_stats).
+them: asr.data.features.feature_stats).
 
 Layout, under `{cache}/{FilterBank.cache_key}/`, where `{cache}` is `data.cache_dir` or, by default,
 `{data.root}/features` (the key changes with any feature option, so 40- and 80-dim features, say,
@@ -51,8 +51,8 @@ import lilcom
 import numpy as np
 import torch
 
-from asr.data.command_sources import announce_recording_commands
-from asr.data.features import FilterBank
+from asr.data.audio.command_sources import announce_recording_commands
+from asr.data.features.features import FilterBank
 from asr.core.fault_injection import pause_point
 
 SHARD_CUTS = 256
@@ -99,7 +99,7 @@ def recordings_read_by(cut) -> list:
 def load_waveform(cut) -> np.ndarray:
     """The cut's samples (1-D float32); RuntimeError naming the cut and its file if they cannot be read
     or are not all finite (NaN or infinite samples would make NaN features, and an empty transcript).
-    Audio from a shell command gets here only with data.allow_commands (asr.data.command_sources),
+    Audio from a shell command gets here only with data.allow_commands (asr.data.audio.command_sources),
     which logs each command the first time it runs."""
     recordings = recordings_read_by(cut)
     paths = ", ".join(str(s.source) for r in recordings for s in r.sources if s.type == "file") or "non-file source"

@@ -1,11 +1,11 @@
-"""Batches of a streamed split (asr.data.stream_shards): duration buckets over windows of shards,
+"""Batches of a streamed split (asr.data.streaming.stream_shards): duration buckets over windows of shards,
 each process reading only its own windows, with a position that resumes mid-epoch exactly.
 
 **Buckets** (`plan_buckets`) are chosen at start-up from the split's duration histogram (the index,
 0.1 s bins), each holding about the same total duration as lhotse's estimate_duration_buckets does
 over the cuts; bucket i holds durations up to bound_i, the top of its last bin, and a batch of it
 holds rows_i = floor(data.max_duration / bound_i) utterances (the duration cap of
-asr.data.batching's BucketBoundedDuration, strictly).
+asr.data.batching.duration_buckets's BucketBoundedDuration, strictly).
 
 **An epoch** (`epoch_plan`): the shards in an order drawn from (seed, epoch), cut into *windows* of
 `window_shards` consecutive shards. A window's batches: its cuts read, shuffled with (seed, epoch,
@@ -21,7 +21,7 @@ keep their order.
 **Processes** (DDP): the windows not yet finished are dealt out in turn, process r taking the r-th,
 (r + world_size)-th, ... of them; every process reads only its windows' shards. All take the same
 number of steps, the largest share's: a process that runs out first takes *padding* batches (one
-utterance of its last batch, `padding=True`, as in asr.data.batching) that the model runs but
+utterance of its last batch, `padding=True`, as in asr.data.batching.duration_buckets) that the model runs but
 neither counts nor learns from. So an epoch covers every utterance exactly once; the cost is the
 padding steps, at most one window's batches per process per epoch.
 
@@ -40,9 +40,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from asr.data.batching import EpochBatch, FixedBatchShapes
-from asr.data.manifests import StreamCut
-from asr.data.stream_shards import StreamIndex, duration_bin
+from asr.data.batching.duration_buckets import EpochBatch, FixedBatchShapes
+from asr.data.corpus.manifests import StreamCut
+from asr.data.streaming.stream_shards import StreamIndex, duration_bin
 
 
 @dataclass(frozen=True)

@@ -10,16 +10,16 @@ import torch
 
 from lhotse import CutSet
 
-from asr.data.augmentation import SpecAugment
-from asr.data.batching import EpochBatch, pad_to_shape
-from asr.data.cut_checks import ctc_min_frames
-from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures, single_torch_thread
-from asr.data.joined_examples import Pause, join_rows, utterances_of
-from asr.data.manifests import listing, transcript
-from asr.data.stream_shards import StreamedFeatures
-from asr.data.tokenizers import Tokenizer, encode_transcripts
-from asr.data.vtlp import VocalTractLengthPerturbation
-from asr.data.waveform_augmentation import WaveformAugmenter
+from asr.data.augment.specaugment import SpecAugment
+from asr.data.batching.duration_buckets import EpochBatch, pad_to_shape
+from asr.data.splits.cut_checks import ctc_min_frames
+from asr.data.features.feature_cache import OnTheFlyFeatures, StoredFeatures, single_torch_thread
+from asr.data.batching.joined_examples import Pause, join_rows, utterances_of
+from asr.data.corpus.manifests import listing, transcript
+from asr.data.streaming.stream_shards import StreamedFeatures
+from asr.data.splits.tokenizers import Tokenizer, encode_transcripts
+from asr.data.augment.vtlp import VocalTractLengthPerturbation
+from asr.data.augment.waveform_augmentation import WaveformAugmenter
 
 log = logging.getLogger(__name__)
 
@@ -29,14 +29,14 @@ class Batch(TypedDict):
     features: torch.Tensor                  # (B, T, F) float32 log-mel fbank, NOT normalised, 0 past each length
     feature_lengths: torch.Tensor           # (B,) int64
     # With data.fixed_batch_shapes, features and feature_lengths have more rows than the batch has
-    # utterances (len(ids)): the rows past them are padding (asr.data.batching.FixedBatchShapes).
+    # utterances (len(ids)): the rows past them are padding (asr.data.batching.duration_buckets.FixedBatchShapes).
     targets: dict[str, torch.Tensor]        # {kind: (B, S) int64}, padded with 0 (the blank)
     target_lengths: dict[str, torch.Tensor]  # {kind: (B,) int64}
     ids: list[str]                          # cut ids
     texts: list[str]                        # normalised words
     phones: list[str]                       # space-separated phones
     # A stand-in batch of a DDP rank with nothing left to do in an epoch's last round
-    # (asr.data.batching): the model runs it but neither counts nor learns from it.
+    # (asr.data.batching.duration_buckets): the model runs it but neither counts nor learns from it.
     padding: bool
 
 
@@ -59,20 +59,20 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
     `tokenizers`: {kind: tokenizer}; a batch's transcripts are encoded when it is built (every
     transcript was checked once when the split was loaded: `tokenizers.check_transcripts`).
     `augmenter` (training only) transforms the audio of the utterances it draws a transform for
-    (their features are then computed from it; asr.data.waveform_augmentation), seeded per
+    (their features are then computed from it; asr.data.augment.waveform_augmentation), seeded per
     utterance from (seed, epoch, cut id); `vtlp` (training only) then warps the frequency axis of
     the utterances it draws a warp for, seeded the same way. `specaugment` (training only) masks with `fill` (the
     global feature mean). Its random draws are seeded from (seed, epoch, the batch's cut ids), so a run is repeatable - with any number of
     workers, and after resuming from a checkpoint - and every epoch draws fresh masks.
 
-    The index is an `EpochBatch` (what `asr.data.batching`'s and `asr.data.stream_sampler`'s samplers
+    The index is an `EpochBatch` (what `asr.data.batching.duration_buckets`'s and `asr.data.batching.stream_sampler`'s samplers
     yield) or a plain CutSet/list of cuts (taken as epoch 0); a streamed split's cuts are StreamCuts.
 
     `ctc_frame_subsampling` (a streamed training split): utterances whose targets need more encoder
     frames than they have are left out of their batch and logged - what the eager path does once per
-    split (asr.data.cut_checks.drop_ctc_infeasible); a batch left empty becomes a padding batch.
+    split (asr.data.splits.cut_checks.drop_ctc_infeasible); a batch left empty becomes a padding batch.
 
-    Joined training examples (MixedCuts, asr.data.joined_examples; `pause` says what goes between
+    Joined training examples (MixedCuts, asr.data.batching.joined_examples; `pause` says what goes between
     their utterances): every augmentation applies to each utterance as it would alone - its waveform
     transforms, its VTLP warp, its SpecAugment masks (drawn from the batch's utterance ids, so the
     density of masks per second stays what it is for single utterances); the utterances are then
@@ -91,7 +91,7 @@ class SpeechBatchDataset(torch.utils.data.Dataset):
         self.fill = fill
         self.seed = seed
         self.augmenter = augmenter
-        self.vtlp = vtlp   # training only: warps the features' frequency axis per utterance (asr/data/vtlp.py)
+        self.vtlp = vtlp   # training only: warps the features' frequency axis per utterance (asr/data/augment/vtlp.py)
         self.ctc_frame_subsampling = ctc_frame_subsampling
         self.pause = pause   # between the utterances of a joined example
 

@@ -11,7 +11,7 @@ with lhotse's own cut methods (lhotse 1.33), to training utterances only:
              has len(speed) times as many utterances.
     speaker  with probability `speaker_prob`, another speaker: formants times r and the median
              pitch times p (Praat's Change gender through praat-parselmouth;
-             asr/data/speaker_change.py says how they are drawn).
+             asr/data/augment/speaker_change.py says how they are drawn).
     reverb   `cut.reverb_rir(rir)` (lhotse's ReverbWithImpulseResponse) with probability
              `reverb_prob`: a room response from `rir_source`, or a simulated room (see below).
     noise    `cut.mix(noise, snr)` with probability `noise_prob`, the SNR uniform in `noise_snr`
@@ -26,8 +26,8 @@ with lhotse's own cut methods (lhotse 1.33), to training utterances only:
     volume   `cut.perturb_volume(g)` with probability `volume_prob`, g log-uniform in `volume_range`.
 
 They apply in that order (speed, speaker, room, noise in the room's output, then the line or codec,
-then the level). Vocal tract length perturbation (asr/data/vtlp.py, `vtlp_prob`) and SpecAugment
-(asr/data/augmentation.py) come after, on the features of the batch.
+then the level). Vocal tract length perturbation (asr/data/augment/vtlp.py, `vtlp_prob`) and SpecAugment
+(asr/data/augment/specaugment.py) come after, on the features of the batch.
 
 Decisions where lhotse does not serve us:
 - Simulated rooms: lhotse's `FastRandomRIRGenerator` needs torchaudio (`highpass_biquad`), which
@@ -62,11 +62,11 @@ import soundfile
 import torch
 from lhotse import CutSet, MonoCut, Recording, RecordingSet, load_manifest
 
-from asr.data.command_sources import CommandNotAllowedError, announce_command, recording_commands, refuse_command
-from asr.data.manifests import ManifestError
-from asr.data.feature_cache import OnTheFlyFeatures, StoredFeatures, load_waveform, single_torch_thread
-from asr.data.features import SAMPLING_RATE, FilterBank
-from asr.data.speaker_change import change_speaker, draw_speaker_change, require_parselmouth
+from asr.data.audio.command_sources import CommandNotAllowedError, announce_command, recording_commands, refuse_command
+from asr.data.corpus.manifests import ManifestError
+from asr.data.features.feature_cache import OnTheFlyFeatures, StoredFeatures, load_waveform, single_torch_thread
+from asr.data.features.features import SAMPLING_RATE, FilterBank
+from asr.data.augment.speaker_change import change_speaker, draw_speaker_change, require_parselmouth
 
 GENERATED_NOISES = ("white", "pink", "brown", "babble")
 BABBLE_TALKERS = 3
@@ -86,7 +86,7 @@ FACTOR_RANGE_LIMITS = {"speaker_formant_range": (0.5, 2.0), "speaker_pitch_range
 @dataclass
 class AugmentConfig:
     """The `data.augment:` section: waveform augmentation of training utterances (lhotse's transforms;
-    asr/data/waveform_augmentation.py). Everything off by default."""
+    asr/data/augment/waveform_augmentation.py). Everything off by default."""
 
     # speed perturbation factors: each factor other than 1 adds a perturbed copy of the training set (Kaldi's [0.9,1.0,1.1])
     speed: List[float] = field(default_factory=lambda: [1.0])
@@ -98,12 +98,12 @@ class AugmentConfig:
     channel_prob: float = 0.0                # probability of a channel effect: a band limit, a telephone line (8 kHz GSM) or a lossy codec (mp3, vorbis)
     volume_prob: float = 0.0                 # probability of a level change
     volume_range: List[float] = field(default_factory=lambda: [0.125, 2.0])  # [low, high] gain factor, drawn log-uniformly
-    # probability an utterance is given to another speaker: formant and pitch shifts (Praat's Change gender; asr/data/speaker_change.py)
+    # probability an utterance is given to another speaker: formant and pitch shifts (Praat's Change gender; asr/data/augment/speaker_change.py)
     speaker_prob: float = 0.0
     speaker_formant_range: List[float] = field(default_factory=lambda: [0.85, 1.2])   # [low, high] formant ratio (1/vocal tract length), drawn log-uniformly
     speaker_pitch_range: List[float] = field(default_factory=lambda: [0.65, 1.6])     # [low, high] factor of the median F0, drawn log-uniformly
     speaker_intonation_range: List[float] = field(default_factory=lambda: [0.8, 1.25])  # [low, high] factor of F0's excursions around its median
-    # probability an utterance's features are warped in frequency: vocal tract length perturbation on the filter banks (asr/data/vtlp.py)
+    # probability an utterance's features are warped in frequency: vocal tract length perturbation on the filter banks (asr/data/augment/vtlp.py)
     vtlp_prob: float = 0.0
     vtlp_warp_range: List[float] = field(default_factory=lambda: [0.8, 1.25])   # [low, high] warp factor alpha, drawn log-uniformly (>1: formants up)
 
@@ -148,7 +148,7 @@ def speed_factors(cfg: AugmentConfig) -> list[float]:
 
 def transforms_on_the_fly(cfg: AugmentConfig) -> bool:
     """Whether any transform of the audio is drawn per utterance and epoch (everything but speed and
-    VTLP, which warps the features: asr/data/vtlp.py)."""
+    VTLP, which warps the features: asr/data/augment/vtlp.py)."""
     return any(p > 0 for p in (cfg.speaker_prob, cfg.reverb_prob, cfg.noise_prob, cfg.channel_prob, cfg.volume_prob))
 
 

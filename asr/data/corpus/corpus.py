@@ -2,7 +2,7 @@
 and handed down as one object, so no layer re-derives a folder from a string.
 
     corpus = Corpus.of(cfg.data)
-    corpus.cuts_path("train")            # {root}/{name}_cuts_train.jsonl.gz (asr.data.manifests)
+    corpus.cuts_path("train")            # {root}/{name}_cuts_train.jsonl.gz (asr.data.corpus.manifests)
     corpus.real_speech_test              # the real-speech corpus scored after training, or None
 
 Where a real-speech test set lives: in a folder of its own name beside the training corpus's
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Optional
 
-from asr.data.manifests import cuts_path
+from asr.data.corpus.manifests import cuts_path
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ A recipe says
   manifests are missing (the built-in synth corpus, the asterisk evaluation set): called as
   `preparer(root, progress=True, **options)`, options being the config section named by
   `options_section` (synth: `synth_corpus`) when asr.train calls it, none from asr.evaluate. It writes
-  the manifests (`asr.data.manifests.cuts_path`); what it returns is logged.
+  the manifests (`asr.data.corpus.manifests.cuts_path`); what it returns is logged.
 
 Entry points are read from the installed project's metadata, so a change of the group takes effect
 after `pip install --no-build-isolation -e .` (`.ci/install.sh` runs it).

@@ -14,7 +14,7 @@ Audio. Every recording is converted once to 16 kHz mono 16-bit FLAC at `<out>/au
 reads without external tools). The exception is audio that already is 16 kHz mono and readable by
 libsndfile, offered with `reference_if_compatible=True` (LibriSpeech's FLAC): the manifest points at
 the original file instead of copying hundreds of gigabytes. Audio under `<out>` is referenced by a
-path relative to `<out>` (the folder can be moved; asr.data.manifests resolves it), original files
+path relative to `<out>` (the folder can be moved; asr.data.corpus.manifests resolves it), original files
 outside it by absolute paths.
 
 Resumption. A converted file is written under a temporary name and renamed when complete, so a
@@ -50,10 +50,10 @@ from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment,
 from lhotse.audio import AudioSource as LhotseAudioSource
 from tqdm.auto import tqdm
 
-from asr.data.audio_source import AudioMissingError, AudioSource, AudioSourceError
-from asr.data.manifests import manifest_path
-from asr.data.preparation_report import (Problem, build_report, failure_message, ordered_splits, report_path,
-                                        write_json)
+from asr.data.audio.audio_source import AudioMissingError, AudioSource, AudioSourceError
+from asr.data.corpus.manifests import manifest_path
+from asr.data.corpus.preparation_report import (Problem, build_report, failure_message, ordered_splits, report_path,
+                                                write_json)
 
 SAMPLE_RATE = 16000
 _SPLIT_NAME = re.compile(r"^[a-z0-9_]+$")

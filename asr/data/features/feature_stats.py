@@ -1,6 +1,6 @@
 """The global mean/variance statistics of the training features: per filter-bank dimension, over the
 frames of `statistics_sample` of the training split, cached as `{split}/stats-<hash>.json` beside the
-split's features (asr.data.feature_cache) for that exact set of cuts.
+split's features (asr.data.features.feature_cache) for that exact set of cuts.
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 
-from asr.data.feature_cache import SHARD_CUTS, FeatureStore, audio_fingerprint, run_chunks, write_atomic
-from asr.data.features import FilterBank
+from asr.data.features.feature_cache import SHARD_CUTS, FeatureStore, audio_fingerprint, run_chunks, write_atomic
+from asr.data.features.features import FilterBank
 
 # Standard deviations below this are raised to it, so normalising a constant dimension cannot divide by 0.
 STD_FLOOR = 1e-5
