@@ -385,7 +385,7 @@ def compile_encoder(encoder: TransformerEncoder, cuda_graphs: bool = False) -> N
 
     `triton.coalesce_tiling_analysis` off works around an inductor assertion on CUDA (torch 2.11,
     `get_pw_red_splits` in tiling_utils.py, with symbolic lengths): with it on, the demo preset's
-    first compiled step failed on an H200 (attention_ext/RESULTS.md, GPU report); off, it trained.
+    first compiled step failed on an H200 (attention_ext/RESULTS.md, "The GPU: status and known costs"); off, it trained.
     It only chooses the tiling of GPU kernels, so the CPU is unaffected.
 
     `cuda_graphs`: inductor's own CUDA graphs too (what mode="reduce-overhead" turns on; torch.compile

@@ -4,7 +4,7 @@ batch shape.
     graph_encoder(model.encoder)       # asr.train does it; the state dict and checkpoints are unchanged
 
 A training step of the demo model is hundreds of small kernels, and on a GPU its time is mostly the
-host launching them (attention_ext/RESULTS.md, "The GPU"). A CUDA graph launches them all at once.
+host launching them (attention_ext/RESULTS.md, "The GPU: status and known costs"). A CUDA graph launches them all at once.
 A graph replays fixed shapes at fixed addresses, so the batches come padded to a few fixed shapes
 (`data.fixed_batch_shapes`: one per duration bucket, asr.data.batching.duration_buckets) and each shape gets its own
 graph, captured the first time it is seen; later batches of that shape are copied into the graph's

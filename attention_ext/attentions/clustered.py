@@ -255,7 +255,7 @@ def centroid_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor,
 # operators (the (C, N) weights materialised, centroid_attention); "sdpa", torch's
 # scaled_dot_product_attention with the C centroids as queries (on CUDA FlashAttention where no key is
 # masked, else another of its backends). All three compute the same values and gradients. The
-# preference is what measurement chose (attention_ext/RESULTS.md, "The GPU" and "CPU speed"; the
+# preference is what measurement chose (attention_ext/RESULTS.md, "The GPU: status and known costs" and "CPU speed"; the
 # project's GPU report times unfused and sdpa on CUDA): on the CPU fused, with either instruction
 # set torch's kernels use; on CUDA sdpa in half precision and unfused in float32 and float64 (SDPA's
 # float32 kernels were the slower at long N); elsewhere unfused.

@@ -51,6 +51,16 @@ def test_read_pytest_counts_and_lists_failures(tmp_path):
     assert not check.ok
 
 
+def test_read_pytest_says_how_far_a_run_stopped_before_its_summary_got(tmp_path):
+    # the H200 run's cuda_tests log: its budget ended the run before pytest's summary line
+    log = ".........................sssssssssssss....................\n"
+    (check,), summary, _ = read_pytest(log, tmp_path)
+    assert not check.ok
+    assert summary == "pytest stopped before its summary line, after 58 cases (45 passed, 13 skipped, 0 failed or errors so far)"
+    (_,), summary, _ = read_pytest("12 passed in 3.0s\n", tmp_path)
+    assert summary == "every selected CUDA case passed"
+
+
 def test_read_benchmark_takes_every_target_line_as_a_check(tmp_path):
     (tmp_path / "csv" / "bfloat16").mkdir(parents=True)
     (tmp_path / "csv" / "bfloat16" / "benchmark_cuda.csv").write_text("length\n")

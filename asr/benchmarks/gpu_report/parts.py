@@ -3,7 +3,7 @@
 Every part runs in its own process (a crash or hang in one costs that part alone), with its output
 kept in `<out>/parts/<name>.log` and its result in `<out>/parts/<name>.json`; a part whose result
 file says it finished is not run again (report.py). A part's budget is the most it may take: 1.4-2x
-what it took on an H200 on 2026-11-27 (attention_ext/RESULTS.md, "GPU report"), estimates for the
+what it took on an H200 on 2026-11-27 (attention_ext/RESULTS.md, "The GPU: status and known costs"), estimates for the
 parts added since (training_graphed: as training_eager; steps_demo and steps_wsj: about 10 s of
 steps per mode and model, and one compilation per model, ~30 s, in compiled mode; not yet run).
 The default parts' budgets add up to at most 10 minutes; a part that does not fit in what is
@@ -65,7 +65,17 @@ def read_pytest(log: str, out: Path) -> tuple[list[Check], str, list[str]]:
     failures = [line for line in log.splitlines() if line.startswith(("FAILED", "ERROR"))]
     checks = [Check("the CUDA test cases pass", passed > 0 and failed == 0,
                     f"{passed} passed, {failed} failed or errors, {counts.get('skipped', 0)} skipped")]
-    summary = "\n".join(f"- `{line}`" for line in failures[:40]) or "every selected CUDA case passed"
+    finished = re.search(r"(passed|failed|errors?|skipped|deselected).* in [\d.]+s", log) is not None
+    if failures:
+        summary = "\n".join(f"- `{line}`" for line in failures[:40])
+    elif finished:
+        summary = "every selected CUDA case passed"
+    else:   # stopped (its budget) before pytest's summary line: say how far the progress dots got
+        progress = "".join(line.split(" [")[0] for line in log.splitlines()
+                           if re.fullmatch(r"[.sFExX]+( +\[ *\d+%\])?", line.strip()))
+        summary = (f"pytest stopped before its summary line, after {len(progress)} cases "
+                   f"({progress.count('.')} passed, {progress.count('s')} skipped, "
+                   f"{progress.count('F') + progress.count('E')} failed or errors so far)")
     return checks, summary, []
 
 

@@ -17,7 +17,7 @@ from typing import Callable
 
 from asr.benchmarks.gpu_report.checks import Check
 
-# The demo preset's eager figure on an H200 (attention_ext/RESULTS.md, "The GPU"): 200 steps of 60 s
+# The demo preset's eager figure on an H200 (attention_ext/RESULTS.md, "The GPU: status and known costs"): 200 steps of 60 s
 # batches in 31.4 s, about 382 s of audio per second = hours of audio per GPU-hour; the aim is 10x.
 DEMO_EAGER_AUDIO_PER_SECOND = 200 * 60 / 31.4
 DEMO_AIM = 10 * DEMO_EAGER_AUDIO_PER_SECOND
