@@ -39,6 +39,7 @@ hashing and K-Means ones in full):
 from __future__ import annotations
 
 import math
+import os
 from typing import NamedTuple
 
 import torch
@@ -113,9 +114,12 @@ def cluster_queries(q: torch.Tensor, lengths: torch.Tensor, clusters: int, bits:
 # attentions/clustered_triton (the clustering as one launch: the hash, every Lloyd step and the member
 # lists; i-clustered's top-key attention as one launch each way); "extension", the extension's kernels
 # (csrc/clustering and group_by_cluster: one launch per Lloyd step; i-clustered's sparse products).
-# Both give the same clusters for the same draws and the same values within rounding. CUDA prefers
-# triton where it takes the call; the CPU keeps the extension, and runs triton only when forced (under
-# Triton's interpreter, TRITON_INTERPRET=1: the tests).
+# Both give the same clusters for the same draws and the same values within rounding. CUDA takes the
+# extension, the route that has passed its tests on a GPU (an H200); the Triton kernels have run only
+# in Triton's interpreter, so CUDA takes them only when asked: ATTENTION_EXT_CUDA_KERNELS=triton, or
+# `kernel_routes.forced("cuda", "triton")` (the GPU report times both). The CPU keeps the extension,
+# and runs triton only when forced (under Triton's interpreter, TRITON_INTERPRET=1: the tests).
+CUDA_KERNELS_VARIABLE = "ATTENTION_EXT_CUDA_KERNELS"
 def _triton_declines(call: RouteCall) -> str | None:
     if not TRITON_AVAILABLE:
         return "triton is not installed (pip install triton)"
@@ -135,9 +139,18 @@ def _triton_declines(call: RouteCall) -> str | None:
     return None
 
 
+def _kernel_preference(call: RouteCall) -> tuple[str, ...]:
+    if call.device_type != "cuda":
+        return ("extension",)
+    asked = os.environ.get(CUDA_KERNELS_VARIABLE, "extension")
+    if asked not in ("extension", "triton"):
+        raise ValueError(f"{CUDA_KERNELS_VARIABLE}={asked!r}: give extension (the default) or triton")
+    return ("triton", "extension") if asked == "triton" else ("extension",)
+
+
 kernel_routes = RouteDispatch(
     "kernel route", (Route("triton", _triton_declines), Route("extension", takes_every_call)),
-    preference=lambda call: ("triton", "extension") if call.device_type == "cuda" else ("extension",))
+    preference=_kernel_preference)
 
 
 def kernel_route(q: torch.Tensor, clusters: int) -> str:

@@ -230,3 +230,4 @@ def test_compiles_without_graph_breaks(device, triton_route, name):
         results.append((out, *torch.autograd.grad(out.square().sum(), (q, k, v))))
     for label, value, wanted in zip(("out", "q", "k", "v"), *results):
         torch.testing.assert_close(value, wanted, atol=1e-6, rtol=1e-6, msg=label)
+
