@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from asr import cross_matrix
-from asr.average import AveragingError, average_checkpoints, main
+from asr.average import main
 from asr.evaluation.evaluation import EvaluateConfig, evaluate, load_model
 from asr.core.exit_status import SUCCESS, USAGE_ERROR
+from asr.model.averaging import AveragingError, average_checkpoints
 from asr.transcribe import main as transcribe
 
 
