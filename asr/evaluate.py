@@ -16,8 +16,9 @@ Arguments are key=value (see `EvaluateConfig` below, or `python -m asr.evaluate 
 `i-clustered-100`, `lsh-4`, `oracle-top-16`); `attention.<option>=<value>` sets one option on top.
 Data: by default the split of the corpus the model was trained on (the run folder's config.yaml
 next to checkpoints/), `data.<key>=...` changes any data option (e.g. `data.root`; `data.corpus`
-alone, another corpus than the model's, reads data/<corpus>, and a corpus with a registered
-preparer - synth, asterisk - is prepared there when its manifests are missing), and
+alone, another corpus than the model's, reads data/<corpus>; an evaluation never generates or
+changes a corpus - a split the corpus does not have is an error naming its splits - except that the
+asterisk real-speech set is prepared on first use into a folder that is new or empty), and
 `data_dir=PATH` scores a Kaldi-style data directory (wav.scp, text, optional utt2spk) instead:
 its audio is converted once into manifests and features under <data_dir>/asr_manifests (or
 `data.root`), and its word transcripts score the chars / sentencepiece heads (a phone head

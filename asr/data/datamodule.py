@@ -45,6 +45,7 @@ they are computed on first use and cached next to the features.
 from __future__ import annotations
 
 import logging
+from functools import partial
 from pathlib import Path
 
 import lightning
@@ -53,6 +54,7 @@ from lhotse import CutSet
 
 from asr.data.config import DataConfig
 from asr.data.corpus.corpus import Corpus
+from asr.data.corpus.corpus_lock import writing_corpus_folder
 from asr.data.corpus.manifests import load_cuts
 from asr.data.features.features import FilterBank
 from asr.data.features.feature_cache import StoredFeatures, attach_features, feature_directory
@@ -84,9 +86,10 @@ class SpeechDataModule(lightning.LightningDataModule):
 
     `frame_subsampling`: how many feature frames the encoder turns into one output frame (for the
     CTC feasibility filter). `seed`: sampler shuffling (epoch e uses seed + e, via `set_epoch`) and
-    SpecAugment draws. `cache_lock`: for processes that share the feature cache (asr.train's
-    processes of one run), a context manager factory held by one process at a time while it writes
-    the cache (features, statistics); reading needs no lock (feature_cache.precompute_features).
+    SpecAugment draws. `cache_lock`: a context manager factory held by one process at a time while it
+    writes the feature cache (features, statistics, streaming shards); by default the cache folder's
+    lock (asr.data.corpus.corpus_lock), which every process on the corpus meets - other runs, the
+    processes of one run. Reading needs no lock (feature_cache.precompute_features).
     """
 
     def __init__(self, cfg: DataConfig, frame_subsampling: int = 1, seed: int = 0,
@@ -101,7 +104,8 @@ class SpeechDataModule(lightning.LightningDataModule):
             raise ValueError(f"frame_subsampling={frame_subsampling} must be >= 1")
         self.frame_subsampling = int(frame_subsampling)
         self.seed = int(seed)
-        self.cache_lock = cache_lock
+        self.cache_lock = cache_lock if cache_lock is not None else partial(
+            writing_corpus_folder, cfg.feature_cache_folder, f"writing the feature cache of {cfg.corpus}")
         # filterbank: a trained model's front-end (SpeechRecognizer.frontend) when evaluating it
         self.filterbank = filterbank if filterbank is not None else FilterBank(self.cfg.num_mel_bins)
         if self.filterbank.num_mel_bins != self.cfg.num_mel_bins:

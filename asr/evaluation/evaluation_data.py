@@ -1,5 +1,6 @@
 """What an evaluation scores: a split of the model's corpus, of another corpus, or a Kaldi-style
-data folder turned into manifests; prepared on first use where its recipe can."""
+data folder turned into manifests. An evaluation never generates or changes a corpus; only an
+evaluation set (asterisk) is prepared on first use, into a folder of its own (`check_split`)."""
 from __future__ import annotations
 
 import logging
@@ -10,7 +11,8 @@ from asr.core.errors import EvaluationError, closest_name
 from asr.data.config import DataConfig
 from asr.data.corpus.corpus import Corpus
 from asr.data.datamodule import SpeechDataModule
-from asr.data.corpus.manifests import cuts_path, default_root, other_corpora
+from asr.data.corpus.corpus_lock import LOCK_FILE, writing_corpus_folder
+from asr.data.corpus.manifests import cuts_path, default_root, manifest_name, other_corpora
 from asr.model.recognizer import SpeechRecognizer
 from asr.model.run_folder import trained_data_config
 
@@ -58,25 +60,57 @@ def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, 
     return out_dir
 
 
-def prepare_missing_split(corpus: Corpus, split: str, progress: bool = True) -> None:
-    """Prepares the corpus into data.root when the split's manifest is missing and a preparer is
-    in its recipe (asr.data.corpus.corpus_recipes: synth, asterisk), as asr.train does; for any other
-    corpus, or a folder holding the split under another corpus name (data.corpus forgotten), the
-    missing manifest is load_cuts' error saying what to do. A preparer that fails (a package to
-    install, a damaged file) is one EvaluationError line."""
-    from asr.data.corpus.corpus_recipes import corpus_preparer
-    root = corpus.root
-    if corpus.cuts_path(split).is_file() or other_corpora(root, corpus.name, split):
+def splits_on_disk(corpus: Corpus, cache_folder: Path) -> list[str]:
+    """The splits of `corpus` in its folder: those with a cuts manifest, and those whose streaming
+    shards are prepared in the feature cache (a finished stream is read without its manifest)."""
+    pattern = manifest_name(corpus.name, "cuts", "*")
+    prefix, suffix = pattern.split("*")
+    splits = {path.name[len(prefix):-len(suffix)] for path in corpus.root.glob(pattern)} if corpus.root.is_dir() else set()
+    if cache_folder.is_dir():
+        splits |= {folder.parent.name for folder in cache_folder.glob("*/*/stream") if folder.is_dir()}
+    return sorted(splits)
+
+
+def check_split(corpus: Corpus, split: str, cache_folder: Path, progress: bool = True) -> None:
+    """Before any work: EvaluationError (a usage error) for a split the corpus does not have, naming the
+    split, the folder and the splits it has. An evaluation never generates or changes a corpus, with
+    one exception that cannot damage a folder: an evaluation set whose recipe declares
+    `evaluation_splits` (asterisk, the real-speech set) is prepared on first use into a folder that
+    does not exist yet or is empty, under the folder's lock. A folder holding no manifest of the
+    corpus at all is an error naming the recipe command (or, where the folder holds the split under
+    another corpus name, load_cuts' error naming data.corpus)."""
+    from asr.data.corpus.corpus_recipes import corpus_recipe, preparation_hint
+    root, name = corpus.root, corpus.name
+    present = splits_on_disk(corpus, cache_folder)
+    if split in present:
         return
-    preparer = corpus_preparer(corpus.name)
-    if preparer is None:
+    if present:
+        raise EvaluationError(f"split={split!r}: corpus {name} in {root} has no such split; its splits are "
+                              f"{', '.join(present)}")
+    if other_corpora(root, name, split):
         return
-    log.info("corpus %s: no %s manifest in %s, preparing the corpus there (once)", corpus.name, split, root)
-    try:
-        preparer(root, progress=progress)
-    except (ValueError, RuntimeError, OSError) as error:   # a preparer's own errors: usage, problems, files
-        raise EvaluationError(f"data.corpus={corpus.name}: preparing its manifests in {root} failed: "
-                              f"{error}") from error
+    recipe = corpus_recipe(name)
+    if recipe is None or not recipe.evaluation_splits:
+        where = "does not exist" if not root.is_dir() else f"holds no {manifest_name(name, 'cuts', '<split>')}"
+        generated = f" (asr.train generates {name} when it trains on it)" if recipe and recipe.preparer else ""
+        raise EvaluationError(f"data.root={str(root)!r} {where}: an evaluation generates no corpus; "
+                              f"{preparation_hint(name, root)}{generated}, or give data.root=<its folder>")
+    if split not in recipe.evaluation_splits:
+        raise EvaluationError(f"split={split!r}: corpus {name} has no such split; its splits are "
+                              f"{', '.join(recipe.evaluation_splits)} (not prepared yet in {root})")
+    if root.is_dir() and any(entry.name != LOCK_FILE for entry in root.iterdir()):
+        raise EvaluationError(f"data.corpus={name}: {root} holds no {name} manifests but other files; asr.evaluate "
+                              f"prepares {name} only into a new or empty folder: give data.root=<another folder>, or "
+                              f"{preparation_hint(name, root)}")
+    with writing_corpus_folder(root, f"preparing corpus {name}"):
+        if corpus.cuts_path(split).is_file():   # another process prepared it while this one waited
+            return
+        log.info("corpus %s: not in %s yet, preparing it there (once)", name, root)
+        try:
+            recipe.preparer(root, progress=progress)
+        except (ValueError, RuntimeError, OSError) as error:   # a preparer's own errors: usage, problems, files
+            raise EvaluationError(f"data.corpus={name}: preparing its manifests in {root} failed: "
+                                  f"{error}") from error
 
 
 # data.* keys that shape only the training split (asr.data.datamodule applies them to data.train_split)
@@ -175,7 +209,7 @@ def evaluation_data(model: SpeechRecognizer, checkpoint: str | Path, split: str 
     config.test_split = split
     corpus = Corpus.of(config)
     if data_dir is None:
-        prepare_missing_split(corpus, split, settings["progress"])
+        check_split(corpus, split, config.feature_cache_folder, settings["progress"])
     datamodule = SpeechDataModule(config, frame_subsampling=model.encoder.subsampling, filterbank=frontend,
                                   corpus=corpus)
     datamodule.set_tokenizers({kind: model.tokenizers[kind].state_dict() for kind in config.targets})

@@ -30,6 +30,7 @@ from asr.data.corpus.corpus_recipes import corpus_preparer, corpus_recipe, prepa
 from asr.data.corpus.corpus_summary import format_corpus_summary, summarise_split
 from asr.data.config import DataConfig
 from asr.data.corpus.corpus import Corpus
+from asr.data.corpus.corpus_lock import writing_corpus_folder
 from asr.data.datamodule import SpeechDataModule
 from asr.data.corpus.manifests import manifest_name
 from asr.evaluation.decoding.evaluation import out_of_vocabulary_report
@@ -80,7 +81,9 @@ def ensure_corpus(cfg: DictConfig, corpus: Corpus | None = None, run_dir: Path |
     # a config section may size the corpus (synth_corpus for the built-in one)
     options = OmegaConf.to_container(cfg[recipe.options_section], resolve=True) if recipe.options_section else {}
     try:
-        report = recipe.preparer(root, progress=True, **options)
+        # another run generating it meanwhile: this one waits, then its preparer finds the corpus done
+        with writing_corpus_folder(root, f"generating corpus {corpus.name}"):
+            report = recipe.preparer(root, progress=True, **options)
     except ValueError as error:   # an option value it refuses, or data.root made with other settings
         raise ConfigError(f"corpus {corpus.name} in data.root={str(root)!r}: {error}") from None
     # a split the preparer did not write is left to the data module, whose error names it
@@ -236,13 +239,14 @@ def prepare_data(cfg: DictConfig, data: DataConfig, corpus: Corpus, run_dir: Pat
     checkpoint has. A run from a trained model (`source`, init_from) takes that model's tokenizers,
     front-end, lexicon and LM."""
     # The processes of a multi-process run prepare the data together: each reads and checks the
-    # manifests itself, all at once; what is written (the built-in corpus, the feature cache, the
-    # statistics, the run's copies of the lexicon and LM) is written by one process at a time, and
-    # whoever comes later finds it on disk (asr.model.run_folder.one_process_at_a_time).
+    # manifests itself, all at once; what is written is written by one process at a time, and whoever
+    # comes later finds it on disk: the built-in corpus and the feature cache and statistics under the
+    # corpus's locks, which other runs on the corpus meet too (asr.data.corpus.corpus_lock; the data
+    # module takes the cache's), the run's copies of the lexicon and LM under the run folder's
+    # (asr.model.run_folder.one_process_at_a_time).
     preparation_lock = partial(one_process_at_a_time, run_dir / ".data_preparation.lock")
     datamodule = SpeechDataModule(data, frame_subsampling=cfg.model.subsampling, seed=cfg.seed,
-                                  cache_lock=preparation_lock, filterbank=source.frontend if source else None,
-                                  corpus=corpus)
+                                  filterbank=source.frontend if source else None, corpus=corpus)
     if checkpoint is not None or source is not None:
         datamodule.set_tokenizers((checkpoint or source.checkpoint)["hyper_parameters"]["tokenizers"])
     with preparation_lock():

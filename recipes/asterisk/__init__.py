@@ -14,4 +14,4 @@ def generate(out_dir, **options) -> dict:
 
 # (recipes/corpora.py finds this.)
 RECIPE = CorpusRecipe("asterisk", prepare_command="python -m recipes.asterisk.prepare --out {root}",
-                      preparer=generate)
+                      preparer=generate, evaluation_splits=("dev", "test"))

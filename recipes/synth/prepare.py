@@ -10,8 +10,12 @@ voicing: ``recipes.synth.plans``, which says how they are drawn), synthesis in p
   (written last, atomically); a rerun skips utterances whose meta file exists. A complete output
   (``synth_report.json`` with the same request, manifests present) is returned as it is.
   The seed, the sentence list and the extra voices are recorded in ``synth_config.json``; reusing
-  the folder with another seed or voice set is refused. Changing only the sizes reuses what is
-  there (the plan of utterance i does not depend on the sizes).
+  the folder with another seed or voice set is refused, and so is asking a complete corpus for
+  other sizes (it would replace the manifests others train and evaluate on). An interrupted one
+  may be finished at other sizes: the plan of utterance i does not depend on the sizes.
+- One generator at a time: a second one on the same folder waits for the first (saying so) and
+  then finds the corpus done (``asr.data.corpus.corpus_lock``); files are written under temporary
+  names of their own process and renamed, so a reader never sees half a file.
 
 Output in ``out_dir``: ``synth_{recordings,supervisions,cuts}_{train,dev,test}.jsonl.gz`` (audio
 paths relative to ``out_dir``, which ``asr.data.corpus.manifests`` resolves), ``audio/``, ``meta/``,
@@ -33,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from asr.core.exit_status import run_command
+from asr.data.corpus.corpus_lock import writing_corpus_folder
 from recipes.synth.lexicon_lm import write_lexicon_and_lm
 from asr.data.corpus.manifests import manifest_path
 from recipes.synth.plans import (
@@ -40,7 +45,7 @@ from recipes.synth.plans import (
     split_sentence_pools,
 )
 from recipes.synth.sentences import load_sentences
-from recipes.synth.synthesis import WorkerPool, generate_split
+from recipes.synth.synthesis import WorkerPool, generate_split, partial_suffix, remove_partial_files
 from recipes.synth.voices import EXTRA_VOICES, HELD_OUT_SPEAKER_IDS, SPEAKERS, check_synthesisers
 
 CONFIG_FILE = "synth_config.json"
@@ -75,14 +80,28 @@ def _check_config(out_dir: Path, seed: int, sentences: list[str], utterance_scal
 
 
 def _is_complete(out_dir: Path, request: dict) -> dict | None:
+    """The report of the complete corpus in out_dir when it is the one requested; None when the
+    folder holds none; ValueError when it holds a complete corpus of another request."""
     path = out_dir / REPORT_FILE
     if not path.is_file():
         return None
     report = json.loads(path.read_text())
     manifests = [manifest_path(out_dir, CORPUS, kind, split)
                  for split in SPLITS for kind in ("recordings", "supervisions", "cuts")]
-    if report.get("request") != request or not all(p.is_file() for p in manifests):
+    if not all(p.is_file() for p in manifests):
         return None
+    there = report.get("request") or {}
+    if there != request:
+        def sizes(counts: dict) -> str:
+            return "/".join(str(counts.get(split, "?")) for split in SPLITS)
+        differ = [f"{key}: {there.get(key)!r} there, {request.get(key)!r} now"
+                  for key in sorted(there.keys() | request.keys()) if key != "counts" and there.get(key) != request.get(key)]
+        raise ValueError(
+            f"{out_dir} holds a complete synthetic corpus of {sizes(there.get('counts') or {})} "
+            f"{'/'.join(SPLITS)} utterances{' (' + ', '.join(differ) + ')' if differ else ''}; this asks for "
+            f"{sizes(request['counts'])}. Replacing it would change what runs on it train and evaluate on: "
+            f"ask for its sizes (asr.train: synth_corpus.train_utterances=..., dev_utterances, test_utterances), "
+            f"or generate into another folder (--out; data.root in asr.train), or delete {out_dir} first")
     return report
 
 
@@ -116,7 +135,15 @@ def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: in
     if "piper" in extra_voices:
         request["piper_share"] = piper_share
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    # one generator at a time; a second one waits here and then finds the corpus complete
+    with writing_corpus_folder(out_dir, f"generating the synthetic corpus ({'/'.join(map(str, counts.values()))})"):
+        return _generate_locked(out_dir, counts, request, seed, jobs, progress, sentences, utterance_scale,
+                                extra_voices, piper_share)
+
+
+def _generate_locked(out_dir: Path, counts: dict[str, int], request: dict, seed: int, jobs: int, progress: bool,
+                     sentences: list[str], utterance_scale: int, extra_voices: tuple[str, ...],
+                     piper_share: float | None) -> dict:
     report = _is_complete(out_dir, request)
     if report is not None:
         _check_config(out_dir, seed, sentences, utterance_scale, extra_voices, piper_share)
@@ -124,6 +151,7 @@ def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: in
         return report
     check_synthesisers(extra_voices)
     _check_config(out_dir, seed, sentences, utterance_scale, extra_voices, piper_share)
+    remove_partial_files(out_dir)   # what a killed generator left; no other one writes now (the lock)
 
     started = time.time()
     pools = split_sentence_pools(sentences, seed)
@@ -135,7 +163,8 @@ def generate_corpus(out_dir: str | os.PathLike, counts: dict[str, int], seed: in
             kept[split], dropped[split] = generate_split(out_dir, planner,
                                                          counts[split], pool, progress)
     _write_manifests(out_dir, kept)
-    write_lexicon_and_lm(out_dir, CORPUS, SPLITS)
+    # of these manifests: an interrupted generation finished at other sizes must not keep older ones
+    write_lexicon_and_lm(out_dir, CORPUS, SPLITS, replace=True)
     speakers = [s.id for s in SPEAKERS] + [s.id for name in extra_voices for s in EXTRA_VOICES[name]]
     report = _make_report(request, kept, dropped, pools, speakers, jobs, time.time() - started)
     (out_dir / REPORT_FILE).write_text(json.dumps(report, indent=1, sort_keys=True))
@@ -163,7 +192,7 @@ def _write_manifests(out_dir: Path, kept: dict[str, list[dict]]) -> None:
         # Written to a temporary name first: a manifest that exists is always whole.
         for kind, manifest in (("recordings", recordings), ("supervisions", supervisions), ("cuts", cuts)):
             path = manifest_path(out_dir, CORPUS, kind, split)
-            partial = path.with_name(path.name.replace(".jsonl.gz", ".partial.jsonl.gz"))
+            partial = path.with_name(path.name.replace(".jsonl.gz", f"{partial_suffix()}.jsonl.gz"))
             manifest.to_file(partial)
             os.replace(partial, path)
 

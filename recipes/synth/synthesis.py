@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import uuid
 from collections import Counter
 from pathlib import Path
 
@@ -23,6 +24,22 @@ from asr.text.synthesiser_phonemes import UnmappablePhonemeError
 from recipes.synth.plans import SplitPlanner, UtterancePlan
 from recipes.synth.sentences import normalise_text
 from recipes.synth.voices import SAMPLING_RATE, SPEAKERS_BY_ID, MissingDiphoneError, synthesise
+
+
+PARTIAL = ".partial"   # in the names of files being written: `<name>.partial-<pid>-<random><suffix>`
+
+
+def partial_suffix() -> str:
+    """A temporary name's mark, this process's own: two writers never write one file."""
+    return f"{PARTIAL}-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+
+
+def remove_partial_files(out_dir: Path) -> None:
+    """Deletes what writes killed before their rename left (the caller holds the folder's lock, so no
+    other process is writing)."""
+    for pattern in (f"audio/*/*{PARTIAL}*", f"meta/*/*{PARTIAL}*", f"*{PARTIAL}*", f"lm/*{PARTIAL}*"):
+        for path in Path(out_dir).glob(pattern):
+            path.unlink(missing_ok=True)
 
 
 def _meta_path(out_dir: Path, plan: UtterancePlan) -> Path:
@@ -47,7 +64,7 @@ def synthesise_plan(out_dir: Path, plan: UtterancePlan) -> dict:
               "text": normalise_text(plan.text)}
     final_audio = out_dir / _audio_relpath(plan)
     final_audio.parent.mkdir(parents=True, exist_ok=True)
-    partial_audio = final_audio.with_name(f"{plan.id}.partial.flac")
+    partial_audio = final_audio.with_name(f"{plan.id}{partial_suffix()}.flac")
     try:
         result = synthesise(plan.text, SPEAKERS_BY_ID[plan.speaker], plan.prosody, plan.gain_db, partial_audio)
     except UnmappablePhonemeError as error:
@@ -62,7 +79,7 @@ def synthesise_plan(out_dir: Path, plan: UtterancePlan) -> dict:
                       sampling_rate=SAMPLING_RATE, duration=result.num_samples / SAMPLING_RATE)
     meta = _meta_path(out_dir, plan)
     meta.parent.mkdir(parents=True, exist_ok=True)
-    partial_meta = meta.with_suffix(".partial")
+    partial_meta = meta.with_name(f"{plan.id}{partial_suffix()}")
     partial_meta.write_text(json.dumps(record, sort_keys=True))
     os.replace(partial_meta, meta)
     return record

@@ -285,7 +285,7 @@ def test_only_rank_zero_writes_checkpoints_logs_and_results(jobs):
     # written by whichever process needs it first (under the lock), once: the others find it on disk
     # (options.json excepted: it says the options, and every process that finds it missing writes it)
     prepared = [path for path in writers if path.startswith((str(cache) + os.sep, str(run / "decoding") + os.sep))]
-    assert prepared and all(len(writers[path]) == 1 for path in prepared if not path.endswith((".tmp", "options.json")))
+    assert prepared and all(len(writers[path]) == 1 for path in prepared if not path.endswith((".tmp", "options.json", ".lock")))
     assert all(len(list(cache.glob(f"*/{split}/shard-*.json"))) == 1 for split in ("train", "dev", "test"))
     in_run = {rank: {str(Path(p).relative_to(run)) for p in paths if p.startswith(str(run) + os.sep)}
               for rank, paths in by_rank.items()}

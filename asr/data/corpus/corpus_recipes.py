@@ -12,11 +12,15 @@ so a new corpus is its folder (and its data config): nothing in asr, nor in pypr
 A recipe says
 - `prepare_command`: how a user prepares the corpus; an error about missing manifests names it
   with the folder the config points at ({root});
-- `preparer`, only for corpora that asr.train and asr.evaluate generate themselves when their
-  manifests are missing (the built-in synth corpus, the asterisk evaluation set): called as
+- `preparer`, only for corpora that asr.train generates itself when their manifests are missing
+  (the built-in synth corpus, the asterisk evaluation set): called as
   `preparer(root, progress=True, **options)`, options being the config section named by
   `options_section` (synth: `synth_corpus`) when asr.train calls it, none from asr.evaluate. It writes
-  the manifests (`asr.data.corpus.manifests.cuts_path`); what it returns is logged.
+  the manifests (`asr.data.corpus.manifests.cuts_path`); what it returns is logged. asr.train calls
+  it under the folder's lock (asr.data.corpus.corpus_lock), so two runs never generate one folder at once;
+- `evaluation_splits`: the splits of an evaluation set that asr.evaluate prepares on first use, and
+  only into a folder that does not exist yet or is empty (asterisk: dev, test); empty (synth):
+  asr.evaluate never generates the corpus, its missing manifests are an error naming the command.
 
 Entry points are read from the installed project's metadata, so a change of the group takes effect
 after `pip install --no-build-isolation -e .` (`.ci/install.sh` runs it).
@@ -37,6 +41,7 @@ class CorpusRecipe:
     prepare_command: str                        # e.g. "python -m recipes.timit.prepare --corpus-dir TIMIT_DIR --out {root}"
     preparer: Callable | None = None            # generates the corpus itself (synth, asterisk); None: the user's corpus
     options_section: str | None = None          # the train config's section of preparer options (synth_corpus)
+    evaluation_splits: tuple[str, ...] = ()     # what asr.evaluate may prepare into an absent folder (asterisk)
 
 
 def corpus_recipes() -> dict[str, CorpusRecipe]:

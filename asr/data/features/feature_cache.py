@@ -23,7 +23,13 @@ A cut's fingerprint is its audio path, the file's size and mtime, the recording'
 speed-perturbed copy's), and the cut's start/duration/channel: regenerated audio is recomputed,
 everything else is reused. Work is saved shard by shard, so an interrupted or failed run keeps what it finished and the next run computes only the rest.
 Where a cut is in several shards (its audio changed), the newest shard wins; shards left with no
-live cut are deleted.
+live cut are deleted, but only while no other process reads the split (`remove_superseded_shards`).
+
+Processes that share a cache (two runs on one corpus, the processes of one run) never break each
+other: its writers hold the cache folder's lock (asr.data.corpus.corpus_lock, taken by the data
+module), each file is written under a name of its own and renamed into place, and each FeatureStore
+holds a shared lock on its split's READERS_LOCK for as long as it lives, which a writer must get
+exclusively to delete a shard.
 
 A batch reads (os.pread) and decompresses just its cuts' blobs. Not a memory map: the pages a map
 touches count as the process's resident memory, and over an epoch it touched the whole cache (2.6 GB
@@ -39,6 +45,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
+import fcntl
 import hashlib
 import json
 import multiprocessing
@@ -60,6 +67,7 @@ MAX_OPEN_SHARDS = 64      # file descriptors a FeatureStore keeps open (the olde
 SHARD_SUFFIX = ".lilcom"
 LILCOM_TICK_POWER = -8      # lhotse's default for filter banks
 LILCOM_HALF_TICK = 2.0 ** (LILCOM_TICK_POWER - 1)    # the largest error of a stored value
+READERS_LOCK = ".readers.lock"   # in a split's folder: shared by its readers, exclusive to delete shards
 
 
 def audio_fingerprint(cut) -> str:
@@ -138,6 +146,8 @@ class FeatureStore:
         # ~150-character fingerprint: 309 instead of 421 bytes an entry, 60 MB less at 1,000 h
         self.index: dict[str, tuple[str, int, int, int, bytes]] = {}
         self._shards: dict[str, int] = {}   # shard -> an open file descriptor
+        # held before the index is read: a shard it names stays on disk while this store lives
+        self._readers_lock = _hold_readers_lock(self.directory)
         if self.directory.is_dir():
             # Shard names start with their creation time: a later shard's entry replaces an earlier one.
             for index_file in sorted(self.directory.glob("shard-*.json")):
@@ -164,24 +174,70 @@ class FeatureStore:
             descriptor = self._shards[shard] = os.open(self.directory / f"{shard}{SHARD_SUFFIX}", os.O_RDONLY)
         return lilcom.decompress(os.pread(descriptor, length, offset))
 
-    def __del__(self):
+    def close(self) -> None:
+        """Closes the shards and lets go of the split (a writer may then delete what this store indexed)."""
         for descriptor in getattr(self, "_shards", {}).values():
             os.close(descriptor)
+        self._shards = {}
+        if getattr(self, "_readers_lock", None) is not None:
+            self._readers_lock.close()   # closing the file releases its flock
+            self._readers_lock = None
 
-    def remove_superseded_shards(self) -> None:
-        """Delete shards none of whose cuts they still provide (all recomputed into later shards, or
-        written in the old float32 format)."""
-        live = {shard for shard, *_ in self.index.values()}
-        for index_file in self.directory.glob("shard-*.json"):
-            if index_file.stem not in live:
-                index_file.unlink(missing_ok=True)
-                for suffix in (SHARD_SUFFIX, ".npy"):
-                    (self.directory / f"{index_file.stem}{suffix}").unlink(missing_ok=True)
+    def __del__(self):
+        self.close()
 
     def __getstate__(self):
         state = self.__dict__.copy()
         state["_shards"] = {}  # each process opens the files itself
+        state["_readers_lock"] = None   # the process that made the store holds the split for its workers
         return state
+
+
+def _hold_readers_lock(directory: Path):
+    """An open READERS_LOCK of `directory` with a shared flock on it, or None where it cannot be had
+    (no folder yet, a read-only one: nothing can delete shards there either)."""
+    path = Path(directory) / READERS_LOCK
+    for mode in ("a", "r"):
+        try:
+            handle = open(path, mode)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(handle, fcntl.LOCK_SH)
+        except OSError:   # a file system without flock: no one gets it exclusively either
+            handle.close()
+            return None
+        return handle
+    return None
+
+
+def remove_superseded_shards(directory: Path) -> None:
+    """Deletes the shards of `directory` none of whose cuts they still provide (all recomputed into later
+    shards, or written in the old float32 format), unless another process reads the split (holds its
+    READERS_LOCK): a reader's index may name them. They are then left for a later writer; meanwhile the
+    newest shard of each cut is the one read. The caller holds the cache's write lock and no store of
+    this split."""
+    directory = Path(directory)
+    try:
+        handle = open(directory / READERS_LOCK, "a")
+    except OSError:
+        return
+    with handle:
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:   # another process reads the split (or flock is missing): delete nothing
+            return
+        # while this is held no reader can start (it waits for the shared lock before reading the index)
+        index: dict[str, str] = {}
+        for index_file in sorted(directory.glob("shard-*.json")):
+            if (directory / f"{index_file.stem}{SHARD_SUFFIX}").is_file():
+                index.update(dict.fromkeys(json.loads(index_file.read_text()), index_file.stem))
+        live = set(index.values())
+        for index_file in directory.glob("shard-*.json"):
+            if index_file.stem not in live:
+                index_file.unlink(missing_ok=True)
+                for suffix in (SHARD_SUFFIX, ".npy"):
+                    (directory / f"{index_file.stem}{suffix}").unlink(missing_ok=True)
 
 
 def compress_frames(frames: np.ndarray) -> bytes:
@@ -223,10 +279,15 @@ def _compute_chunk(cuts: list, filterbank_options: dict, shard_path: str | None)
 
 
 def write_atomic(path: Path, write) -> None:
-    temporary = path.with_name(path.name + ".tmp")
-    with open(temporary, "wb") as f:
-        write(f)
-    os.replace(temporary, path)
+    """Writes `path` whole or not at all: under a temporary name of this process's own, then renamed."""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}-{uuid.uuid4().hex[:8]}.tmp")
+    try:
+        with open(temporary, "wb") as f:
+            write(f)
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
 
 
 def filterbank_worker_options(filterbank: FilterBank) -> dict:
@@ -275,11 +336,12 @@ def precompute_features(cuts, filterbank: FilterBank, directory: Path, jobs: int
                         progress: bool = True, description: str = "fbank", lock=None):
     """Make sure `directory` holds the features of every cut; compute only the missing or stale ones.
 
-    `lock`: for processes that share the cache (the processes of a multi-process run), a context
-    manager factory that one process holds at a time (asr.model.run_folder.one_process_at_a_time). A
-    process that finds every cut's features reads them without it; one that finds some missing
-    takes it and looks again - another process may have computed them meanwhile - before it
-    computes and writes the rest. The cache's writes are not safe against concurrent writers.
+    `lock`: for processes that share the cache (other runs on the corpus, the processes of a
+    multi-process run), a context manager factory that one process holds at a time (the data module
+    gives the cache folder's, asr.data.corpus.corpus_lock.writing_corpus_folder). A process that
+    finds every cut's features reads them without it; one that finds some missing takes it and looks
+    again - another process may have computed them meanwhile - before it computes and writes the rest.
+    Without a lock the caller makes sure no other process writes the cache.
 
     Returns (FeatureStore, failures {cut_id: message}) - cuts whose audio could not be read are not stored.
     """
@@ -288,6 +350,7 @@ def precompute_features(cuts, filterbank: FilterBank, directory: Path, jobs: int
     store = FeatureStore(directory, filterbank.num_mel_bins)
     missing = [cut for cut in cuts if not store.has(cut)]
     if missing and lock is not None:
+        store.close()   # holding the split while waiting would keep the writer from tidying it
         with lock():
             return precompute_features(cuts, filterbank, directory, jobs, progress, description)
     chunks = [missing[i:i + SHARD_CUTS] for i in range(0, len(missing), SHARD_CUTS)]
@@ -296,8 +359,9 @@ def precompute_features(cuts, filterbank: FilterBank, directory: Path, jobs: int
     for _, chunk_failures, *_ in run_chunks(chunks, filterbank, shard_paths, jobs, progress, description):
         failures.update(chunk_failures)
     if missing:
+        store.close()
+        remove_superseded_shards(directory)
         store = FeatureStore(directory, filterbank.num_mel_bins)
-        store.remove_superseded_shards()
     return store, failures
 
 

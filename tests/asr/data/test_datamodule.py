@@ -158,7 +158,7 @@ def test_features_are_cached_and_recomputed_when_options_or_audio_change(tiny_co
     SpeechDataModule(config(tiny_corpus, targets=["phones"])).setup("fit")
     assert computed == []
     SpeechDataModule(config(tiny_corpus, targets=["phones"], num_mel_bins=80)).setup("fit")
-    assert len(computed) == 30 and len(list((tiny_corpus / "features").iterdir())) == 2
+    assert len(computed) == 30 and len([p for p in (tiny_corpus / "features").iterdir() if p.is_dir()]) == 2
     computed.clear()
     audio, rate = soundfile.read(tiny_corpus / "audio" / "dv0002.flac")
     soundfile.write(tiny_corpus / "audio" / "dv0002.flac", audio * 0.5, rate, subtype="PCM_16")
@@ -203,6 +203,7 @@ def test_a_cache_of_the_old_float32_format_is_recomputed_and_deleted(tiny_corpus
     module = SpeechDataModule(config(tiny_corpus, targets=["phones"]))
     module.setup("validate")
     split_folder = module.split("dev").features.store.directory
+    module.split("dev").features.store.close()   # a reader of the split keeps superseded shards from deletion
     for path in split_folder.glob("shard-*"):
         path.unlink()
     old = split_folder / "shard-00000000000000000001-0ld0ld00"
