@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from asr.core.output_paths import unwritable_reason
 from asr.data.features.features import FilterBank
 from asr.evaluation.evaluation import load_model
 from asr.evaluation.attention_choice import evaluation_attention
@@ -546,6 +547,10 @@ def transcribe(config: TranscribeConfig, attention_options: dict[str, str] | Non
                ) -> Outcome:
     """Transcribes config.files; each file's line goes to `print_line` (and to config.out as JSON),
     what could not be read to `warn`."""
+    if config.out:   # before the model is loaded and any file decoded
+        reason = unwritable_reason(config.out, folder=False)
+        if reason is not None:
+            raise TranscriptionError(f"out={config.out} cannot be written: {reason}; give a file you can write to")
     if config.threads:
         torch.set_num_threads(config.threads)
     if config.window is None:
@@ -555,6 +560,8 @@ def transcribe(config: TranscribeConfig, attention_options: dict[str, str] | Non
     model.set_attention(evaluation_attention(model, config.attention, attention_options))
     kinds = list(model.tokenizers)
     word_decoder = start_lexicon_decoder(model, config)
+    if config.out:
+        Path(config.out).parent.mkdir(parents=True, exist_ok=True)
     out = open(config.out, "w") if config.out else None
     try:
         def emit(record: dict) -> None:
