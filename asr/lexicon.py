@@ -21,8 +21,8 @@ temporary name and renamed, so it is whole or absent; `--out` may be the `--base
 A progress bar follows the pronouncing (200 words per synthesiser run).
 
 Exit status: 0 written (also when some words could not be pronounced: they are listed); 2 a usage
-error (no text, an unreadable file, a bad base lexicon); 1 when espeak-ng or flite is missing or
-fails (the message names the Debian package).
+error (no text, an unreadable file, a word over 100 letters, a bad base lexicon); 1 when espeak-ng
+or flite is missing or fails (the message names the Debian package).
 """
 from __future__ import annotations
 

@@ -64,10 +64,10 @@ class OptimConfig:
 class TrainerConfig:
     """Passed to lightning.Trainer (and the callbacks train.py adds)."""
     max_epochs: int = 100              # -1: no epoch limit
-    max_steps: int = -1                # -1: no step limit
+    max_steps: int = -1                # -1: no step limit; else >= 1
     max_minutes: Optional[float] = None  # wall-clock budget for training; None: none
     accelerator: str = "auto"          # cpu | gpu | auto (a GPU when there is one)
-    devices: Any = "auto"              # per node: a count, a list of GPU ids, or "auto" (all)
+    devices: Any = "auto"              # per node: a count >= 1, a list of GPU ids, or "auto" (all)
     num_nodes: int = 1                 # machines; the run has num_nodes x devices processes (DDP)
     strategy: str = "auto"             # "auto" is DDP when there are several devices or nodes
     # DDP: how long a process waits at a collective (gradient averaging, gathering the validation
@@ -90,7 +90,7 @@ class TrainerConfig:
     # With early_stopping_patience: "better" is below the best so far x (1 - this), e.g. 0.02 for a 2 %
     # relative gain (asr.training.callbacks.RelativePlateauStop); null: any decrease (Lightning's EarlyStopping)
     early_stopping_min_relative_gain: Optional[float] = None
-    torch_threads: Optional[int] = None  # torch.set_num_threads; None: torch's default
+    torch_threads: Optional[int] = None  # torch.set_num_threads (>= 1); None: torch's default
     # Debugging: every process writes the utterance ids of each batch it ran to
     # <run folder>/batches/rank<global rank>.jsonl (see asr.training.callbacks.BatchRecorder).
     record_batches: bool = False
@@ -158,7 +158,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     synth_corpus: SynthCorpusConfig = field(default_factory=SynthCorpusConfig)
-    seed: int = 0                      # initialisation, shuffling, SpecAugment and the attention's draws
+    seed: int = 0                      # initialisation, shuffling, SpecAugment and the attention's draws; 0 to 2^32-1
     run_root: str = "runs"             # runs go to <run_root>/<preset>/<timestamp> ...
     run_dir: Optional[str] = None      # ... unless this names the folder
     ckpt_path: Optional[str] = None    # "last": resume the newest run of this preset; or a .ckpt path

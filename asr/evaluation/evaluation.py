@@ -64,9 +64,9 @@ class EvaluateConfig:
     # Keys of a shared-QK model under full, clustered, i-clustered, oracle-top: trained (the form
     # the model was trained with; unit keys, no attention to self after shared_full or lsh) | raw
     shared_qk_keys: str = "trained"
-    seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention
+    seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention (>= 0)
     device: str = "cpu"                  # cpu | cuda | cuda:N
-    threads: Optional[int] = None        # torch.set_num_threads; None: torch's default
+    threads: Optional[int] = None        # torch.set_num_threads (>= 1); None: torch's default
     limit: Optional[int] = None          # evaluate only the first N batches (a quick look)
     out: Optional[str] = None            # output folder
     progress: bool = True
@@ -216,10 +216,13 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
                          if config.reference_lexicon else None)
     split_name = KALDI_SPLIT if config.data_dir else config.split
     out = Path(config.out) if config.out else None
+    if out is not None:   # before any data is prepared; the default folder is known once the split is
+        check_out_folder(out, given=True)
     data = evaluation_data(model, config.checkpoint, split_name, config.data_dir, dict(config.data),
                            progress=config.progress)
-    out = out or default_out_dir(config, data.split, label)
-    check_out_folder(out, given=config.out is not None)   # before decoding, not after it
+    if out is None:
+        out = default_out_dir(config, data.split, label)
+        check_out_folder(out, given=False)   # before decoding, not after it
     word_decoder = None
     if lexicon_settings is not None:
         from asr.evaluation.decoding.evaluation import start_word_decoder

@@ -68,11 +68,11 @@ class TranscribeConfig:
     restrict_lexicon: bool = False       # decode only the lexicon words the LM knows (else: <unk> probability)
     out: Optional[str] = None            # JSON lines file
     device: str = "cpu"                  # cpu | cuda | cuda:N
-    seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention
+    seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention (>= 0)
     window: Optional[float] = 20.0       # seconds: the longest piece the model sees at once; None: one pass
     overlap: float = 2.0                 # seconds shared by neighbouring pieces (half on each side of a cut)
     batch_seconds: float = 200.0         # padded seconds of audio per batch
-    threads: Optional[int] = None        # torch.set_num_threads; None: torch's default
+    threads: Optional[int] = None        # torch.set_num_threads (>= 1); None: torch's default
     progress: bool = True
     files: list = field(default_factory=list)   # the positional arguments
 

@@ -291,7 +291,8 @@ def kaldi_folder(folder: Path, **files: bytes) -> Path:
 
 
 @pytest.mark.parametrize("text, says", [
-    (b"a HELLO\xffWORLD\nb GOOD DAY\n", r"text:1: byte 8 of the line is not UTF-8 \(b'\\xff'\); save the file as UTF-8"),
+    (b"a HELLO\xffWORLD\nb GOOD DAY\n",
+     r"text:1: byte 8 of the line is not UTF-8 \(b'\\xff'\); save the file as UTF-8"),
     (b"a HELLO WORLD\nb GOOD\x00DAY\n", r"text:2: character 7 of the line is the control character '\\x00'"),
     (b"a HELLO WORLD\nb GOOD\x1b[31mDAY\n", r"text:2: character 7 of the line is the control character '\\x1b'"),
 ])

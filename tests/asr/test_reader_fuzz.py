@@ -46,7 +46,8 @@ A_CUT = {"id": "u1", "start": 0.0, "duration": 1.0, "channel": 0, "type": "MonoC
          "recording": {"id": "r1", "sources": [{"type": "file", "channels": [0], "source": "audio/r1.flac"}],
                        "sampling_rate": 16000, "num_samples": 16000, "duration": 1.0, "channel_ids": [0]}}
 JSON_VALUES = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | any_text_line,
-                           lambda inner: st.lists(inner, max_size=3) | st.dictionaries(any_text_line, inner, max_size=3),
+                           lambda inner: (st.lists(inner, max_size=3)
+                                          | st.dictionaries(any_text_line, inner, max_size=3)),
                            max_leaves=6)
 # (path into the cut, as keys and list indexes)
 CUT_FIELDS = [("id",), ("start",), ("duration",), ("type",), ("supervisions",), ("supervisions", 0, "text"),

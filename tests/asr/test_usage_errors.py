@@ -204,7 +204,8 @@ def test_a_read_only_corpus_whose_features_are_cached_is_evaluated_and_one_lacki
     assert evaluate_main([*arguments, f"out={tmp_path / 'lacking'}"]) == USAGE_ERROR
     line = one_error_line(capsys)
     assert line.startswith(f"asr.evaluate: error: the feature cache {corpus / 'features'} cannot be written "
-                           f"(data.root='{corpus}' is read-only) and lacks the features of 2 utterances of split 'test'")
+                           f"(data.root='{corpus}' is read-only) and lacks the features of 2 utterances of split "
+                           "'test'")
     assert "data.cache_dir=FOLDER" in line
 
 
@@ -213,8 +214,9 @@ def test_a_lexicon_text_word_over_128_kib_is_one_line_not_an_e2big_traceback(tmp
     text = tmp_path / "words.txt"
     text.write_text("hello\n" + "w" * 140_000 + "\n")
     assert lexicon_main([str(text), "--out", str(tmp_path / "lexicon.txt"), "--no-progress"]) == USAGE_ERROR
-    assert one_error_line(capsys) == (f"asr.lexicon: error: {text}: a word of 140000 letters (wwwwwwwwwwwwwwwwwwww...); "
-                                      "a word to pronounce has at most 100 (is it text with its spaces lost?)")
+    assert one_error_line(capsys) == (f"asr.lexicon: error: {text}: a word of 140000 letters "
+                                      f"({'w' * 20}...); a word to pronounce has at most 100 (is it text with its "
+                                      "spaces lost?)")
     assert not (tmp_path / "lexicon.txt").exists()
 
 

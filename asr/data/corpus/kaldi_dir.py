@@ -72,8 +72,8 @@ def read_kaldi_table(path: Path, min_fields: int = 2, key: str = "utterance id")
             if len(fields) < min_fields:
                 raise KaldiDataDirError(f"{path}:{number}: expected at least {min_fields} fields, got {line.strip()!r}")
             if fields[0] in first_line:
-                raise KaldiDataDirError(f"{path}:{number}: {key} {fields[0]!r} is also on line {first_line[fields[0]]}; "
-                                        f"each {key} may be given once")
+                raise KaldiDataDirError(f"{path}:{number}: {key} {fields[0]!r} is also on line "
+                                        f"{first_line[fields[0]]}; each {key} may be given once")
             first_line[fields[0]] = number
             rows.append((number, fields))
     return rows
