@@ -21,8 +21,8 @@ temporary name and renamed, so it is whole or absent; `--out` may be the `--base
 A progress bar follows the pronouncing (200 words per synthesiser run).
 
 Exit status: 0 written (also when some words could not be pronounced: they are listed); 2 a usage
-error (no text, an unreadable file, a bad base lexicon); 1 when espeak-ng or flite is missing or
-fails (the message names the Debian package).
+error (no text, an unreadable file, a word over 100 letters, a bad base lexicon); 1 when espeak-ng
+or flite is missing or fails (the message names the Debian package).
 """
 from __future__ import annotations
 
@@ -41,6 +41,9 @@ from asr.core.exit_status import USAGE_ERROR, run_command
 COMMAND = "asr.lexicon"
 CHUNK_WORDS = 200            # words per call of the synthesisers (one progress step)
 WEAK_FORM_MIN_COUNT = 2      # a word must occur this often in the text to get a weak form
+# The longest word pronounced (English's longest dictionary words have 30-45 letters): a chunk of
+# such words stays far below the 128 KiB the kernel allows one argument of the synthesisers.
+MAX_WORD_LETTERS = 100
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +65,12 @@ def text_words(paths: list[Path]) -> Counter:
     counts: Counter = Counter()
     for path in paths:
         for line in read_normalised_lines(path):
-            counts.update(line.split())
+            words = line.split()
+            longest = max(words, key=len)
+            if len(longest) > MAX_WORD_LETTERS:
+                raise TextFileError(f"{path}: a word of {len(longest)} letters ({longest[:20]}...); a word to "
+                                    f"pronounce has at most {MAX_WORD_LETTERS} (is it text with its spaces lost?)")
+            counts.update(words)
     if not counts:
         raise TextFileError(f"no words in {', '.join(str(p) for p in paths)} (after normalisation to "
                             "lowercase a-z and apostrophes): nothing to pronounce")

@@ -45,7 +45,8 @@ from lightning.pytorch.utilities.rank_zero import rank_zero_only
 from omegaconf import DictConfig, OmegaConf
 
 from asr.config.schema import register_schema
-from asr.core.errors import ConfigError
+from asr.core.errors import ConfigError, DiskFullError
+from asr.core.output_paths import disk_full
 from asr.config.help import schema_help
 from asr.config.spelling import exit_on_misspelt_override
 from asr.data.corpus.manifests import ManifestError
@@ -141,6 +142,10 @@ def run(cfg: DictConfig) -> None:
         raise SystemExit(INTERRUPTED) from None
     except Exception as error:   # the console gets Hydra's report of it; train.log the reason the run stopped
         file_log.exception("asr.train: stopped by an error")
+        full = error if isinstance(error, DiskFullError) else disk_full(error, f"the run folder {run_dir}")
+        if full is not None:   # one line naming the file, not torch's "unexpected pos"
+            say(f"asr.train: error: {full}; {resume_hint(run_dir)}", sys.stderr)
+            raise SystemExit(FAILURE) from None
         lost = lost_process(error)
         if lost is None:
             raise

@@ -29,6 +29,11 @@ class SharedQKRequiredError(AttentionConfigError):
     model without shared query/key projections)."""
 
 
+# The largest value of any option (a larger Python int failed inside a kernel's argument conversion,
+# or overflowed a size computed from it): what every kernel takes as a 32-bit count.
+OPTION_LIMIT = 2**31 - 1
+
+
 @dataclass(frozen=True)
 class Option:
     """One option of an attention type: an int with a default, an allowed range and, optionally,
@@ -65,6 +70,10 @@ class Option:
             raise AttentionConfigError(
                 f"attention '{attention}': option {self.name}={value} is out of range; "
                 f"allowed: {self.rule()}")
+        if value > OPTION_LIMIT:
+            raise AttentionConfigError(
+                f"attention '{attention}': option {self.name}={value} is out of range; at most {OPTION_LIMIT} "
+                f"(the largest the kernels take); allowed: {self.rule()}")
         if value % self.multiple_of:
             raise AttentionConfigError(
                 f"attention '{attention}': option {self.name}={value} is not a multiple of {self.multiple_of}; "

@@ -15,11 +15,12 @@ DataConfig (asr.data.config), from which the data module and the corpus are made
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from typing import Any, Dict, NamedTuple, Optional
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from asr.core.errors import ConfigError
 from asr.data.config import DataConfig
@@ -63,10 +64,10 @@ class OptimConfig:
 class TrainerConfig:
     """Passed to lightning.Trainer (and the callbacks train.py adds)."""
     max_epochs: int = 100              # -1: no epoch limit
-    max_steps: int = -1                # -1: no step limit
+    max_steps: int = -1                # -1: no step limit; else >= 1
     max_minutes: Optional[float] = None  # wall-clock budget for training; None: none
     accelerator: str = "auto"          # cpu | gpu | auto (a GPU when there is one)
-    devices: Any = "auto"              # per node: a count, a list of GPU ids, or "auto" (all)
+    devices: Any = "auto"              # per node: a count >= 1, a list of GPU ids, or "auto" (all)
     num_nodes: int = 1                 # machines; the run has num_nodes x devices processes (DDP)
     strategy: str = "auto"             # "auto" is DDP when there are several devices or nodes
     # DDP: how long a process waits at a collective (gradient averaging, gathering the validation
@@ -89,7 +90,7 @@ class TrainerConfig:
     # With early_stopping_patience: "better" is below the best so far x (1 - this), e.g. 0.02 for a 2 %
     # relative gain (asr.training.callbacks.RelativePlateauStop); null: any decrease (Lightning's EarlyStopping)
     early_stopping_min_relative_gain: Optional[float] = None
-    torch_threads: Optional[int] = None  # torch.set_num_threads; None: torch's default
+    torch_threads: Optional[int] = None  # torch.set_num_threads (>= 1); None: torch's default
     # Debugging: every process writes the utterance ids of each batch it ran to
     # <run folder>/batches/rank<global rank>.jsonl (see asr.training.callbacks.BatchRecorder).
     record_batches: bool = False
@@ -157,7 +158,7 @@ class TrainConfig:
     optim: OptimConfig = field(default_factory=OptimConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     synth_corpus: SynthCorpusConfig = field(default_factory=SynthCorpusConfig)
-    seed: int = 0                      # initialisation, shuffling, SpecAugment and the attention's draws
+    seed: int = 0                      # initialisation, shuffling, SpecAugment and the attention's draws; 0 to 2^32-1
     run_root: str = "runs"             # runs go to <run_root>/<preset>/<timestamp> ...
     run_dir: Optional[str] = None      # ... unless this names the folder
     ckpt_path: Optional[str] = None    # "last": resume the newest run of this preset; or a .ckpt path
@@ -241,7 +242,27 @@ def validate_config(cfg: Any) -> ValidatedConfig:
     _check_optim_section(cfg.optim)
     _check_trainer_section(cfg.trainer)
     _check_cuda_graph_options(cfg)
+    _check_seed("seed", cfg.seed)
+    _check_synth_corpus_section(cfg.synth_corpus)
+    _check_seed("adapt.dev_seed", cfg.adapt.dev_seed)
     return ValidatedConfig(attention, data)
+
+
+# The largest seed: Lightning's seed_everything seeds NumPy too, whose seeds are unsigned 32-bit.
+MAX_SEED = 2**32 - 1
+
+
+def _check_seed(key: str, value: int) -> None:
+    _require(0 <= value <= MAX_SEED, key, value, f"a seed is a whole number in [0, {MAX_SEED}]")
+
+
+def _check_synth_corpus_section(synth: Any) -> None:
+    """synth_corpus.*: the built-in corpus's sizes, seed and processes (used when it is generated)."""
+    for key in ("train_utterances", "dev_utterances", "test_utterances", "utterance_scale"):
+        _require(getattr(synth, key) >= 1, f"synth_corpus.{key}", getattr(synth, key), "must be >= 1")
+    _check_seed("synth_corpus.seed", synth.seed)
+    _require(synth.jobs is None or synth.jobs >= 1, "synth_corpus.jobs", synth.jobs,
+             "must be a number of processes >= 1, or null (one per core)")
 
 
 def _check_model_section(model: Any, attention: ValidatedAttention) -> None:
@@ -270,12 +291,16 @@ def _check_data_section(cfg: Any) -> DataConfig:
     for kind, weight in cfg.model.loss_weights.items():
         _require(kind in targets, f"model.loss_weights.{kind}", weight,
                  f"names no target; the targets (data.targets) are {targets}")
-        _require(weight >= 0.0, f"model.loss_weights.{kind}", weight, "must be >= 0")
+        _require(math.isfinite(weight) and weight >= 0.0, f"model.loss_weights.{kind}", weight,
+                 "must be a finite number >= 0")
     return data
 
 
 def _check_optim_section(optim: Any) -> None:
+    for key in ("lr", "weight_decay", "clip_norm", "min_lr"):   # NaN fails every comparison below; inf does not
+        _require(math.isfinite(getattr(optim, key)), f"optim.{key}", getattr(optim, key), "must be a finite number")
     _require(optim.lr > 0, "optim.lr", optim.lr, "must be > 0")
+    _require(optim.min_lr >= 0, "optim.min_lr", optim.min_lr, "must be >= 0")
     _require(optim.weight_decay >= 0, "optim.weight_decay", optim.weight_decay, "must be >= 0")
     _require(optim.clip_norm >= 0, "optim.clip_norm", optim.clip_norm, "must be >= 0 (0 disables clipping)")
     _require(0 < optim.plateau_factor < 1, "optim.plateau_factor", optim.plateau_factor, "must lie in (0, 1)")
@@ -286,6 +311,17 @@ def _check_optim_section(optim: Any) -> None:
 def _check_trainer_section(trainer: Any) -> None:
     _require(trainer.max_epochs >= 1 or trainer.max_epochs == -1, "trainer.max_epochs", trainer.max_epochs,
              "must be >= 1 (or -1 for no limit)")
+    _require(trainer.max_steps >= 1 or trainer.max_steps == -1, "trainer.max_steps", trainer.max_steps,
+             "must be >= 1 (or -1 for no limit)")
+    _check_devices(trainer.devices)
+    _require(trainer.torch_threads is None or trainer.torch_threads >= 1, "trainer.torch_threads",
+             trainer.torch_threads, "must be a number of threads >= 1, or null (torch's default)")
+    _require(trainer.log_every_n_steps >= 1, "trainer.log_every_n_steps", trainer.log_every_n_steps, "must be >= 1")
+    _require(trainer.num_sanity_val_steps >= -1, "trainer.num_sanity_val_steps", trainer.num_sanity_val_steps,
+             "must be a number of batches >= 0 (or -1 for the whole dev split)")
+    _require(trainer.early_stopping_patience is None or trainer.early_stopping_patience >= 0,
+             "trainer.early_stopping_patience", trainer.early_stopping_patience,
+             "must be a number of validations >= 1, or 0 or null (off)")
     _require(trainer.max_minutes is None or trainer.max_minutes > 0, "trainer.max_minutes",
              trainer.max_minutes, "must be > 0 or null")
     for key in ("limit_train_batches", "limit_val_batches", "limit_test_batches"):
@@ -333,6 +369,27 @@ def _check_trainer_section(trainer: Any) -> None:
              "must lie in [0, 1) (0.02: a 2 % relative gain), or null")
     _require(gain is None or trainer.early_stopping_patience, "trainer.early_stopping_min_relative_gain", gain,
              "needs trainer.early_stopping_patience=N (the validations it waits for that gain)")
+
+
+def _check_devices(devices: Any) -> None:
+    """trainer.devices: "auto", a count >= 1, a list of GPU ids (>= 0, each once), or Lightning's
+    string forms of them ("2", "0,1")."""
+    rule = 'must be "auto", a number of devices >= 1, or a list of GPU ids such as [0,1]'
+    value = OmegaConf.to_container(devices) if isinstance(devices, ListConfig) else devices
+    if isinstance(value, str) and value != "auto":
+        parts = [part.strip() for part in value.split(",")]
+        ids = [int(part) for part in parts if part.isdigit()]
+        _require(len(ids) == len([p for p in parts if p]) and ids, "trainer.devices", devices, rule)
+        value = ids if "," in devices else ids[0]
+    if isinstance(value, bool):
+        _require(False, "trainer.devices", devices, rule)
+    elif isinstance(value, int):
+        _require(value >= 1, "trainer.devices", devices, rule)
+    elif isinstance(value, list):
+        _require(bool(value) and all(isinstance(i, int) and not isinstance(i, bool) and i >= 0 for i in value)
+                 and len(set(value)) == len(value), "trainer.devices", devices, rule)
+    elif value != "auto":
+        _require(False, "trainer.devices", devices, rule)
 
 
 def _check_cuda_graph_options(cfg: Any) -> None:

@@ -25,3 +25,7 @@ def closest_name(word: str, names: Iterable[str]) -> str | None:
     """The name most like `word` (at least SIMILARITY alike), or None."""
     matches = difflib.get_close_matches(word, list(names), n=1, cutoff=SIMILARITY)
     return matches[0] if matches else None
+
+
+class DiskFullError(OSError):
+    """A write that failed because its file system is full; the message names the file or folder."""

@@ -14,6 +14,9 @@ from __future__ import annotations
 import sys
 from typing import Callable
 
+from asr.core.errors import DiskFullError
+from asr.core.output_paths import disk_full, full_disk_cause
+
 SUCCESS = 0
 FAILURE = 1
 USAGE_ERROR = 2
@@ -25,8 +28,8 @@ def run_command(command: str, body: Callable[[], int | None], usage_errors: tupl
     """Runs a command's `body` and returns its exit status: the body's own (None: SUCCESS);
     USAGE_ERROR for `usage_errors` and FAILURE for `failures`, each printed as one
     '<command>: error: <message>' line on stderr without a traceback; INTERRUPTED after Ctrl-C,
-    with `resume_hint` (how to continue) on the line that says so.
-    Any other exception propagates: Python prints its traceback and exits with 1."""
+    with `resume_hint` (how to continue) on the line that says so; FAILURE with one line for a write
+    that found its disk full (asr.core.output_paths). Any other exception propagates: Python prints its traceback and exits with 1."""
     try:
         status = body()
     except usage_errors as error:
@@ -38,5 +41,12 @@ def run_command(command: str, body: Callable[[], int | None], usage_errors: tupl
     except KeyboardInterrupt:
         print(f"\n{command}: interrupted{'; ' + resume_hint if resume_hint else ''}", file=sys.stderr)
         return INTERRUPTED
+    except Exception as error:   # a full disk, wherever it struck: one line, not torch's "unexpected pos"
+        cause = full_disk_cause(error)
+        if cause is None:
+            raise
+        full = error if isinstance(error, DiskFullError) else disk_full(error, cause.filename or "a result")
+        print(f"{command}: error: {full}", file=sys.stderr)
+        return FAILURE
     return SUCCESS if status is None else status
 

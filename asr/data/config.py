@@ -3,7 +3,8 @@
 A DataConfig checks its values when it is made (`__post_init__`): a bad option is a ValueError
 naming it and what is allowed. `DataConfig.of(section)` makes one from the composed config's
 section (an OmegaConf node or a dict; an unknown key is an error) and checks the one thing that is
-a fact of the machine rather than of the values, that the feature cache can be written. A run's
+a fact of the machine rather than of the values, that the feature cache can be written (or already
+exists: a read-only corpus whose features are all cached needs no writing). A run's
 start does that once (asr.config.schema) and hands the DataConfig down: the data module, the
 corpus (asr.data.corpus.corpus.Corpus.of) and the commands take it as it is.
 """
@@ -98,16 +99,18 @@ class DataConfig:
             raise ValueError(f"data.max_duration={self.max_duration} must be a positive number of seconds")
         if self.num_buckets < 1:
             raise ValueError(f"data.num_buckets={self.num_buckets} must be >= 1")
-        if self.num_workers < 0 or self.feature_jobs < 1:
-            raise ValueError(f"data.num_workers={self.num_workers} must be >= 0 and data.feature_jobs="
-                             f"{self.feature_jobs} >= 1")
+        if self.num_workers < 0:
+            raise ValueError(f"data.num_workers={self.num_workers} must be a number of DataLoader workers >= 0")
+        if self.feature_jobs < 1:
+            raise ValueError(f"data.feature_jobs={self.feature_jobs} must be a number of processes >= 1")
         if not isinstance(self.allow_commands, bool):
             raise ValueError(f"data.allow_commands={self.allow_commands!r}; give true or false")
         if self.streaming not in (True, False, "auto"):
             raise ValueError(f"data.streaming={self.streaming!r}; choose true, false or auto")
-        if not 1 <= self.stream_shard_cuts <= MAX_SHARD_CUTS or self.stream_window_shards < 1:
-            raise ValueError(f"data.stream_shard_cuts={self.stream_shard_cuts} must lie in [1, {MAX_SHARD_CUTS}] and "
-                             f"data.stream_window_shards={self.stream_window_shards} be >= 1")
+        if not 1 <= self.stream_shard_cuts <= MAX_SHARD_CUTS:
+            raise ValueError(f"data.stream_shard_cuts={self.stream_shard_cuts} must lie in [1, {MAX_SHARD_CUTS}]")
+        if self.stream_window_shards < 1:
+            raise ValueError(f"data.stream_window_shards={self.stream_window_shards} must be >= 1")
         if self.join_seconds is not None and not self.join_seconds > 0:
             raise ValueError(f"data.join_seconds={self.join_seconds} must be a positive number of seconds, or null "
                              "(one utterance per training example)")
@@ -147,7 +150,7 @@ class DataConfig:
             if unknown:
                 raise ValueError(f"unknown data options {unknown}; the data options are: {', '.join(sorted(known))}")
             data = cls(**section)
-        data.check_feature_cache()
+        data.check_feature_cache(existing_cache_suffices=True)
         return data
 
     @property
@@ -155,15 +158,25 @@ class DataConfig:
         """Where the features are cached: data.cache_dir, or by default {data.root}/features."""
         return Path(self.cache_dir) if self.cache_dir else Path(os.fspath(self.root)).expanduser() / "features"
 
-    def check_feature_cache(self) -> None:
-        """ValueError when features are to be precomputed and their cache folder cannot be written."""
-        if self.precompute_features and not can_write(self.feature_cache_folder):
-            if self.cache_dir:
-                raise ValueError(f"data.cache_dir={self.cache_dir!r} is not writable; give a folder you can write to")
-            raise ValueError(
-                f"the feature cache {self.feature_cache_folder} cannot be written (data.root={self.root!r} is read-only): "
-                f"give a writable folder with data.cache_dir=FOLDER (features are computed once and reused from "
-                f"there), or data.precompute_features=false to compute them per batch")
+    def check_feature_cache(self, existing_cache_suffices: bool = False) -> None:
+        """ValueError when features are to be precomputed and their cache folder cannot be written.
+        `existing_cache_suffices`: a cache folder that exists passes, written or not (a read-only corpus
+        whose features were computed before); the data module then refuses a split whose features are
+        not all there (`feature_cache_error`), before computing any."""
+        if not self.precompute_features or can_write(self.feature_cache_folder):
+            return
+        if existing_cache_suffices and self.feature_cache_folder.is_dir():
+            return
+        raise ValueError(self.feature_cache_error())
+
+    def feature_cache_error(self, missing: str = "") -> str:
+        """The message for a feature cache that must be written and cannot be; `missing` says what it lacks."""
+        lacks = f" and lacks {missing}" if missing else ""
+        if self.cache_dir:
+            return (f"data.cache_dir={self.cache_dir!r} is not writable{lacks}; give a folder you can write to")
+        return (f"the feature cache {self.feature_cache_folder} cannot be written (data.root={self.root!r} is "
+                f"read-only){lacks}: give a writable folder with data.cache_dir=FOLDER (features are computed once "
+                f"and reused from there), or data.precompute_features=false to compute them per batch")
 
 
 def can_write(path: Path) -> bool:

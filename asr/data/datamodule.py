@@ -52,12 +52,12 @@ import lightning
 import torch
 from lhotse import CutSet
 
-from asr.data.config import DataConfig
+from asr.data.config import DataConfig, can_write
 from asr.data.corpus.corpus import Corpus
 from asr.data.corpus.corpus_lock import writing_corpus_folder
-from asr.data.corpus.manifests import load_cuts
+from asr.data.corpus.manifests import ManifestError, load_cuts
 from asr.data.features.features import FilterBank
-from asr.data.features.feature_cache import StoredFeatures, attach_features, feature_directory
+from asr.data.features.feature_cache import FeatureStore, StoredFeatures, attach_features, feature_directory
 from asr.data.features.feature_stats import FeatureStats, global_feature_stats, statistics_sample
 from asr.data.augment.specaugment import SpecAugment
 from asr.data.augment.vtlp import VocalTractLengthPerturbation
@@ -159,6 +159,7 @@ class SpeechDataModule(lightning.LightningDataModule):
                 data, cut, ids, self.filterbank, self.frame_subsampling))
             self._splits[name] = data
         if features and data.features is None:
+            self._check_cache_holds(name, data.cuts)
             # 4. attach features; leave out audio found corrupt there, and what CTC cannot align
             data.features, failures = attach_features(data.cuts, self.filterbank, cfg.precompute_features,
                                                       cfg.feature_cache_folder, name, cfg.feature_jobs, cfg.progress,
@@ -168,6 +169,18 @@ class SpeechDataModule(lightning.LightningDataModule):
             log.info("%s %s: %d utterances, %.2f h%s", cfg.corpus, name, len(data.cuts), data.hours,
                      f"; dropped {data.dropped}" if data.dropped else "")
         return data
+
+    def _check_cache_holds(self, name: str, cuts) -> None:
+        """ManifestError, before any feature is computed, when split `name` has cuts without cached
+        features and the cache cannot be written (a read-only corpus: DataConfig.check_feature_cache)."""
+        cfg = self.cfg
+        if not cfg.precompute_features or can_write(cfg.feature_cache_folder):
+            return
+        directory = cfg.feature_cache_folder / self.filterbank.cache_key / name
+        store = FeatureStore(directory, self.filterbank.num_mel_bins) if directory.is_dir() else None
+        missing = sum(1 for cut in cuts if store is None or not store.has(cut))
+        if missing:
+            raise ManifestError(cfg.feature_cache_error(f"the features of {missing} utterances of split {name!r}"))
 
     @property
     def streaming(self) -> bool:

@@ -20,6 +20,7 @@ from typing import Any, Optional
 import torch
 
 from asr.core.errors import EvaluationError
+from asr.core.output_paths import disk_full, unwritable_reason
 from asr.data.corpus.corpus import Corpus
 from asr.data.corpus.manifests import ManifestError
 from asr.evaluation.attention_choice import (attention_label, check_shared_qk_keys, evaluation_attention,
@@ -63,9 +64,9 @@ class EvaluateConfig:
     # Keys of a shared-QK model under full, clustered, i-clustered, oracle-top: trained (the form
     # the model was trained with; unit keys, no attention to self after shared_full or lsh) | raw
     shared_qk_keys: str = "trained"
-    seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention
+    seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention (>= 0)
     device: str = "cpu"                  # cpu | cuda | cuda:N
-    threads: Optional[int] = None        # torch.set_num_threads; None: torch's default
+    threads: Optional[int] = None        # torch.set_num_threads (>= 1); None: torch's default
     limit: Optional[int] = None          # evaluate only the first N batches (a quick look)
     out: Optional[str] = None            # output folder
     progress: bool = True
@@ -79,7 +80,7 @@ USAGE_ERRORS = (EvaluationError, AttentionConfigError, ManifestError, Checkpoint
 
 def check_decoding_options(config: Any) -> None:
     """The decoding options asr.evaluate and asr.transcribe share (decoder, beam_size, lexicon, lm,
-    extra_lexicon, lm_weight, word_score, beam, device), checked before anything is loaded:
+    extra_lexicon, lm_weight, word_score, beam, seed, threads, device), checked before anything is loaded:
     EvaluationError saying what to give."""
     if config.decoder not in DECODERS:
         raise EvaluationError(f"decoder={config.decoder!r}; choose one of {', '.join(DECODERS)}")
@@ -93,6 +94,10 @@ def check_decoding_options(config: Any) -> None:
                                   f"{getattr(type(config), name)})")
     if config.beam < 1:
         raise EvaluationError(f"beam={config.beam} must be >= 1 (the lexicon decoder's hypotheses kept per frame)")
+    if config.seed < 0:
+        raise EvaluationError(f"seed={config.seed} must be a whole number >= 0 (it seeds clustered and LSH attention)")
+    if config.threads is not None and config.threads < 1:
+        raise EvaluationError(f"threads={config.threads} must be a number of threads >= 1, or null (torch's default)")
     from asr.evaluation.decoding.evaluation import check_lexicon_options
     try:
         check_lexicon_options(config.decoder, config.lexicon, config.lm, config.extra_lexicon)
@@ -158,7 +163,26 @@ def lexicon_label(config: EvaluateConfig) -> str:
             + hashlib.sha1(files.encode()).hexdigest()[:6])
 
 
+def check_out_folder(out: Path, given: bool) -> None:
+    """EvaluationError when the results folder `out` cannot be written (given as out=, or the default
+    one in the checkpoint's run folder)."""
+    reason = unwritable_reason(out, folder=True)
+    if reason is not None:
+        where = f"out={out}" if given else f"the results folder {out} (beside the checkpoint)"
+        raise EvaluationError(f"{where} cannot be written: {reason}; give a folder you can write to with out=FOLDER")
+
+
 def write_outputs(out: Path, result: EvaluationResult, report: dict) -> None:
+    try:
+        _write_outputs(out, result, report)
+    except OSError as error:
+        full = disk_full(error, out)
+        if full is not None:
+            raise full from None
+        raise
+
+
+def _write_outputs(out: Path, result: EvaluationResult, report: dict) -> None:
     out.mkdir(parents=True, exist_ok=True)
     with open(out / "hypotheses.jsonl", "w") as handle:
         for record in result.utterances:
@@ -192,9 +216,13 @@ def evaluate(config: EvaluateConfig, attention_options: dict[str, str] | None = 
                          if config.reference_lexicon else None)
     split_name = KALDI_SPLIT if config.data_dir else config.split
     out = Path(config.out) if config.out else None
+    if out is not None:   # before any data is prepared; the default folder is known once the split is
+        check_out_folder(out, given=True)
     data = evaluation_data(model, config.checkpoint, split_name, config.data_dir, dict(config.data),
                            progress=config.progress)
-    out = out or default_out_dir(config, data.split, label)
+    if out is None:
+        out = default_out_dir(config, data.split, label)
+        check_out_folder(out, given=False)   # before decoding, not after it
     word_decoder = None
     if lexicon_settings is not None:
         from asr.evaluation.decoding.evaluation import start_word_decoder

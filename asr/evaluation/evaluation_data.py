@@ -29,7 +29,7 @@ def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, 
     (a shell command) is refused unless `allow_commands` (data.allow_commands=true)."""
     from asr.data.corpus.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
     from asr.data.corpus.manifest_builder import (NoUtterancesError, PreparationError, RecordingSpec, UtteranceSpec,
-                                                  build_manifests, file_identity)
+                                                  build_manifests, file_identity, problem_policy_option)
     from asr.data.corpus.preparation_report import Problem
     from asr.text.normalisation import normalise_transcript
     try:
@@ -54,9 +54,12 @@ def kaldi_manifests(data_dir: str | Path, out_dir: Path, progress: bool = True, 
         raise EvaluationError(f"data_dir={str(data_dir)!r}: {message}") from None
     except NoUtterancesError:
         raise EvaluationError(f"data_dir={str(data_dir)!r}: its wav.scp and text hold no utterances") from None
-    if report.get("dropped_utterances"):
-        log.warning("data_dir=%s: left out %d utterances (data.skip_bad_audio=true; the list is in %s)", data_dir,
-                    report["dropped_utterances"], out_dir / f"{KALDI_CORPUS}_report.json")
+    if report.get("dropped_utterances"):   # each reason named: an empty transcript is left out whatever the options
+        reasons = ", ".join(f"{count} {kind.replace('_', ' ')}" + (" (data.skip_bad_audio=true)" if
+                                                                   problem_policy_option(kind) else "")
+                            for kind, count in report.get("problem_counts", {}).items())
+        log.warning("data_dir=%s: left out %d utterances (%s; the list is in %s)", data_dir,
+                    report["dropped_utterances"], reasons, out_dir / f"{KALDI_CORPUS}_report.json")
     return out_dir
 
 

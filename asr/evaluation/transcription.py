@@ -26,6 +26,7 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import torch
 
+from asr.core.output_paths import unwritable_reason
 from asr.data.features.features import FilterBank
 from asr.evaluation.evaluation import load_model
 from asr.evaluation.attention_choice import evaluation_attention
@@ -67,11 +68,11 @@ class TranscribeConfig:
     restrict_lexicon: bool = False       # decode only the lexicon words the LM knows (else: <unk> probability)
     out: Optional[str] = None            # JSON lines file
     device: str = "cpu"                  # cpu | cuda | cuda:N
-    seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention
+    seed: int = EVALUATION_SEED          # seeds the random hashing of clustered / LSH attention (>= 0)
     window: Optional[float] = 20.0       # seconds: the longest piece the model sees at once; None: one pass
     overlap: float = 2.0                 # seconds shared by neighbouring pieces (half on each side of a cut)
     batch_seconds: float = 200.0         # padded seconds of audio per batch
-    threads: Optional[int] = None        # torch.set_num_threads; None: torch's default
+    threads: Optional[int] = None        # torch.set_num_threads (>= 1); None: torch's default
     progress: bool = True
     files: list = field(default_factory=list)   # the positional arguments
 
@@ -546,6 +547,10 @@ def transcribe(config: TranscribeConfig, attention_options: dict[str, str] | Non
                ) -> Outcome:
     """Transcribes config.files; each file's line goes to `print_line` (and to config.out as JSON),
     what could not be read to `warn`."""
+    if config.out:   # before the model is loaded and any file decoded
+        reason = unwritable_reason(config.out, folder=False)
+        if reason is not None:
+            raise TranscriptionError(f"out={config.out} cannot be written: {reason}; give a file you can write to")
     if config.threads:
         torch.set_num_threads(config.threads)
     if config.window is None:
@@ -555,6 +560,8 @@ def transcribe(config: TranscribeConfig, attention_options: dict[str, str] | Non
     model.set_attention(evaluation_attention(model, config.attention, attention_options))
     kinds = list(model.tokenizers)
     word_decoder = start_lexicon_decoder(model, config)
+    if config.out:
+        Path(config.out).parent.mkdir(parents=True, exist_ok=True)
     out = open(config.out, "w") if config.out else None
     try:
         def emit(record: dict) -> None:

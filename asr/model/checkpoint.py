@@ -36,6 +36,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from asr.data.features.features import FilterBank
 from asr.core.fault_injection import pause_point
+from asr.core.output_paths import disk_full
 from attention_ext import AttentionConfigError, available_attentions, validate_attention
 
 FORMAT_KEY = "asr_checkpoint_format"
@@ -190,7 +191,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     """Writes each checkpoint to a temporary file in its folder, fsyncs it, and renames it over the
     old one, so `last.ckpt` and `best.ckpt` are always either the old or the new file, whole: a run
     killed (kill -9, out of memory, a lost machine) during a write leaves at most a stray
-    `.<name>.*.tmp`, never a truncated checkpoint that a resume would then trust.
+    `.<name>.*.tmp`, never a truncated checkpoint that a resume would then trust. A full disk is a
+    DiskFullError naming the checkpoint (asr.core.output_paths).
 
     Reads as `read_checkpoint` does (weights_only, whatever TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD says), so
     the file Lightning opens itself for a resume (trainer.fit(ckpt_path=...)) or a test
@@ -211,8 +213,11 @@ class AtomicCheckpointIO(TorchCheckpointIO):
             if path.exists():
                 pause_point("checkpoint_replace")   # the fault suite kills here (asr.core.fault_injection)
             os.replace(temporary, path)
-        except BaseException:
+        except BaseException as error:
             Path(temporary).unlink(missing_ok=True)
+            full = disk_full(error, path)
+            if full is not None:   # torch says "unexpected pos"; the full disk is only its context
+                raise full from None
             raise
         folder = os.open(path.parent, os.O_RDONLY)   # the rename itself survives a power loss
         try:

@@ -20,7 +20,7 @@ from pathlib import Path
 import yaml
 
 from asr.core.errors import ConfigError
-from asr.model.checkpoint import newest_usable_checkpoint, read_checkpoint
+from asr.model.checkpoint import CheckpointError, newest_usable_checkpoint, read_checkpoint
 
 log = logging.getLogger("asr.train")
 
@@ -200,8 +200,22 @@ def run_folder_of(checkpoint: str | Path) -> Path | None:
 
 
 def stored_data_config(run: Path) -> dict:
-    """The data section of a run folder's config.yaml (as asr.train stored it, data.root as given)."""
-    return dict((yaml.safe_load((run / "config.yaml").read_text()) or {}).get("data") or {})
+    """The data section of a run folder's config.yaml (as asr.train stored it, data.root as given);
+    CheckpointError naming the file when it is not YAML, not UTF-8, or its data section not a mapping."""
+    path = run / "config.yaml"
+    try:
+        stored = yaml.safe_load(path.read_text(encoding="utf-8")) or {}
+    except (yaml.YAMLError, UnicodeDecodeError) as error:
+        where = getattr(error, "problem_mark", None)
+        line = f" (line {where.line + 1})" if where is not None else ""
+        raise CheckpointError(f"{path}{line} is not a readable config ({str(error).splitlines()[0]}); it is the "
+                              "config asr.train wrote beside the checkpoint: restore it, or move the checkpoint "
+                              "out of its run folder and give its data with data.* options") from None
+    data = stored.get("data") if isinstance(stored, dict) else None
+    if not isinstance(stored, dict) or not isinstance(data or {}, dict):
+        raise CheckpointError(f"{path} does not hold a config with a data: section as asr.train writes it; restore "
+                              "it, or move the checkpoint out of its run folder and give its data with data.* options")
+    return dict(data or {})
 
 
 def trained_data_config(checkpoint: str | Path) -> dict:

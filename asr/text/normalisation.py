@@ -14,6 +14,7 @@ from __future__ import annotations
 import gzip
 import re
 import sys
+import zlib
 from pathlib import Path
 
 _NOT_WORD_CHARACTER = re.compile(r"[^a-z']+")
@@ -50,6 +51,6 @@ def read_normalised_lines(path: str | Path) -> list[str]:
         opened = gzip.open(path, "rt", encoding="utf-8") if path.suffix == ".gz" else open(path, encoding="utf-8")
         with opened as handle:
             lines = [normalise_transcript(line.split()) for line in handle]
-    except (OSError, EOFError, UnicodeDecodeError) as error:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as error:   # zlib: a damaged .gz past its header
         raise TextFileError(f"text file {path} cannot be read as UTF-8 text ({error})") from None
     return [line for line in lines if line]

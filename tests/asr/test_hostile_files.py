@@ -279,3 +279,68 @@ def test_transcribe_named_on_a_fifo_says_so_instead_of_waiting_forever(checkpoin
     assert transcribe_main([f"checkpoint={checkpoint}", str(fifo)]) == USAGE_ERROR
     assert one_error_line(capsys) == (f"asr.transcribe: error: {fifo} is not a regular file (a FIFO, device or "
                                       "socket); give an audio file or a folder of them")
+
+
+# ---- a Kaldi folder's bytes and ids -------------------------------------------------------------------
+def kaldi_folder(folder: Path, **files: bytes) -> Path:
+    """A Kaldi folder of two utterances with plain files, any of which `files` replaces (name -> bytes)."""
+    folder.mkdir(exist_ok=True)
+    plain = {"wav.scp": b"a /audio/a.wav\nb /audio/b.wav\n", "text": b"a HELLO WORLD\nb GOOD DAY\n",
+             "utt2spk": b"a s1\nb s2\n"}
+    for name, content in {**plain, **files}.items():
+        (folder / name).write_bytes(content)
+    return folder
+
+
+@pytest.mark.parametrize("text, says", [
+    (b"a HELLO\xffWORLD\nb GOOD DAY\n",
+     r"text:1: byte 8 of the line is not UTF-8 \(b'\\xff'\); save the file as UTF-8"),
+    (b"a HELLO WORLD\nb GOOD\x00DAY\n", r"text:2: character 7 of the line is the control character '\\x00'"),
+    (b"a HELLO WORLD\nb GOOD\x1b[31mDAY\n", r"text:2: character 7 of the line is the control character '\\x1b'"),
+])
+def test_a_kaldi_line_with_bad_bytes_or_control_characters_is_an_error_naming_file_and_line(tmp_path, text, says):
+    # decoded leniently (errors="replace") or split on any whitespace, they became word breaks in the reference
+    from asr.data.corpus.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
+    folder = kaldi_folder(tmp_path / "kaldi", text=text)
+    with pytest.raises(KaldiDataDirError, match=f"^{folder / 'text'}:" + says.split(":", 1)[1]):
+        read_kaldi_data_dir(folder)
+
+
+@pytest.mark.parametrize("name, content, key, lines", [
+    ("text", b"a HELLO WORLD\nb GOOD DAY\na HELLO\n", "utterance id 'a'", (3, 1)),
+    ("wav.scp", b"a /audio/a.wav\nb /audio/b.wav\n\nb /audio/c.wav\n", "recording id 'b'", (4, 2)),
+    ("utt2spk", b"a s1\nb s2\nb s3\n", "utterance id 'b'", (3, 2)),
+    ("segments", b"a a 0 1\nb b 0 1\na b 1 2\n", "utterance id 'a'", (3, 1)),
+])
+def test_an_id_given_twice_in_a_kaldi_file_is_an_error_naming_both_lines(tmp_path, name, content, key, lines):
+    # the second line silently replaced the first: one utterance fewer, scored against the wrong words
+    from asr.data.corpus.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
+    folder = kaldi_folder(tmp_path / "kaldi", **{name: content})
+    with pytest.raises(KaldiDataDirError) as refused:
+        read_kaldi_data_dir(folder)
+    assert str(refused.value) == (f"{folder / name}:{lines[0]}: {key} is also on line {lines[1]}; "
+                                  f"each {key.rsplit(' ', 1)[0]} may be given once")
+
+
+def test_kaldi_files_in_utf8_with_a_byte_order_mark_tabs_and_crlf_still_read(tmp_path):
+    from asr.data.corpus.kaldi_dir import read_kaldi_data_dir
+    folder = kaldi_folder(tmp_path / "kaldi", text="\ufeffa\tHÉLLO WORLD\r\nb GOOD DAY\r\n".encode(),
+                          segments=b"a a 0 1.5\nb b 0.5 2\n")
+    read = read_kaldi_data_dir(folder)
+    assert [(u.id, u.words, u.start, u.end) for u in read.utterances] == [
+        ("a", ("HÉLLO", "WORLD"), 0.0, 1.5), ("b", ("GOOD", "DAY"), 0.5, 2.0)]
+
+
+def test_a_segment_of_nan_seconds_is_an_error_naming_the_line(tmp_path):
+    from asr.data.corpus.kaldi_dir import KaldiDataDirError, read_kaldi_data_dir
+    folder = kaldi_folder(tmp_path / "kaldi", segments=b"a a 0 1\nb b nan 2\n")
+    with pytest.raises(KaldiDataDirError, match=f"^{folder / 'segments'}:2: start and end must be finite seconds"):
+        read_kaldi_data_dir(folder)
+
+
+def test_evaluate_on_a_kaldi_text_with_a_nul_is_one_line_and_exit_2(checkpoint, tmp_path, capsys):
+    folder = kaldi_folder(tmp_path / "kaldi", text=b"a HELLO\x00WORLD\nb GOOD DAY\n")
+    assert evaluate_main([f"checkpoint={checkpoint}", f"data_dir={folder}", f"out={tmp_path / 'e'}",
+                          "progress=false"]) == USAGE_ERROR
+    assert one_error_line(capsys) == (f"asr.evaluate: error: data_dir: {folder / 'text'}:1: character 8 of the line "
+                                      "is the control character '\\x00'; a Kaldi table holds printable text only")

@@ -67,17 +67,43 @@ class AudioSource:
 def select_channel(samples: np.ndarray, channel: int | None, where: str) -> np.ndarray:
     if channel is None:
         if samples.shape[0] != 1:
-            raise AudioSourceError(f"{where} has {samples.shape[0]} channels; the recipe must name one")
+            raise AudioSourceError(f"{where} has {samples.shape[0]} channels and nothing names the one to use (mixed, "
+                                   "the speakers would blend): make it mono, e.g. `sox in.wav out.wav remix 1`, or "
+                                   "name a channel in the recipe")
         return samples[0]
     if not 0 <= channel < samples.shape[0]:
         raise AudioSourceError(f"{where} has {samples.shape[0]} channel(s); channel index {channel} (counting from 0) does not exist")
     return samples[channel]
 
 
+def check_regular_file(path: Path) -> None:
+    """AudioMissingError when `path` does not exist; AudioSourceError when it is a folder, a FIFO, a
+    device or a socket (reading a FIFO would wait for a writer forever)."""
+    problem = not_a_regular_file(path)
+    if problem == FILE_NOT_FOUND:
+        raise AudioMissingError(f"{path}: {problem}")
+    if problem:
+        raise AudioSourceError(f"{path}: {problem}")
+
+
+FILE_NOT_FOUND = "file not found"
+
+
+def not_a_regular_file(path: str | Path) -> str | None:
+    """Why `path` is not a regular file one can read audio from, or None when it is one."""
+    path = Path(path)
+    if path.is_file():
+        return None
+    if path.is_dir():
+        return "a folder, not an audio file"
+    if path.exists():
+        return "not a regular file (a FIFO, device or socket), so not an audio file"
+    return FILE_NOT_FOUND
+
+
 def read_audio_file(path: Path) -> tuple[np.ndarray, int]:
     """Any SPHERE file, or anything libsndfile reads (WAV, FLAC, ...) -> (int16 (channels, n), rate)."""
-    if not path.is_file():
-        raise AudioMissingError(f"{path}: file not found")
+    check_regular_file(path)
     try:
         if is_sphere(path):
             return read_sphere(path)

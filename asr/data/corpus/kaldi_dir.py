@@ -8,11 +8,15 @@
 Without `segments` an utterance is a whole recording with the same id (Kaldi's convention).
 Inconsistencies between the files (an utterance without audio, audio without a transcript) are
 collected as problems for the preparation report rather than raised one by one, so a user sees
-all of them at once.
+all of them at once. What is wrong within one file stops the reading with a KaldiDataDirError naming
+the file and line: a line that is not UTF-8 or holds a control character (a NUL, an escape), an id
+given twice (the second line would silently replace the first), a segment that is not in seconds.
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -50,18 +54,48 @@ def parse_wav_scp_value(value: str) -> AudioSource:
     return AudioSource(path=value)
 
 
-def read_kaldi_table(path: Path, min_fields: int = 2) -> list[tuple[int, list[str]]]:
-    """Lines of a Kaldi table as (line number, [key, value...]); blank lines skipped."""
+def read_kaldi_table(path: Path, min_fields: int = 2, key: str = "utterance id") -> list[tuple[int, list[str]]]:
+    """Lines of a Kaldi table as (line number, [key, value...]); blank lines skipped.
+
+    A line that is not UTF-8 or holds a control character (NUL, escape, ...: anything but tab and the
+    line end) is a KaldiDataDirError naming the file and line, as is a `key` (the first field) given on
+    two lines: decoded leniently they would become word breaks in a reference, and a second line would
+    silently replace the first."""
     rows = []
-    with open(path, encoding="utf-8", errors="replace") as handle:
-        for number, line in enumerate(handle, start=1):
+    first_line: dict[str, int] = {}
+    with open(path, "rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            line = _decoded_line(path, number, raw)
             if not line.strip():
                 continue
             fields = line.split(None, 1) if min_fields == 2 else line.split()
             if len(fields) < min_fields:
                 raise KaldiDataDirError(f"{path}:{number}: expected at least {min_fields} fields, got {line.strip()!r}")
+            if fields[0] in first_line:
+                raise KaldiDataDirError(f"{path}:{number}: {key} {fields[0]!r} is also on line "
+                                        f"{first_line[fields[0]]}; each {key} may be given once")
+            first_line[fields[0]] = number
             rows.append((number, fields))
     return rows
+
+
+# Characters a line of a Kaldi table may not hold: the C0 and C1 controls but tab, LF and CR.
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _decoded_line(path: Path, number: int, raw: bytes) -> str:
+    """One line of a Kaldi table as text (a UTF-8 byte-order mark on line 1 dropped); KaldiDataDirError
+    naming the file, line and byte or character when it is not UTF-8 or holds a control character."""
+    try:
+        line = raw.decode("utf-8-sig" if number == 1 else "utf-8")
+    except UnicodeDecodeError as error:
+        raise KaldiDataDirError(f"{path}:{number}: byte {error.start + 1} of the line is not UTF-8 "
+                                f"({raw[error.start:error.start + 1]!r}); save the file as UTF-8") from None
+    control = _CONTROL.search(line)
+    if control:
+        raise KaldiDataDirError(f"{path}:{number}: character {control.start() + 1} of the line is the control "
+                                f"character {control.group()!r}; a Kaldi table holds printable text only")
+    return line
 
 
 def read_kaldi_data_dir(path: str | Path, require_utt2spk: bool = True, allow_commands: bool = False,
@@ -82,7 +116,7 @@ def read_kaldi_data_dir(path: str | Path, require_utt2spk: bool = True, allow_co
         if not (path / name).is_file():
             raise KaldiDataDirError(f"{path} is not a Kaldi data directory: {name} is missing ({needs})")
     recordings = {}
-    for number, fields in read_kaldi_table(path / "wav.scp"):
+    for number, fields in read_kaldi_table(path / "wav.scp", key="recording id"):
         recordings[fields[0]] = parse_wav_scp_value(fields[1])
         if recordings[fields[0]].command is not None:
             try:
@@ -106,6 +140,9 @@ def read_kaldi_data_dir(path: str | Path, require_utt2spk: bool = True, allow_co
                 segments[fields[0]] = (fields[1], float(fields[2]), float(fields[3]))
             except ValueError:
                 raise KaldiDataDirError(f"{path / 'segments'}:{number}: start and end must be seconds") from None
+            if not (math.isfinite(segments[fields[0]][1]) and math.isfinite(segments[fields[0]][2])):
+                raise KaldiDataDirError(f"{path / 'segments'}:{number}: start and end must be finite seconds, "
+                                        f"got {fields[2]} and {fields[3]}")
 
     problems = []
     utterances = []

@@ -50,7 +50,7 @@ from lhotse import CutSet, MonoCut, Recording, RecordingSet, SupervisionSegment,
 from lhotse.audio import AudioSource as LhotseAudioSource
 from tqdm.auto import tqdm
 
-from asr.data.audio.audio_source import AudioMissingError, AudioSource, AudioSourceError
+from asr.data.audio.audio_source import AudioSource, AudioSourceError, check_regular_file
 from asr.data.corpus.manifests import manifest_path
 from asr.data.corpus.preparation_report import (Problem, build_report, failure_message, ordered_splits, report_path,
                                                 write_json)
@@ -244,8 +244,7 @@ def _prepare_recording(spec: RecordingSpec, audio_dir: Path, out_dir: Path) -> R
 
 def _reference_if_compatible(spec: RecordingSpec) -> Recording | None:
     path = Path(spec.source.path)
-    if not path.is_file():
-        raise AudioMissingError(f"{path}: file not found")
+    check_regular_file(path)
     try:
         info = soundfile.info(str(path))
     except (RuntimeError, soundfile.LibsndfileError) as error:

@@ -16,6 +16,7 @@ What is wrong with an utterance falls in two groups:
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 from pathlib import Path
 
@@ -106,6 +107,10 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
     command is a ManifestError unless `allow_commands` (data.allow_commands; asr.data.audio.command_sources)."""
     root = corpus_root(root)
     path = cuts_path(root, corpus, split)
+    if path.exists() and not path.is_file():   # a folder, a FIFO (reading one would wait forever)
+        kind = "a folder" if path.is_dir() else "not a regular file (a FIFO, device or socket)"
+        raise ManifestError(f"manifest {path} is {kind}, not a gzipped JSON-lines file of cuts; move it away and "
+                            "prepare the corpus again, or point data.root at its manifests")
     if not path.is_file():
         other = other_corpora(root, corpus, split)
         if other:   # the folder holds this split under another corpus name: say which option picks it
@@ -122,11 +127,13 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
             f"data.corpus / data.*_split at existing manifests" + (f" (found: {', '.join(present)})" if present else ""))
     # One pass over the file, checking each cut as it is read and keeping only its absolute-path
     # copy: at 1,000 h a second copy of the cuts would be another ~1 GB (asr/RESULTS.md, "Scale").
-    cuts, not_one, no_audio, no_phones = [], [], [], []
+    cuts, not_one, no_audio, no_phones, bad_times = [], [], [], [], []
     try:
         for cut in CutSet.from_jsonl_lazy(path):
             if len(cut.supervisions) != 1:
                 not_one.append(cut.id)
+            if not seconds_are_valid(cut):
+                bad_times.append(cut.id)
             for command in recording_commands(getattr(cut, "recording", None)):
                 refuse_command(path, f"cut {cut.id}", command, allow_commands)
             if not cut.has_recording:
@@ -142,6 +149,10 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
         raise ManifestError(f"cannot read manifest {path}: {type(error).__name__}: {error}") from error
     if not cuts:
         raise ManifestError(f"manifest {path} holds no cuts; regenerate it with its recipe")
+    if bad_times:   # NaN passed every comparison of the checks after this one, and failed deep in batching
+        raise ManifestError(f"{path}: the start or duration of these cuts (or of their recordings) is not a finite "
+                            f"number of seconds >= 0: {listing(bad_times)}; fix them or regenerate the manifest "
+                            "with its recipe")
     if not_one:
         raise ManifestError(f"{path}: every cut must carry exactly one supervision (the utterance's "
                             f"transcript); these do not: {listing(not_one)}")
@@ -152,6 +163,17 @@ def load_cuts(root: str | os.PathLike, corpus: str, split: str, need_phones: boo
                             f"supervision.custom['phones']: {listing(no_phones)}; remove 'phones' from "
                             "data.targets or regenerate the manifests with phones")
     return CutSet.from_cuts(cuts)
+
+
+def seconds_are_valid(cut) -> bool:
+    """Whether a cut's start and duration, and its recording's duration, are finite and >= 0."""
+    times = [cut.start, cut.duration]
+    if getattr(cut, "has_recording", False):
+        times.append(cut.recording.duration)
+    try:
+        return all(math.isfinite(value) and value >= 0 for value in map(float, times))
+    except (TypeError, ValueError):
+        return False
 
 
 class StreamCut:

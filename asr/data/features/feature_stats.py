@@ -5,6 +5,7 @@ split's features (asr.data.features.feature_cache) for that exact set of cuts.
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 from dataclasses import dataclass
@@ -104,6 +105,10 @@ def global_feature_stats(cuts, filterbank: FilterBank, directory: Path, store: F
             count += chunk_count
     stats = FeatureStats.from_sums(total, total_sq, count)
     if not failures:
-        Path(directory).mkdir(parents=True, exist_ok=True)
-        write_atomic(stats_file, lambda f: f.write(stats.to_json().encode()))
+        try:
+            Path(directory).mkdir(parents=True, exist_ok=True)
+            write_atomic(stats_file, lambda f: f.write(stats.to_json().encode()))
+        except OSError as error:   # a read-only cache of complete features: computed again next time
+            if error.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+                raise
     return stats, failures

@@ -35,13 +35,13 @@ and the scores are keyed by id, so two utterances with one id would silently bec
 from __future__ import annotations
 
 import logging
-import os
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
 import numpy as np
 from lhotse import CutSet
 
+from asr.data.audio.audio_source import not_a_regular_file
 from asr.data.features.feature_cache import OnTheFlyFeatures, StoredFeatures
 from asr.data.features.features import SAMPLING_RATE, FilterBank
 from asr.data.corpus.manifests import ManifestError, listing, transcript
@@ -168,8 +168,9 @@ def find_bad_audio(cuts: CutSet, problems: UtteranceProblems) -> None:
 
 
 def _audio_file_problem(path: str, recording, soundfile) -> str:
-    if not os.path.isfile(path):
-        return "file not found"
+    problem = not_a_regular_file(path)
+    if problem:
+        return problem
     try:
         info = soundfile.info(path)
     except Exception as error:  # soundfile.LibsndfileError, RuntimeError, ...

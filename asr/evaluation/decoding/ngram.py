@@ -25,6 +25,7 @@ import gzip
 import io
 import math
 import os
+import zlib
 from collections import defaultdict
 from pathlib import Path
 from typing import Iterable
@@ -206,7 +207,7 @@ def read_arpa_vocabulary(path: str | os.PathLike, gzipped: bool | None = None) -
                 elif section == "data":
                     raise LanguageModelError(f"LM file {path}, line {number}: {line[:60]!r} where the "
                                              "header's 'ngram N=COUNT' lines or \\1-grams: should be")
-    except (OSError, EOFError, UnicodeDecodeError, gzip.BadGzipFile) as error:
+    except (OSError, EOFError, UnicodeDecodeError, zlib.error) as error:   # zlib: a damaged .gz past its header
         raise LanguageModelError(f"LM file {path} cannot be read as ARPA text ({error})") from None
     if section is None:
         raise LanguageModelError(f"LM file {path} is empty; give an ARPA file (.arpa or .arpa.gz)")
