@@ -54,7 +54,7 @@ from lhotse import CutSet
 
 from asr.data.config import DataConfig, can_write
 from asr.data.corpus.corpus import Corpus
-from asr.data.corpus.corpus_lock import writing_corpus_folder
+from asr.core.corpus_lock import writing_corpus_folder
 from asr.data.corpus.manifests import ManifestError, load_cuts
 from asr.data.features.features import FilterBank
 from asr.data.features.feature_cache import FeatureStore, StoredFeatures, attach_features, feature_directory
@@ -88,7 +88,7 @@ class SpeechDataModule(lightning.LightningDataModule):
     CTC feasibility filter). `seed`: sampler shuffling (epoch e uses seed + e, via `set_epoch`) and
     SpecAugment draws. `cache_lock`: a context manager factory held by one process at a time while it
     writes the feature cache (features, statistics, streaming shards); by default the cache folder's
-    lock (asr.data.corpus.corpus_lock), which every process on the corpus meets - other runs, the
+    lock (asr.core.corpus_lock), which every process on the corpus meets - other runs, the
     processes of one run. Reading needs no lock (feature_cache.precompute_features).
     """
 

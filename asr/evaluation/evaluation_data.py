@@ -11,7 +11,7 @@ from asr.core.errors import EvaluationError, closest_name
 from asr.data.config import DataConfig
 from asr.data.corpus.corpus import Corpus
 from asr.data.datamodule import SpeechDataModule
-from asr.data.corpus.corpus_lock import LOCK_FILE, writing_corpus_folder
+from asr.core.corpus_lock import LOCK_FILE, writing_corpus_folder
 from asr.data.corpus.manifests import cuts_path, default_root, manifest_name, other_corpora
 from asr.model.recognizer import SpeechRecognizer
 from asr.model.run_folder import trained_data_config
@@ -96,7 +96,7 @@ def check_split(corpus: Corpus, split: str, cache_folder: Path, progress: bool =
     if recipe is None or not recipe.evaluation_splits:
         where = "does not exist" if not root.is_dir() else f"holds no {manifest_name(name, 'cuts', '<split>')}"
         generated = f" (asr.train generates {name} when it trains on it)" if recipe and recipe.preparer else ""
-        raise EvaluationError(f"data.root={str(root)!r} {where}: an evaluation generates no corpus; "
+        raise EvaluationError(f"data.root={str(root)!r} {where}: an evaluation generates no corpus; its manifests: "
                               f"{preparation_hint(name, root)}{generated}, or give data.root=<its folder>")
     if split not in recipe.evaluation_splits:
         raise EvaluationError(f"split={split!r}: corpus {name} has no such split; its splits are "

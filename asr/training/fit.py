@@ -30,7 +30,7 @@ from asr.data.corpus.corpus_recipes import corpus_preparer, corpus_recipe, prepa
 from asr.data.corpus.corpus_summary import format_corpus_summary, summarise_split
 from asr.data.config import DataConfig
 from asr.data.corpus.corpus import Corpus
-from asr.data.corpus.corpus_lock import writing_corpus_folder
+from asr.core.corpus_lock import writing_corpus_folder
 from asr.data.datamodule import SpeechDataModule
 from asr.data.corpus.manifests import manifest_name
 from asr.evaluation.decoding.evaluation import out_of_vocabulary_report
@@ -241,7 +241,7 @@ def prepare_data(cfg: DictConfig, data: DataConfig, corpus: Corpus, run_dir: Pat
     # The processes of a multi-process run prepare the data together: each reads and checks the
     # manifests itself, all at once; what is written is written by one process at a time, and whoever
     # comes later finds it on disk: the built-in corpus and the feature cache and statistics under the
-    # corpus's locks, which other runs on the corpus meet too (asr.data.corpus.corpus_lock; the data
+    # corpus's locks, which other runs on the corpus meet too (asr.core.corpus_lock; the data
     # module takes the cache's), the run's copies of the lexicon and LM under the run folder's
     # (asr.model.run_folder.one_process_at_a_time).
     preparation_lock = partial(one_process_at_a_time, run_dir / ".data_preparation.lock")

@@ -14,7 +14,7 @@ voicing: ``recipes.synth.plans``, which says how they are drawn), synthesis in p
   other sizes (it would replace the manifests others train and evaluate on). An interrupted one
   may be finished at other sizes: the plan of utterance i does not depend on the sizes.
 - One generator at a time: a second one on the same folder waits for the first (saying so) and
-  then finds the corpus done (``asr.data.corpus.corpus_lock``); files are written under temporary
+  then finds the corpus done (``asr.core.corpus_lock``); files are written under temporary
   names of their own process and renamed, so a reader never sees half a file.
 
 Output in ``out_dir``: ``synth_{recordings,supervisions,cuts}_{train,dev,test}.jsonl.gz`` (audio
@@ -37,7 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from asr.core.exit_status import run_command
-from asr.data.corpus.corpus_lock import writing_corpus_folder
+from asr.core.corpus_lock import writing_corpus_folder
 from recipes.synth.lexicon_lm import write_lexicon_and_lm
 from asr.data.corpus.manifests import manifest_path
 from recipes.synth.plans import (
@@ -96,12 +96,13 @@ def _is_complete(out_dir: Path, request: dict) -> dict | None:
             return "/".join(str(counts.get(split, "?")) for split in SPLITS)
         differ = [f"{key}: {there.get(key)!r} there, {request.get(key)!r} now"
                   for key in sorted(there.keys() | request.keys()) if key != "counts" and there.get(key) != request.get(key)]
+        settings = f" made with other settings ({', '.join(differ)})" if differ else ""
         raise ValueError(
             f"{out_dir} holds a complete synthetic corpus of {sizes(there.get('counts') or {})} "
-            f"{'/'.join(SPLITS)} utterances{' (' + ', '.join(differ) + ')' if differ else ''}; this asks for "
-            f"{sizes(request['counts'])}. Replacing it would change what runs on it train and evaluate on: "
-            f"ask for its sizes (asr.train: synth_corpus.train_utterances=..., dev_utterances, test_utterances), "
-            f"or generate into another folder (--out; data.root in asr.train), or delete {out_dir} first")
+            f"{'/'.join(SPLITS)} utterances{settings}; this asks for {sizes(request['counts'])}. Replacing it "
+            f"would change what the runs that train and evaluate on it read: ask for what it holds (asr.train: "
+            f"synth_corpus.train_utterances=..., dev_utterances, test_utterances), use another folder (--out; "
+            f"data.root in asr.train), or delete {out_dir} first")
     return report
 
 

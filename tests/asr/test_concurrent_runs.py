@@ -15,7 +15,7 @@ import time
 from pathlib import Path
 
 from asr.core.exit_status import USAGE_ERROR
-from asr.data.corpus.corpus_lock import LOCK_FILE, writing_corpus_folder
+from asr.core.corpus_lock import LOCK_FILE, writing_corpus_folder
 from asr.evaluate import main as evaluate_main
 from recipes.synth.prepare import main as synth_main
 from tiny_runs import ROOT, TINY, subprocess_environment
@@ -185,7 +185,7 @@ def test_evaluate_generates_no_corpus_and_prepares_an_evaluation_set_only_into_a
 
 
 def test_a_second_writer_waits_for_the_first_and_is_told_who(tmp_path, caplog):
-    code = ("import sys, time\nfrom asr.data.corpus.corpus_lock import writing_corpus_folder\n"
+    code = ("import sys, time\nfrom asr.core.corpus_lock import writing_corpus_folder\n"
             f"with writing_corpus_folder({str(tmp_path)!r}, 'testing'):\n"
             "    print('holding', flush=True)\n    time.sleep(2)\n")
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))

@@ -71,7 +71,7 @@ def kaldi_folder_with_pipes(tiny_synth: Path, folder: Path, marker: Path) -> Non
 
 def features_computed(corpus: Path) -> list[Path]:
     """The feature shards (eager cache or streaming) under the corpus's feature folder (not its
-    options or its empty lock files: asr.data.corpus.corpus_lock, asr.data.features.feature_cache)."""
+    options or its empty lock files: asr.core.corpus_lock, asr.data.features.feature_cache)."""
     return [p for p in (corpus / "features").rglob("*")
             if p.is_file() and p.name not in ("options.json", ".corpus.lock", ".readers.lock")]
 

@@ -21,9 +21,9 @@ def test_a_training_start_checks_the_data_section_once_and_resolves_the_corpus_o
         made.append(self)
         post_init(self)
 
-    def counted_check(self):
+    def counted_check(self, *arguments, **options):
         checked.append(self)
-        check_cache(self)
+        check_cache(self, *arguments, **options)
 
     def counted_corpus_of(cls, data):
         corpus = corpus_of(cls, data)

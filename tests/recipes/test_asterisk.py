@@ -395,7 +395,6 @@ def test_evaluate_with_data_corpus_asterisk_prepares_the_set_in_data_asterisk(ti
 
 @needs_programs
 def test_evaluate_names_what_to_install_or_prepare_when_it_cannot(tiny_model, tmp_path, monkeypatch, capsys):
-    from asr.data.corpus.manifests import ManifestError
     from asr.evaluate import main as evaluate_main
     from asr.evaluation.evaluation import EvaluateConfig, evaluate
     from asr.core.errors import EvaluationError
@@ -407,6 +406,7 @@ def test_evaluate_names_what_to_install_or_prepare_when_it_cannot(tiny_model, tm
     assert evaluate_main([f"checkpoint={tiny_model}", "data.corpus=asterisk", "progress=false"]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
     # a corpus without a preparer is looked for in data/<corpus> and named with its recipe
-    with pytest.raises(ManifestError, match=r"data/timit/timit_cuts_test.jsonl.gz not found.*"
-                                            r"python -m recipes.timit.prepare --corpus-dir TIMIT_DIR --out data/timit"):
+    with pytest.raises(EvaluationError, match=r"data.root='data/timit' does not exist: an evaluation generates no "
+                                              r"corpus; its manifests: prepare them with `python -m recipes.timit.prepare "
+                                              r"--corpus-dir TIMIT_DIR --out data/timit`"):
         evaluate(EvaluateConfig(checkpoint=str(tiny_model), data={"corpus": "timit"}, progress=False))

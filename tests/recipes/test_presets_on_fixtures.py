@@ -23,6 +23,7 @@ from hydra import compose, initialize_config_dir
 
 from asr.config.schema import attention_settings, register_schema, validate_config
 from asr.core.errors import ConfigError
+from asr.data.config import DataConfig
 from asr.data.datamodule import SpeechDataModule
 from asr.data.corpus.manifests import ManifestError
 from asr.config.presets import corpus_setups, preset_names
@@ -163,7 +164,7 @@ def test_missing_data_root_names_the_recipe_command(tmp_path):
                                           r"\['train', 'dev', 'test'\].*python -m recipes.switchboard.prepare"):
         train(compose_config("conf=switchboard_full", f"data.root={tmp_path}/empty", *TINY), tmp_path / "run")
     # the data module (used without asr.train, e.g. by evaluation) says the same
-    datamodule = SpeechDataModule(compose_config("conf=timit_full", f"data.root={tmp_path}/empty").data)
+    datamodule = SpeechDataModule(DataConfig.of(compose_config("conf=timit_full", f"data.root={tmp_path}/empty").data))
     with pytest.raises(ManifestError, match=f"python -m recipes.timit.prepare --corpus-dir TIMIT_DIR "
                                             f"--out {tmp_path}/empty"):
         datamodule.setup("fit")

@@ -17,7 +17,7 @@ A recipe says
   `preparer(root, progress=True, **options)`, options being the config section named by
   `options_section` (synth: `synth_corpus`) when asr.train calls it, none from asr.evaluate. It writes
   the manifests (`asr.data.corpus.manifests.cuts_path`); what it returns is logged. asr.train calls
-  it under the folder's lock (asr.data.corpus.corpus_lock), so two runs never generate one folder at once;
+  it under the folder's lock (asr.core.corpus_lock), so two runs never generate one folder at once;
 - `evaluation_splits`: the splits of an evaluation set that asr.evaluate prepares on first use, and
   only into a folder that does not exist yet or is empty (asterisk: dev, test); empty (synth):
   asr.evaluate never generates the corpus, its missing manifests are an error naming the command.

@@ -26,7 +26,7 @@ Where a cut is in several shards (its audio changed), the newest shard wins; sha
 live cut are deleted, but only while no other process reads the split (`remove_superseded_shards`).
 
 Processes that share a cache (two runs on one corpus, the processes of one run) never break each
-other: its writers hold the cache folder's lock (asr.data.corpus.corpus_lock, taken by the data
+other: its writers hold the cache folder's lock (asr.core.corpus_lock, taken by the data
 module), each file is written under a name of its own and renamed into place, and each FeatureStore
 holds a shared lock on its split's READERS_LOCK for as long as it lives, which a writer must get
 exclusively to delete a shard.
@@ -338,7 +338,7 @@ def precompute_features(cuts, filterbank: FilterBank, directory: Path, jobs: int
 
     `lock`: for processes that share the cache (other runs on the corpus, the processes of a
     multi-process run), a context manager factory that one process holds at a time (the data module
-    gives the cache folder's, asr.data.corpus.corpus_lock.writing_corpus_folder). A process that
+    gives the cache folder's, asr.core.corpus_lock.writing_corpus_folder). A process that
     finds every cut's features reads them without it; one that finds some missing takes it and looks
     again - another process may have computed them meanwhile - before it computes and writes the rest.
     Without a lock the caller makes sure no other process writes the cache.
