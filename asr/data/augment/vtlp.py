@@ -36,7 +36,7 @@ Decisions where the paper is silent (it recomputes the filter bank with warped c
 - F_hi scales with the filters' top (0.6 top), so other sampling rates or a lower `high_freq` keep
   the paper's proportions.
 - alpha is drawn log-uniformly in `vtlp_warp_range` (the paper: uniform in [0.9, 1.1]), so alpha
-  and 1 / alpha are equally likely; the default range [0.8, 1.25] is the wide one of issue 41.
+  and 1 / alpha are equally likely; the default range [0.8, 1.25] is the wide one (recipes/asterisk/RESULTS.md).
 
 Determinism: whether an utterance is warped, and by how much, comes from a stream seeded with (the
 run's seed, the epoch, the utterance id), so batches repeat with any batch size, workers or resume,
