@@ -174,8 +174,8 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
     started = time.perf_counter()
     # init_from: the trained model the run starts from; the config follows it from here on
     source = adaptation.adaptation_source(cfg, adaptation.command_line_overrides())
-    # everything that can be checked is checked before the run folder gets anything of ours
-    # the attention and the data section as the run builds them, each checked here once
+    # everything that can be checked is checked before the run folder gets anything of ours; the
+    # attention and the data section as the run builds them, each checked here once
     attention, data = validate_config(cfg)
     check_launch_shares_run_folder(cfg.run_dir)
     check_launch_matches_trainer(cfg.trainer)
@@ -187,7 +187,7 @@ def train(cfg: DictConfig, run_dir: Path) -> dict:
         adaptation.prepare_data(cfg, run_dir)
     corpus = Corpus.of(data)   # resolved once, handed down
     # A real corpus is the user's: only checked, here, before the run folder is made (its missing
-    # manifests stop us); one with a preparer is generated later, once, under the preparation lock.
+    # manifests stop us); one with a preparer is generated later, once, under the corpus folder's lock.
     prepared_here = corpus_preparer(corpus.name) is not None
     if not prepared_here:
         ensure_corpus(cfg, corpus)
