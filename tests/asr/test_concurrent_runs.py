@@ -5,7 +5,6 @@ an evaluation never generates or changes a corpus (a misspelt split is a usage e
 byte-identical afterwards)."""
 from __future__ import annotations
 
-import gzip
 import json
 import os
 import shutil
@@ -18,7 +17,7 @@ from asr.core.exit_status import USAGE_ERROR
 from asr.core.corpus_lock import LOCK_FILE, writing_corpus_folder
 from asr.evaluate import main as evaluate_main
 from recipes.synth.prepare import main as synth_main
-from tiny_runs import ROOT, TINY, subprocess_environment
+from tiny_runs import ROOT, TINY, subprocess_environment, synth_corpus_contents
 
 TIMEOUT = 600
 
@@ -108,17 +107,6 @@ def test_a_shard_another_process_reads_is_never_deleted(tiny_synth, tmp_path):
     assert len(list(folder.glob("shard-*.lilcom"))) == 1
 
 
-def contents(root: Path) -> dict[str, bytes]:
-    files = {}
-    for path in sorted(root.rglob("*")):
-        if path.is_file() and "features" not in path.parts:
-            name = str(path.relative_to(root))
-            files[name] = gzip.decompress(path.read_bytes()) if name.endswith(".gz") else path.read_bytes()
-    report = json.loads(files.pop("synth_report.json"))
-    report.pop("generation")   # seconds
-    return dict(files, report=json.dumps(report, sort_keys=True).encode())
-
-
 def test_two_generators_into_one_folder_end_with_one_complete_corpus(tiny_synth, tmp_path):
     out = tmp_path / "synth"
     arguments = ["--out", str(out), "--train", "6", "--dev", "2", "--test", "2", "--seed", "0", "--jobs", "1",
@@ -129,7 +117,7 @@ def test_two_generators_into_one_folder_end_with_one_complete_corpus(tiny_synth,
                   for _ in range(2)]
     outputs = [generator.communicate(timeout=TIMEOUT)[0] for generator in generators]
     assert [generator.returncode for generator in generators] == [0, 0], outputs
-    got, expected = contents(out), contents(tiny_synth)
+    got, expected = synth_corpus_contents(out), synth_corpus_contents(tiny_synth)
     assert sorted(got) == sorted(expected)     # no partial file left, none missing
     for name in expected:
         assert got[name] == expected[name], name

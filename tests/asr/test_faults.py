@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 import torch
 
-from tiny_runs import ROOT, TINY
+from tiny_runs import ROOT, TINY, synth_corpus_contents
 
 ENV = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
 ENV.pop("ASR_PAUSE_AT", None)
@@ -167,17 +167,7 @@ def test_corpus_generation_killed_midway_and_rerun_equals_an_uninterrupted_one(t
     assert not (out / "synth_report.json").exists() and not list(out.glob("*.jsonl.gz"))
     finish("recipes.synth.prepare", *arguments, cwd=tmp_path)
 
-    def contents(root: Path) -> dict[str, bytes]:
-        files = {}
-        for path in sorted(root.rglob("*")):
-            if path.is_file() and "features" not in path.parts:
-                name = str(path.relative_to(root))
-                files[name] = gzip.decompress(path.read_bytes()) if name.endswith(".gz") else path.read_bytes()
-        return files
-    expected, got = contents(tiny_synth), contents(out)
-    report_expected, report_got = (json.loads(files.pop("synth_report.json")) for files in (expected, got))
-    assert report_got.pop("generation") is not None and report_expected.pop("generation") is not None   # seconds
-    assert report_got == report_expected
+    expected, got = synth_corpus_contents(tiny_synth), synth_corpus_contents(out)   # the reports compared too
     assert sorted(got) == sorted(expected)      # no partial file left, none missing
     for name in expected:
         assert got[name] == expected[name], name

@@ -1,6 +1,8 @@
 """Tiny training runs for the asr tests: a model and a run small enough for seconds on a CPU."""
 from __future__ import annotations
 
+import gzip
+import json
 import os
 from pathlib import Path
 
@@ -64,3 +66,17 @@ def validate_in_one_process(run: Path, checkpoint: Path):
                        enable_progress_bar=False, enable_model_summary=False, use_distributed_sampler=False)
     single.validate(model, datamodule=data, verbose=False)
     return model.last_error_rates["val"], single.callback_metrics["val/loss"].item()
+
+
+def synth_corpus_contents(root: Path) -> dict[str, bytes]:
+    """A generated synth corpus folder as {relative path: bytes}, gzip files decompressed, the feature
+    cache left out, and its report without the seconds the generation took (checked to be there), so
+    two generations of one plan compare equal file by file."""
+    files = {}
+    for path in sorted(root.rglob("*")):
+        if path.is_file() and "features" not in path.parts:
+            name = str(path.relative_to(root))
+            files[name] = gzip.decompress(path.read_bytes()) if name.endswith(".gz") else path.read_bytes()
+    report = json.loads(files.pop("synth_report.json"))
+    assert report.pop("generation") is not None   # seconds
+    return dict(files, report=json.dumps(report, sort_keys=True).encode())
