@@ -21,12 +21,11 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import socket
 from contextlib import contextmanager
-from datetime import datetime
 from pathlib import Path
 
 from asr.core.errors import ConfigError
+from asr.core.file_locks import try_lock, write_holder
 
 LOCK_FILE = ".corpus.lock"
 log = logging.getLogger(__name__)
@@ -45,11 +44,8 @@ def writing_corpus_folder(folder: str | os.PathLike, what: str):
         return
     with open(folder / LOCK_FILE, "a+") as handle:
         try:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                handle.seek(0)
-                holder = handle.read().strip() or "a process that has not written its name yet"
+            holder = try_lock(handle)
+            if holder is not None:
                 log.warning("%s is being written by another process (%s); waiting for it to finish", folder, holder)
                 fcntl.flock(handle, fcntl.LOCK_EX)
         except OSError as error:   # e.g. Lustre mounted without flock: ENOSYS
@@ -57,11 +53,7 @@ def writing_corpus_folder(folder: str | os.PathLike, what: str):
                 f"the corpus folder {folder} is on a file system without file locks (flock: {error.strerror}), "
                 "which keep its writers to one at a time; give data.root (or data.cache_dir) on a file system "
                 "with them (Lustre: mounted with -o flock)") from None
-        handle.seek(0)
-        handle.truncate()
-        handle.write(f"asr process {os.getpid()} on {socket.gethostname()}, {what}, since "
-                     f"{datetime.now():%Y-%m-%d %H:%M:%S}\n")
-        handle.flush()
+        write_holder(handle, what)
         _held.add(key)
         try:
             yield

@@ -12,7 +12,6 @@ import fcntl
 import logging
 import os
 import shutil
-import socket
 from contextlib import contextmanager
 from datetime import datetime
 from pathlib import Path
@@ -20,6 +19,7 @@ from pathlib import Path
 import yaml
 
 from asr.core.errors import ConfigError
+from asr.core.file_locks import try_lock, write_holder
 from asr.model.checkpoint import CheckpointError, newest_usable_checkpoint, read_checkpoint
 
 log = logging.getLogger("asr.train")
@@ -123,24 +123,18 @@ def claim_run_folder(run_dir: Path) -> None:
     run_dir.mkdir(parents=True, exist_ok=True)
     handle = open(run_dir / RUN_LOCK, "a+")
     try:
-        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.seek(0)
-        holder = handle.read().strip() or "a process that has not written its name yet"
-        handle.close()
-        raise RunFolderInUseError(
-            f"run folder {run_dir} is in use by another run ({holder}); wait for it to end, or give another "
-            "run_dir") from None
+        holder = try_lock(handle)
     except OSError as error:   # e.g. Lustre mounted without flock: ENOSYS
         handle.close()
         raise ConfigError(
             f"the run folder {run_dir} is on a file system without file locks (flock: {error.strerror}), which "
             "keep it to one run at a time; give run_dir= on a file system with them (Lustre: -o flock)") from None
-    handle.seek(0)
-    handle.truncate()
-    handle.write(f"asr process {os.getpid()} on {socket.gethostname()}, since "
-                 f"{datetime.now():%Y-%m-%d %H:%M:%S}\n")
-    handle.flush()
+    if holder is not None:
+        handle.close()
+        raise RunFolderInUseError(
+            f"run folder {run_dir} is in use by another run ({holder}); wait for it to end, or give another "
+            "run_dir")
+    write_holder(handle)
     _claimed_run_folders[key] = handle
 
 
