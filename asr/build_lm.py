@@ -24,13 +24,12 @@ from __future__ import annotations
 
 import argparse
 import sys
-from collections import Counter
 from pathlib import Path
 
-from asr.text.normalisation import TextFileError, read_normalised_lines
-from asr.evaluation.decoding.lexicon import LexiconFileError, read_lexicon
-from asr.evaluation.decoding.ngram import MAX_ORDER, LanguageModelError, estimate_arpa, read_arpa_vocabulary
 from asr.core.exit_status import run_command
+from asr.evaluation.decoding.lexicon import LexiconFileError
+from asr.evaluation.decoding.ngram import MAX_ORDER, LanguageModelError, build_lm
+from asr.text.normalisation import TextFileError
 
 COMMAND = "asr.build_lm"
 
@@ -48,47 +47,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def read_sentences(paths: list[Path], progress: bool) -> list[str]:
-    from tqdm.auto import tqdm
-    sentences: list[str] = []
-    for path in tqdm(paths, desc="read text", unit="file", disable=not progress or len(paths) < 2, leave=False):
-        sentences.extend(read_normalised_lines(path))
-    if not sentences:
-        raise TextFileError(f"no words in {', '.join(str(p) for p in paths)} (after normalisation to lowercase "
-                            "a-z and apostrophes): nothing to estimate an LM from")
-    return sentences
-
-
-def build_lm(texts: list[Path], out: Path, lexicon: Path | None = None, order: int = 3, progress: bool = True) -> dict:
-    """Writes the LM; returns a summary: sentences, words, vocabulary, ngrams (per order), and the
-    text's words outside the lexicon (distinct, their share of the text's words, the most frequent)."""
-    if not 2 <= order <= MAX_ORDER:
-        raise LanguageModelError(f"--order {order}: choose 2 to {MAX_ORDER} (the decoder's KenLM needs 2 or more)")
-    if out.is_dir():
-        raise TextFileError(f"--out {out} is a folder; give the ARPA file to write (e.g. {out / 'lm.arpa.gz'})")
-    words = sorted(read_lexicon(lexicon)) if lexicon is not None else []
-    sentences = read_sentences(texts, progress)
-    counts = Counter(word for sentence in sentences for word in sentence.split())
-    if progress:
-        print(f"{COMMAND}: estimating a {order}-gram LM on {len(sentences)} sentences", file=sys.stderr)
-    estimate_arpa(sentences, out, order=order, vocabulary=words)
-    vocabulary, ngrams = read_arpa_vocabulary(out)
-    known = set(words)
-    outside = Counter({word: count for word, count in counts.items() if word not in known}) if lexicon else Counter()
-    return {"out": str(out), "sentences": len(sentences), "words": sum(counts.values()),
-            "text_vocabulary": len(counts), "vocabulary": len(vocabulary), "ngrams": ngrams,
-            "lexicon": str(lexicon) if lexicon else None, "lexicon_words": len(words),
-            "lexicon_words_not_in_text": len(known - set(counts)),
-            "outside_lexicon": len(outside), "outside_lexicon_share": sum(outside.values()) / sum(counts.values()),
-            "outside_lexicon_words": [word for word, _ in outside.most_common(10)]}
-
-
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(sys.argv[1:] if argv is None else argv)   # bad options: argparse, exit 2
 
     def build_and_report() -> None:
         summary = build_lm([Path(p) for p in args.texts], args.out, args.lexicon, args.order,
-                           progress=not args.no_progress)
+                           progress=not args.no_progress,
+                           announce=lambda message: print(f"{COMMAND}: {message}", file=sys.stderr))
         counts = ", ".join(f"{n}-grams {count}" for n, count in enumerate(summary["ngrams"], 1))
         print(f"{summary['out']}: {args.order}-gram LM from {summary['sentences']} sentences, {summary['words']} "
               f"words; vocabulary {summary['vocabulary']} (with <s> </s> <unk>); {counts}")

@@ -8,9 +8,10 @@ import pytest
 import torch
 
 from asr import cross_matrix
-from asr.average import AveragingError, average_checkpoints, main
+from asr.average import main
 from asr.evaluation.evaluation import EvaluateConfig, evaluate, load_model
 from asr.core.exit_status import SUCCESS, USAGE_ERROR
+from asr.model.averaging import AveragingError, average_checkpoints, write_average
 from asr.transcribe import main as transcribe
 
 
@@ -89,3 +90,13 @@ def test_checkpoints_of_different_models_are_refused(epochs_run, tmp_path, capsy
     assert main([f"checkpoints={good}"]) == USAGE_ERROR
     assert main([f"run={tmp_path}", "best_k=2"]) == USAGE_ERROR
     assert not (tmp_path / "x.ckpt").exists()
+
+
+def test_the_average_is_never_written_over_one_of_its_checkpoints(epochs_run, capsys):
+    paths = epochs(epochs_run)
+    before = paths[0].read_bytes()
+    with pytest.raises(AveragingError, match="is one of the checkpoints to average"):
+        write_average(paths[:2], paths[0])
+    assert main([f"checkpoints={paths[0]},{paths[1]}", f"out={paths[1]}"]) == USAGE_ERROR
+    assert capsys.readouterr().err.startswith(f"asr.average: error: out={paths[1]} is one of the checkpoints")
+    assert paths[0].read_bytes() == before

@@ -28,7 +28,8 @@ class LexiconFileError(ValueError):
     """A lexicon that is missing, malformed, or does not fit the model or LM; the message says what to do."""
 
 
-def _examples(items: Iterable[str], limit: int = 5) -> str:
+def first_examples(items: Iterable[str], limit: int = 5) -> str:
+    """The first `limit` items, quoted, for a message that names them: 'a', 'b', 'c' and 7 more."""
     items = list(items)
     shown = ", ".join(repr(item) for item in items[:limit])
     return shown + (f" and {len(items) - limit} more" if len(items) > limit else "")
@@ -64,7 +65,7 @@ def read_lexicon(path: str | Path) -> dict[str, list[tuple[str, ...]]]:
             spellings.append(phones)
     if malformed:
         raise LexiconFileError(f"lexicon file {path}: {len(malformed)} lines are not 'word PHONE PHONE ...' "
-                               f"({_examples(malformed)})")
+                               f"({first_examples(malformed)})")
     if too_long:
         raise LexiconFileError(f"lexicon file {path}: {len(too_long)} pronunciations are longer than "
                                f"{MAX_PRONUNCIATION_PHONES} phones ({'; '.join(too_long[:3])}); a line spells one word")
@@ -86,7 +87,7 @@ def check_lexicon_phones(lexicon: dict[str, list[tuple[str, ...]]], phones: Iter
         words = sorted({word for ws in unknown.values() for word in ws})
         raise LexiconFileError(
             f"lexicon file {path}: {len(words)} words are spelled with {len(unknown)} phones the model does "
-            f"not have ({_examples(sorted(unknown))}; e.g. in {_examples(words)}); the model's phones are "
+            f"not have ({first_examples(sorted(unknown))}; e.g. in {first_examples(words)}); the model's phones are "
             f"{' '.join(sorted(known))}: map the lexicon onto them")
 
 

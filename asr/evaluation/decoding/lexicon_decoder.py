@@ -37,7 +37,7 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
-from asr.evaluation.decoding.lexicon import LexiconFileError, _examples, check_lexicon_phones, read_lexicon
+from asr.evaluation.decoding.lexicon import LexiconFileError, first_examples, check_lexicon_phones, read_lexicon
 from asr.evaluation.decoding.ngram import UNKNOWN_WORD, LanguageModelError, read_arpa_vocabulary
 
 log = logging.getLogger("asr.decoding")
@@ -97,7 +97,7 @@ def head_spellings(tokenizer, lexicon: dict[str, list[tuple[str, ...]]], lexicon
                 bad.append(word)
         if bad:
             raise LexiconFileError(f"lexicon file {lexicon_path}: {len(bad)} words have characters the chars "
-                                   f"head lacks ({_examples(bad)})")
+                                   f"head lacks ({first_examples(bad)})")
         return spellings, space
     if kind == "sentencepiece":
         spellings, bad = {}, []
@@ -108,7 +108,7 @@ def head_spellings(tokenizer, lexicon: dict[str, list[tuple[str, ...]]], lexicon
                 bad.append(word)
         if bad:
             raise LexiconFileError(f"lexicon file {lexicon_path}: {len(bad)} words have characters the "
-                                   f"sentencepiece head lacks ({_examples(bad)})")
+                                   f"sentencepiece head lacks ({first_examples(bad)})")
         return spellings, tokenizer.blank_id
     raise LexiconFileError(f"a {kind} head cannot be decoded with a lexicon")
 
@@ -124,7 +124,7 @@ def check_lm(lm_path: str | Path, words: Iterable[str]) -> tuple[set[str], list[
     if words and len(missing) == len(words):
         upper = sum(word.isupper() for word in vocabulary) > len(vocabulary) // 2
         raise LanguageModelError(
-            f"LM file {lm_path} knows none of the lexicon's {len(words)} words ({_examples(missing)})"
+            f"LM file {lm_path} knows none of the lexicon's {len(words)} words ({first_examples(missing)})"
             + ("; its words are uppercase: lowercase it (zcat LM | tr A-Z a-z | gzip > lm.arpa.gz)" if upper
                else "; use an LM over the lexicon's vocabulary (python -m asr.build_lm TEXT --lexicon LEXICON)"))
     return vocabulary, missing
@@ -162,7 +162,7 @@ class LexiconDecoder:
                     log.warning("LM file %s has no %s unigram, so KenLM gives the %d lexicon words it lacks (%s) "
                                 "log10 p = %g: they will hardly ever be decoded; add <unk> to the LM (asr.build_lm "
                                 "writes it) or give restrict_lexicon=true", settings.lm, UNKNOWN_WORD, len(missing),
-                                _examples(missing), KENLM_MISSING_UNK_LOG10)
+                                first_examples(missing), KENLM_MISSING_UNK_LOG10)
         spellings.pop(UNKNOWN_WORD, None)                 # the decoder's own unknown-word entry
         self.lexicon_words = set(spellings)
         self.words = list(spellings) + [UNKNOWN_WORD]

@@ -18,6 +18,10 @@ own text) get one from `estimate_arpa` here: interpolated modified Kneser-Ney (C
   in it, </s> and <unk>), so a closed vocabulary gets every word a probability.
 - ARPA: log10 p(w | h) for each seen n-gram, and log10 gamma(hw) as the backoff weight of every
   n-gram that is the context of a longer one; p(<s>) is written as -99 (never predicted).
+
+`build_lm` makes one from a user's own text (`python -m asr.build_lm`): the text normalised as
+transcripts are, a lexicon's words added to the vocabulary, and a summary of the text's words the
+lexicon lacks.
 """
 from __future__ import annotations
 
@@ -25,10 +29,14 @@ import gzip
 import io
 import math
 import os
+import sys
 import zlib
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
-from typing import Iterable
+from typing import Callable, Iterable
+
+from asr.evaluation.decoding.lexicon import read_lexicon
+from asr.text.normalisation import TextFileError, read_normalised_lines
 
 SENTENCE_START, SENTENCE_END, UNKNOWN_WORD = "<s>", "</s>", "<unk>"
 MAX_ORDER = 4
@@ -218,3 +226,43 @@ def read_arpa_vocabulary(path: str | os.PathLike, gzipped: bool | None = None) -
         raise LanguageModelError(f"LM file {path}: the header says {counts[0]} unigrams but the file has "
                                  f"{len(words)} (a truncated or hand-edited file?)")
     return words, counts
+
+
+# ---- a user's own text to an LM (python -m asr.build_lm) ----------------------------------------------
+def read_sentences(paths: list[Path], progress: bool) -> list[str]:
+    """The lines of `paths` normalised as transcripts, one sentence each; TextFileError when they hold no words."""
+    from tqdm.auto import tqdm
+    sentences: list[str] = []
+    for path in tqdm(paths, desc="read text", unit="file", disable=not progress or len(paths) < 2, leave=False):
+        sentences.extend(read_normalised_lines(path))
+    if not sentences:
+        raise TextFileError(f"no words in {', '.join(str(p) for p in paths)} (after normalisation to lowercase "
+                            "a-z and apostrophes): nothing to estimate an LM from")
+    return sentences
+
+
+def build_lm(texts: list[Path], out: Path, lexicon: Path | None = None, order: int = 3, progress: bool = True,
+             announce: Callable[[str], None] = lambda message: print(message, file=sys.stderr)) -> dict:
+    """Writes the LM of `texts` (one sentence per line, normalised as transcripts) over their words and
+    the lexicon's; returns a summary: sentences, words, vocabulary, ngrams (per order), and the
+    text's words outside the lexicon (distinct, their share of the text's words, the most frequent).
+    `announce` gets the line that says the estimation starts (with `progress`)."""
+    if not 2 <= order <= MAX_ORDER:
+        raise LanguageModelError(f"--order {order}: choose 2 to {MAX_ORDER} (the decoder's KenLM needs 2 or more)")
+    if out.is_dir():
+        raise TextFileError(f"--out {out} is a folder; give the ARPA file to write (e.g. {out / 'lm.arpa.gz'})")
+    words = sorted(read_lexicon(lexicon)) if lexicon is not None else []
+    sentences = read_sentences(texts, progress)
+    counts = Counter(word for sentence in sentences for word in sentence.split())
+    if progress:
+        announce(f"estimating a {order}-gram LM on {len(sentences)} sentences")
+    estimate_arpa(sentences, out, order=order, vocabulary=words)
+    vocabulary, ngrams = read_arpa_vocabulary(out)
+    known = set(words)
+    outside = Counter({word: count for word, count in counts.items() if word not in known}) if lexicon else Counter()
+    return {"out": str(out), "sentences": len(sentences), "words": sum(counts.values()),
+            "text_vocabulary": len(counts), "vocabulary": len(vocabulary), "ngrams": ngrams,
+            "lexicon": str(lexicon) if lexicon else None, "lexicon_words": len(words),
+            "lexicon_words_not_in_text": len(known - set(counts)),
+            "outside_lexicon": len(outside), "outside_lexicon_share": sum(outside.values()) / sum(counts.values()),
+            "outside_lexicon_words": [word for word, _ in outside.most_common(10)]}

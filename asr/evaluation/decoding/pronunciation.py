@@ -7,8 +7,8 @@ en-us-nyc and flite (CMUdict's cmulex), mapped to ARPABET_39, distinct ones only
 both synthesisers reduce short function words ("a" EY -> AH, "for" F AO R -> F ER); `add_weak_forms`
 gives the most frequent one-vowel words of a text their weak form too, as CMUdict lists for them.
 
-Used by the synth recipe's lexicon, by `python -m asr.lexicon` (a user's new words) and by recipes
-that need phone references for real speech (recipes/asterisk).
+Used by the synth recipe's lexicon, by asr.evaluation.decoding.lexicon_builder (`python -m asr.lexicon`:
+a user's new words) and by recipes that need phone references for real speech (recipes/asterisk).
 """
 from __future__ import annotations
 
