@@ -90,6 +90,22 @@ def attention_locality(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, 
     return torch.stack([(p * (distance <= radius)).sum(-1) for radius in radii]), counted
 
 
+def query_similarity(q: torch.Tensor, lengths: torch.Tensor) -> tuple[float, int]:
+    """How alike the queries of different positions are: per sequence and head, the mean cosine
+    similarity over the pairs of distinct positions i != j < length, summed over sequences and heads,
+    and the number of (sequence, head) pairs summed (those with at least two positions), for an exact
+    mean over batches. Near 1, every position asks the same question (states collapsed towards one
+    vector, as a post-norm encoder stuck at CTC's all-blank output); near 0, unrelated queries.
+    q: (B, H, N, E); lengths: (B,). With u the unit queries, sum_{i != j} u_i.u_j = |sum_i u_i|^2 - n."""
+    valid = torch.arange(q.shape[2], device=q.device)[None, :] < lengths[:, None]            # (B, N)
+    unit = torch.nn.functional.normalize(q.double(), dim=-1).masked_fill(~valid[:, None, :, None], 0.0)
+    n = lengths.double()[:, None].expand(-1, q.shape[1])                                   # (B, H)
+    pairs = n * (n - 1)
+    counted = pairs > 0
+    mean = (unit.sum(2).pow(2).sum(-1) - n) / pairs.clamp(min=1)
+    return float(mean[counted].sum()), int(counted.sum())
+
+
 def cluster_time_spread(assignment: torch.Tensor, lengths: torch.Tensor) -> tuple[float, float, int]:
     """How far apart in time the queries of each cluster are, summed for an exact mean over batches.
 
@@ -148,6 +164,7 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
 
         entropy                    relative entropy of exact attention (relative_attention_entropy)
         locality5, locality20      share of exact attention within +-5 / +-20 positions (attention_locality)
+        query_similarity           mean cosine between the queries of two positions (query_similarity)
         cluster_spread             with `clustering` ({clusters, bits, iterations} of clustered or
         cluster_spread_fraction    i-clustered attention): the queries' clusters by the attention's own
                                    attention_ext.attentions.clustered.cluster_queries, their time spread in positions
@@ -166,7 +183,8 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
         count = int(counted.sum())
         layer = {"entropy": (float(relative[counted].sum()), count),
                  **{f"locality{radius}": (float(share[counted].sum()), count)
-                    for radius, share in zip(LOCALITY_RADII, shares)}}
+                    for radius, share in zip(LOCALITY_RADII, shares)},
+                 "query_similarity": query_similarity(q, layer_lengths)}
         if clustering is not None:
             if reseed is not None:
                 reseed()

@@ -20,6 +20,10 @@ attention that is still nearly flat. Here, for every checkpoint a run kept at a 
               first plot's second axis
     locality  the share of each query's exact attention mass on the keys within +-5 and within +-20
               encoder positions of it, averaged over the queries and heads
+    query similarity
+              the mean cosine similarity between the queries of two different positions of an
+              utterance, averaged over the utterances and heads (near 1: the states have collapsed
+              towards one vector, and every position asks the same)
     cluster spread
               the query clusters of --probe (default clustered-100), computed by the attention's own
               clustering with the random draws an evaluation of that batch makes when the probe runs
@@ -128,7 +132,7 @@ def train_if_needed(run: Path, steps: int, every: int, architecture: str, extra:
 
 
 # ---- the attention's measures per checkpoint ----------------------------------------------------------------
-MEASURES = ("entropy", "locality5", "locality20", "cluster_spread", "cluster_spread_fraction")
+MEASURES = ("entropy", "locality5", "locality20", "query_similarity", "cluster_spread", "cluster_spread_fraction")
 
 
 def exact_model(checkpoint: Path):
@@ -420,12 +424,13 @@ def format_layer_tables(points: list[dict], probe: str) -> str:
     for point in points:
         lines = [f"step {point['step']}: per layer (exact attention; {probe} clusters; gap with {probe} in the "
                  "layer alone, the others full, points)", "",
-                 "| layer | entropy | within +-5 | within +-20 | cluster spread (positions) | spread / length "
-                 "| gap alone |", "|---:|---:|---:|---:|---:|---:|---:|"]
+                 "| layer | entropy | within +-5 | within +-20 | query similarity | cluster spread (positions) "
+                 "| spread / length | gap alone |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for layer in point["layers"]:
             gap = None if point["gap_by_layer"] is None else point["gap_by_layer"][layer["layer"]]
             lines.append(f"| {layer['layer']} | {number(layer['entropy'])} | {number(layer['locality5'])} | "
-                         f"{number(layer['locality20'])} | {number(layer['cluster_spread'], form='.1f')} | "
+                         f"{number(layer['locality20'])} | {number(layer['query_similarity'])} | "
+                         f"{number(layer['cluster_spread'], form='.1f')} | "
                          f"{number(layer['cluster_spread_fraction'])} | {number(gap, 100, '+.2f')} |")
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)

@@ -85,6 +85,7 @@ def test_the_curve_its_numbers_and_the_cache(tiny_run, monkeypatch, capsys):
             assert set(layer) == {"layer", *sharpening.MEASURES}
             assert 0 < layer["locality5"] <= layer["locality20"] <= 1
             assert 0 < layer["cluster_spread_fraction"] < 0.5 and layer["cluster_spread"] > 1
+            assert -1 < layer["query_similarity"] < 1
         assert point["entropy_per_layer"] == [layer["entropy"] for layer in point["layers"]]
         assert len(point["per_by_layer"]) == 2
         assert point["gap_by_layer"] == pytest.approx([per - point["per"]["full"] for per in point["per_by_layer"]])
@@ -96,7 +97,7 @@ def test_the_curve_its_numbers_and_the_cache(tiny_run, monkeypatch, capsys):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "| step | mean entropy | full PER | clustered-3 gap |" in printed
-    assert "| layer | entropy | within +-5 | within +-20 | cluster spread (positions) |" in printed
+    assert "| layer | entropy | within +-5 | within +-20 | query similarity | cluster spread (positions) |" in printed
     # started again, it evaluates and measures nothing
     monkeypatch.setattr(attention_matrix, "decode_split", lambda *a, **k: pytest.fail("an evaluation was recomputed"))
     monkeypatch.setattr(split_decoding, "decode_split", lambda *a, **k: pytest.fail("a layer was re-evaluated"))
@@ -137,6 +138,28 @@ def test_the_gap_by_layer_swaps_one_layer_at_a_time_and_resumes_at_the_next(tiny
     evaluated.clear()
     sharpening.cached_gap_by_layer(tmp_path, 4, checkpoint, "dev", None, "clustered-2", lines.append)
     assert len(evaluated) == 2
+
+
+def test_query_similarity_is_the_mean_cosine_over_pairs_of_distinct_positions():
+    """Against the pairs counted one by one, padding left out; identical queries give 1, a sequence of
+    one position counts for nothing."""
+    from asr.model.diagnostics import query_similarity
+    generator = torch.Generator().manual_seed(0)
+    q = torch.randn(3, 2, 7, 4, generator=generator) + torch.tensor([1.0, 0.0, 0.0, 0.0])
+    q[:, :, 5:] = float("nan")                            # padding of the first two sequences
+    lengths = torch.tensor([5, 1, 7])
+    q[2, :, 5:] = torch.randn(2, 2, 4, generator=generator)
+    total, count = query_similarity(q, lengths)
+    expected = []
+    for b, n in enumerate(lengths.tolist()):
+        for h in range(2):
+            if n < 2:
+                continue
+            unit = torch.nn.functional.normalize(q[b, h, :n].double(), dim=-1)
+            expected.append(sum(float(unit[i] @ unit[j]) for i in range(n) for j in range(n) if i != j) / (n * (n - 1)))
+    assert count == 4 and total == pytest.approx(sum(expected), rel=1e-12)
+    same, pairs = query_similarity(torch.ones(1, 3, 6, 4) * torch.tensor([2.0, -1.0, 0.5, 3.0]), torch.tensor([6]))
+    assert pairs == 3 and same == pytest.approx(3.0)
 
 
 def test_the_cluster_spread_measures_the_clusters_the_attention_computes(tiny_run, monkeypatch):
