@@ -90,6 +90,10 @@ class TrainerConfig:
     # With early_stopping_patience: "better" is below the best so far x (1 - this), e.g. 0.02 for a 2 %
     # relative gain (asr.training.callbacks.RelativePlateauStop); null: any decrease (Lightning's EarlyStopping)
     early_stopping_min_relative_gain: Optional[float] = None
+    # With the relative gain: no validation counts until the primary error first falls below this
+    # (0.9: a model still at CTC's all-blank output, PER ~99 %, has not begun, and a flat PER there is
+    # no plateau); null: from the first validation
+    early_stopping_start_below: Optional[float] = None
     torch_threads: Optional[int] = None  # torch.set_num_threads (>= 1); None: torch's default
     # Debugging: every process writes the utterance ids of each batch it ran to
     # <run folder>/batches/rank<global rank>.jsonl (see asr.training.callbacks.BatchRecorder).
@@ -369,6 +373,11 @@ def _check_trainer_section(trainer: Any) -> None:
              "must lie in [0, 1) (0.02: a 2 % relative gain), or null")
     _require(gain is None or trainer.early_stopping_patience, "trainer.early_stopping_min_relative_gain", gain,
              "needs trainer.early_stopping_patience=N (the validations it waits for that gain)")
+    start = trainer.early_stopping_start_below
+    _require(start is None or 0 < start <= 1, "trainer.early_stopping_start_below", start,
+             "must lie in (0, 1] (0.9: the rule begins once the primary error is below 90 %), or null")
+    _require(start is None or gain is not None, "trainer.early_stopping_start_below", start,
+             "needs trainer.early_stopping_min_relative_gain=G (the relative plateau rule it delays)")
 
 
 def _check_devices(devices: Any) -> None:

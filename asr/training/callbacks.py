@@ -123,11 +123,17 @@ class RelativePlateauStop(Callback):
     validations". Lightning's EarlyStopping measures its min_delta in absolute units, which would mean
     another threshold at 50 % PER than at 5 %.
 
+    With start_below=S (trainer.early_stopping_start_below), validations at or above S count for
+    nothing until the first one below S, which is the first reference: a CTC model still emitting
+    only blanks (PER ~99 %) can stay there for thousands of steps before it begins, and that flat
+    stretch is not the plateau the rule is for.
+
     The count is in the checkpoints (state_dict), so a resumed run goes on counting where it stopped.
     """
 
-    def __init__(self, monitor: str, patience: int, min_relative_gain: float):
+    def __init__(self, monitor: str, patience: int, min_relative_gain: float, start_below: float | None = None):
         self.monitor, self.patience, self.min_relative_gain = monitor, patience, min_relative_gain
+        self.start_below = start_below
         self.reference: float | None = None     # the value of the last validation with the gain
         self.wait = 0                           # validations since then
         self.stopped_step: int | None = None    # the global step training stopped at
@@ -138,6 +144,8 @@ class RelativePlateauStop(Callback):
 
     def observe(self, value: float) -> bool:
         """Counts one validation's value; True when training should stop."""
+        if self.reference is None and self.start_below is not None and not value < self.start_below:
+            return False                        # not begun (NaN included): nothing to count yet
         if not math.isnan(value) and self.gains(value):
             self.reference, self.wait = value, 0
         else:

@@ -130,7 +130,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
         callbacks.append(TrainingDiagnostics(t.diagnostics_every_n_steps, run_dir / "diagnostics.csv"))
     if t.early_stopping_patience and t.early_stopping_min_relative_gain is not None:
         callbacks.append(RelativePlateauStop("val/primary_error", t.early_stopping_patience,
-                                             t.early_stopping_min_relative_gain))
+                                             t.early_stopping_min_relative_gain, t.early_stopping_start_below))
     elif t.early_stopping_patience:
         callbacks.append(EarlyStopping(monitor="val/primary_error", mode="min",
                                        patience=t.early_stopping_patience))

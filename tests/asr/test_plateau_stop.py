@@ -42,6 +42,18 @@ def test_a_worse_or_missing_value_is_no_gain():
     assert decisions([math.nan, 10.0, 10.0, 10.0], patience=2) == [False, False, False, True]
 
 
+def test_validations_before_the_error_first_falls_below_the_start_count_for_nothing():
+    # 99 % PER for four validations (CTC's all-blank start) would stop at the fourth without start_below
+    values = [0.99, 0.99, 0.978, 0.99, 0.60, 0.59, 0.59, 0.59]
+    assert decisions(values)[3] is True
+    rule = RelativePlateauStop("val/primary_error", 3, 0.02, start_below=0.9)
+    assert [rule.observe(v) for v in values] == [False] * 7 + [True]
+    assert rule.reference == 0.60
+    # a NaN before the start is not counted either
+    rule = RelativePlateauStop("val/primary_error", 1, 0.02, start_below=0.9)
+    assert [rule.observe(v) for v in (math.nan, 0.95, 0.5, 0.5)] == [False, False, False, True]
+
+
 @pytest.mark.parametrize("values", [[5.0, 4.0, 4.0, 3.9, 3.95, 3.95, 3.95, 3.0],
                                     [9.0, 9.0, 8.0, 8.5, 7.9, 7.9, 7.9, 7.9]])
 def test_a_gain_of_zero_stops_where_lightnings_early_stopping_does(values):
@@ -78,6 +90,8 @@ def test_stop_reason_names_the_relative_rule():
      "needs trainer.early_stopping_patience"),
     (["trainer.early_stopping_min_relative_gain=1.5", "trainer.early_stopping_patience=3"], "must lie in [0, 1)"),
     (["trainer.check_val_every_n_epoch=null"], "null needs trainer.val_check_interval"),
+    (["trainer.early_stopping_start_below=0.9"], "needs trainer.early_stopping_min_relative_gain"),
+    (["conf=synth_paper_encoder", "trainer.early_stopping_start_below=1.5"], "must lie in (0, 1]"),
     (["trainer.check_val_every_n_epoch=0"], "must be a number of epochs >= 1"),
     (["conf=synth_paper_encoder", "model.norm=sandwich"], "model.norm='sandwich' is not allowed: must be one of pre, post"),
 ])
@@ -96,7 +110,9 @@ def test_the_paper_encoder_preset_is_the_papers_encoder_with_the_plateau_rule():
     t = cfg.trainer
     assert (t.early_stopping_patience, t.early_stopping_min_relative_gain) == (3, 0.02)
     assert t.val_check_interval == 1000 and t.check_val_every_n_epoch is None
-    assert t.keep_checkpoints_every_n_steps == 1000 and t.checkpoint_every_n_steps == 500
+    assert t.keep_checkpoints_every_n_steps == 1000 and t.checkpoint_every_n_steps == 100
+    assert t.early_stopping_start_below == 0.9
+    assert (cfg.optim.lr, cfg.optim.warmup_steps) == (1e-3, 1000)
     assert t.max_steps == -1 and t.max_epochs == -1 and t.max_minutes is None
     # the default presets do not change: pre-norm, Lightning's early stopping
     default = compose_config()
@@ -119,6 +135,7 @@ def test_the_preset_validates_every_n_steps_across_epochs_keeps_its_checkpoints_
     run = tmp_path / "run"
     cfg = tiny_config(tiny_synth, "conf=synth_paper_encoder", "trainer.val_check_interval=3",
                       "trainer.early_stopping_patience=2", "trainer.early_stopping_min_relative_gain=0.99",
+                      "trainer.early_stopping_start_below=null",   # the tiny model never gets below 90 %
                       "trainer.keep_checkpoints_every_n_steps=2", "trainer.checkpoint_every_n_steps=2",
                       "trainer.max_epochs=-1", "trainer.max_steps=40", "test=false")
     results = train(cfg, run)
