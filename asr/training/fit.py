@@ -236,8 +236,8 @@ def prepare_data(cfg: DictConfig, data: DataConfig, corpus: Corpus, run_dir: Pat
                  generate_corpus: bool, source: adaptation.AdaptationSource | None = None) -> SpeechDataModule:
     """The data module of `data` (cfg.data, validated) and `corpus` (resolved from it), set up for
     fitting (and testing): the corpus generated if its recipe can and it must be, its lexicon and LM
-    copied into the run folder, the tokenizers a resumed run's checkpoint has. A run from a trained model (`source`, init_from) takes that model's tokenizers,
-    front-end, lexicon and LM."""
+    copied into the run folder, the tokenizers a resumed run's checkpoint has. A run from a trained
+    model (`source`, init_from) takes that model's tokenizers, front-end, lexicon and LM."""
     # The processes of a multi-process run prepare the data together: each reads and checks the
     # manifests itself, all at once; what is written is written by one process at a time, and whoever
     # comes later finds it on disk: the built-in corpus and the feature cache and statistics under the
