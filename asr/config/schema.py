@@ -44,6 +44,9 @@ class ModelConfig:
     # Layer form: pre (x + Attn(LN(x)), then x + FF(LN(x))) | post (LN(x + Attn(x)), then LN(x + FF(x)):
     # the reference library's layer, idiap/fast-transformers); checkpoints without the key are pre
     norm: str = "pre"
+    # A LayerNorm over the scaled input and its positions before the first layer (asr/model/encoder.py
+    # says why a post-norm encoder wants it); checkpoints without the key have none
+    input_norm: bool = False
     # CTC loss weight per target kind (data.targets); a kind not named weighs 1.0.
     loss_weights: Dict[str, float] = field(default_factory=dict)
 

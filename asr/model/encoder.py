@@ -2,7 +2,7 @@
 
     encoder = TransformerEncoder(feature_dim=40, layers=9, heads=6, head_dim=32, ff_dim=768, dropout=0.1,
                                  subsampling=1, subsampling_channels=32, shared_qk=False,
-                                 positions="sinusoidal", norm="pre",
+                                 positions="sinusoidal", norm="pre", input_norm=False,
                                  attention=validate_attention("iclustered", clusters=100))
     states, lengths = encoder(features, feature_lengths)   # normalised (B, T, F) -> (B, T', D)
     encoder.set_attention(validate_attention("full"))       # same weights, other attention
@@ -39,6 +39,15 @@ norm after the attention block, its `ff_norm` the one after the feed-forward blo
 with `final_norm`: the reference library's TransformerEncoderBuilder adds that final LayerNorm by
 default (final_normalization=True) to its post-norm layers too. So a state dict fits either form;
 the checkpoint's `model.norm` says which one it was trained in.
+
+Input normalisation (`input_norm`): a LayerNorm over the scaled input plus its positions, before
+the first layer (as BERT and RoBERTa normalise their embeddings). A post-norm layer feeds its
+queries and keys the un-normalised input: every later layer reads a LayerNorm's output, but the first
+reads sqrt(d_model) x the front end's output, ~14x the unit scale at d_model 192, so its attention
+logits start ~200x too large (standard deviation ~20 at initialisation against ~0.3 in the other
+layers) and its softmax is saturated from the first step: a hard match on content from anywhere in
+the utterance, whose gradient vanishes. input_norm gives the first layer the scale of the others.
+Off by default (every model trained before it existed); a pre-norm layer normalises its input anyway.
 """
 from __future__ import annotations
 
@@ -293,7 +302,7 @@ class TransformerEncoder(nn.Module):
     # No defaults: they live in the config schema (asr.config.schema.ModelConfig), which also checks the values.
     def __init__(self, feature_dim: int, *, layers: int, heads: int, head_dim: int, ff_dim: int, dropout: float,
                  subsampling: int, subsampling_channels: int, shared_qk: bool, positions: str, norm: str,
-                 attention: ValidatedAttention):
+                 input_norm: bool, attention: ValidatedAttention):
         super().__init__()
         if norm not in NORMS:
             raise ValueError(f"norm={norm!r}: must be one of {', '.join(NORMS)}")
@@ -308,6 +317,7 @@ class TransformerEncoder(nn.Module):
         self.input_scale = math.sqrt(self.d_model)
         self.shared_qk = shared_qk
         self.frontend = ConvSubsampling(feature_dim, self.d_model, subsampling, subsampling_channels)
+        self.input_norm = nn.LayerNorm(self.d_model) if input_norm else None
         self.input_dropout = nn.Dropout(dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(self.d_model, heads, ff_dim, dropout, shared_qk, attention.build(), norm)
@@ -365,6 +375,8 @@ class TransformerEncoder(nn.Module):
         elif self.positions in ("sinusoidal", "sinusoidal_offset"):
             x = x + sinusoidal_positions(x.shape[1], self.d_model, x.device)
         rotary = rotary_angles(x.shape[1], self.head_dim, x.device) if self.positions == "rotary" else None
+        if self.input_norm is not None:
+            x = self.input_norm(x)
         x = self.input_dropout(x)
         for layer in self.layers:
             x = layer(x, lengths, rotary)

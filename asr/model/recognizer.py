@@ -44,9 +44,9 @@ def seed_evaluation_batch(seed: int, batch_index: int) -> None:
     on what else drew from the generator before (a DataLoader iterator draws once when created)."""
     torch.manual_seed((seed * 1_000_003 + batch_index) % 2**63)
 ENCODER_ARGUMENTS = ("layers", "heads", "head_dim", "ff_dim", "dropout", "subsampling",
-                     "subsampling_channels", "shared_qk", "positions", "norm")
+                     "subsampling_channels", "shared_qk", "positions", "norm", "input_norm")
 # Encoder arguments added after checkpoints were written without them: the value those models had.
-ENCODER_ARGUMENTS_OF_OLDER_CHECKPOINTS = {"positions": "sinusoidal", "norm": "pre"}
+ENCODER_ARGUMENTS_OF_OLDER_CHECKPOINTS = {"positions": "sinusoidal", "norm": "pre", "input_norm": False}
 
 
 def encoder_arguments(model: dict) -> dict:

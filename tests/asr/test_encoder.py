@@ -7,14 +7,17 @@ import torch
 
 from attention_ext import AttentionConfigError, SharedQKRequiredError, validate_attention
 from asr.model.encoder import EncoderLayer, TransformerEncoder, check_attention_fits, compile_encoder, sinusoidal_positions
+from asr.model.diagnostics import relative_attention_entropy
 from asr.model.recognizer import CheckpointMismatchError, check_state_dict_fits
 
 
+ENCODER_SETTINGS = dict(feature_dim=12, layers=2, heads=2, head_dim=4, ff_dim=16, dropout=0.0, subsampling=1,
+                        subsampling_channels=4, shared_qk=False, positions="sinusoidal", norm="pre", input_norm=False,
+                        attention=validate_attention("full"))
+
+
 def tiny_encoder(**overrides):
-    settings = dict(feature_dim=12, layers=2, heads=2, head_dim=4, ff_dim=16, dropout=0.0, subsampling=1,
-                    subsampling_channels=4, shared_qk=False, positions="sinusoidal", norm="pre",
-                    attention=validate_attention("full"))
-    settings.update(overrides)
+    settings = {**ENCODER_SETTINGS, **overrides}
     return TransformerEncoder(**settings).eval()
 
 
@@ -129,6 +132,53 @@ def test_post_norm_encoder_is_its_front_end_positions_layers_and_final_norm_writ
             for layer in encoder.layers:
                 x = brute_force_post_norm_layer(layer, x, length)
             torch.testing.assert_close(out[b, :length], layer_norm(x, encoder.final_norm), rtol=1e-5, atol=1e-5)
+
+
+def test_input_norm_is_a_layer_norm_of_the_scaled_input_and_its_positions_before_the_first_layer():
+    torch.manual_seed(0)
+    encoder = tiny_encoder(norm="post", layers=3, input_norm=True)
+    randomise_norms(encoder)                       # its scale and shift count too
+    features, lengths = torch.randn(2, 11, 12), torch.tensor([11, 6])
+    with torch.no_grad():
+        out, _ = encoder(features, lengths)
+        for b, length in enumerate(lengths.tolist()):
+            x = features[b, :length] @ encoder.frontend.projection.weight.T + encoder.frontend.projection.bias
+            x = layer_norm(x * math.sqrt(8) + sinusoidal_positions(length, 8), encoder.input_norm)
+            for layer in encoder.layers:
+                x = brute_force_post_norm_layer(layer, x, length)
+            torch.testing.assert_close(out[b, :length], layer_norm(x, encoder.final_norm), rtol=1e-5, atol=1e-5)
+    assert {key for key in encoder.state_dict() if key.startswith("input_norm.")} == {"input_norm.weight",
+                                                                                       "input_norm.bias"}
+    assert not any(key.startswith("input_norm.") for key in tiny_encoder().state_dict())
+
+
+def first_layers_attention_entropy(encoder: TransformerEncoder, length: int = 300) -> list[float]:
+    """Mean relative entropy of each layer's exact attention at initialisation on unit-variance
+    features (what the data module's normalisation gives)."""
+    inputs = {}
+    for index, layer in enumerate(encoder.layers):
+        layer.attention.register_forward_pre_hook(lambda module, args, index=index: inputs.__setitem__(index, args))
+    with torch.no_grad():
+        encoder(torch.randn(1, length, 40), torch.tensor([length]))
+    entropies = []
+    for index in range(len(encoder.layers)):
+        q, k, _, lengths = inputs[index]
+        entropy, counted = relative_attention_entropy(q, k, lengths, shared_qk=False)
+        entropies.append(entropy[counted].mean().item())
+    return entropies
+
+
+def test_without_input_norm_a_post_norm_first_layer_starts_with_saturated_attention():
+    """Why input_norm exists: at the paper's width (6 heads x 32) the first post-norm layer reads
+    sqrt(192) x the projected features, and its attention starts nearly one-hot (~0.04 of uniform's
+    entropy) while every other layer's is near uniform; with input_norm it starts as the others do."""
+    paper = dict(feature_dim=40, layers=2, heads=6, head_dim=32, ff_dim=64, norm="post")
+    torch.manual_seed(0)
+    plain = first_layers_attention_entropy(tiny_encoder(**paper))
+    torch.manual_seed(0)
+    normalised = first_layers_attention_entropy(tiny_encoder(**paper, input_norm=True))
+    assert plain[0] < 0.2 and plain[1] > 0.95
+    assert min(normalised) > 0.95
 
 
 def test_both_layer_forms_have_the_same_parameters_and_the_form_is_what_differs():

@@ -25,7 +25,7 @@ def encoder(name: str) -> TransformerEncoder:
     torch.manual_seed(0)
     return TransformerEncoder(
         12, layers=2, heads=2, head_dim=4, ff_dim=16, dropout=0.0, subsampling=1, subsampling_channels=4,
-        shared_qk=available_attentions()[name].needs_shared_qk, positions="sinusoidal", norm="pre",
+        shared_qk=available_attentions()[name].needs_shared_qk, positions="sinusoidal", norm="pre", input_norm=False,
         attention=validate_attention(name, **OPTIONS.get(name, {}))).train()
 
 

@@ -128,7 +128,7 @@ def test_the_graphed_encoder_replays_new_batches_as_the_eager_one_computes_them(
     spec = validate_attention("full") if attention == "full" else validate_attention("clustered", clusters=200)
     torch.manual_seed(0)
     encoder = TransformerEncoder(40, layers=2, heads=2, head_dim=16, ff_dim=64, dropout=0.0, subsampling=2,
-                                 subsampling_channels=4, shared_qk=False, positions="sinusoidal", norm="pre",
+                                 subsampling_channels=4, shared_qk=False, positions="sinusoidal", norm="pre", input_norm=False,
                                  attention=spec).cuda().train()
     eager = {}
     batches = [(torch.randn(3, t, 40, device="cuda"), torch.tensor([t, t - 7, 1], device="cuda"))

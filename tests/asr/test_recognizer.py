@@ -41,12 +41,13 @@ def toy_batch(utterances, noise=0.1, seed=0):
     return batch
 
 
-def toy_recognizer(attention=None, norm=None, **optim):
-    """A small recognizer whose model settings lack the keys added later (positions; norm unless given),
-    as in a checkpoint written before they existed."""
+def toy_recognizer(attention=None, norm=None, input_norm=None, **optim):
+    """A small recognizer whose model settings lack the keys added later (positions; norm and
+    input_norm unless given), as in a checkpoint written before they existed."""
     model = dict(layers=2, heads=2, head_dim=16, ff_dim=64, dropout=0.0, subsampling=1,
                  subsampling_channels=4, shared_qk=False, loss_weights={"chars": 0.5},
-                 **({} if norm is None else {"norm": norm}))
+                 **({} if norm is None else {"norm": norm}),
+                 **({} if input_norm is None else {"input_norm": input_norm}))
     settings = dict(lr=3e-3, weight_decay=0.0, clip_norm=10.0, plateau_factor=0.5, plateau_patience=5,
                     min_lr=1e-6, warmup_steps=0)
     settings.update(optim)
@@ -136,12 +137,12 @@ def test_checkpoint_alone_rebuilds_the_model(tmp_path):
     torch.testing.assert_close(got["phones"], expected["phones"])
 
 
-@pytest.mark.parametrize("norm", [None, "pre", "post"])
-def test_a_checkpoint_keeps_its_layer_form_and_one_without_model_norm_loads_as_pre_norm(norm, tmp_path):
-    """A checkpoint written before model.norm existed has no such hyper-parameter: its model was
-    pre-norm, and it loads as one, with the same outputs."""
+@pytest.mark.parametrize("norm, input_norm", [(None, None), ("pre", None), ("post", None), ("post", True)])
+def test_a_checkpoint_keeps_its_layer_form_and_one_without_model_norm_loads_as_pre_norm(norm, input_norm, tmp_path):
+    """A checkpoint written before model.norm (model.input_norm) existed has no such hyper-parameter:
+    its model was pre-norm (had no input norm), and it loads as one, with the same outputs."""
     torch.manual_seed(0)
-    recognizer = toy_recognizer(norm=norm)
+    recognizer = toy_recognizer(norm=norm, input_norm=input_norm)
     trainer = L.Trainer(max_steps=1, logger=False, enable_checkpointing=False, enable_progress_bar=False,
                         enable_model_summary=False, default_root_dir=tmp_path, num_sanity_val_steps=0,
                         limit_val_batches=0)
@@ -152,6 +153,8 @@ def test_a_checkpoint_keeps_its_layer_form_and_one_without_model_norm_loads_as_p
     assert ("norm" in stored) == (norm is not None)
     restored = SpeechRecognizer.load_from_checkpoint(tmp_path / "model.ckpt", map_location="cpu")
     assert {layer.norm for layer in restored.encoder.layers} == {norm or "pre"}
+    assert ("input_norm" in stored) == (input_norm is not None)
+    assert (restored.encoder.input_norm is not None) == bool(input_norm)
     recognizer.eval(), restored.eval()
     with torch.no_grad():
         expected, _ = recognizer(batch["features"], batch["feature_lengths"])
