@@ -106,6 +106,7 @@ def test_the_paper_encoder_preset_is_the_papers_encoder_with_the_plateau_rule():
     model = cfg.model
     assert (model.layers, model.heads, model.head_dim, model.ff_dim) == (9, 6, 32, 768)
     assert (model.subsampling, model.positions, model.norm, cfg.attention.name) == (1, "sinusoidal", "post", "full")
+    assert model.input_norm is True
     assert cfg.data.num_mel_bins == 40 and cfg.data.corpus == "synth"
     t = cfg.trainer
     assert (t.early_stopping_patience, t.early_stopping_min_relative_gain) == (3, 0.02)
@@ -116,7 +117,8 @@ def test_the_paper_encoder_preset_is_the_papers_encoder_with_the_plateau_rule():
     assert t.max_steps == -1 and t.max_epochs == -1 and t.max_minutes is None
     # the default presets do not change: pre-norm, Lightning's early stopping
     default = compose_config()
-    assert default.model.norm == "pre" and default.trainer.early_stopping_min_relative_gain is None
+    assert default.model.norm == "pre" and default.model.input_norm is False
+    assert default.trainer.early_stopping_min_relative_gain is None
 
 
 def validations(run) -> list[tuple[int, float]]:
@@ -146,7 +148,7 @@ def test_the_preset_validates_every_n_steps_across_epochs_keeps_its_checkpoints_
             for path in (run / "checkpoints").glob("step-*.ckpt")}
     assert kept == {f"step-{step:06d}.ckpt": step for step in (2, 4, 6, 8)}
     last = torch.load(run / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=True)
-    assert last["hyper_parameters"]["model"]["norm"] == "post"
+    assert last["hyper_parameters"]["model"]["norm"] == "post" and last["hyper_parameters"]["model"]["input_norm"]
     state = next(value for key, value in last["callbacks"].items() if "RelativePlateauStop" in key)
     assert state["wait"] == 2 and state["stopped_step"] == 9
     assert state["reference"] == pytest.approx(validations(run)[0][1])
