@@ -43,9 +43,9 @@ the checkpoint's `model.norm` says which one it was trained in.
 Input normalisation (`input_norm`): a LayerNorm over the scaled input plus its positions, before
 the first layer (as BERT and RoBERTa normalise their embeddings). A post-norm layer feeds its
 queries and keys the un-normalised input: every later layer reads a LayerNorm's output, but the first
-reads sqrt(d_model) x the front end's output, ~14x the unit scale at d_model 192, so its attention
-logits start ~200x too large (standard deviation ~20 at initialisation against ~0.3 in the other
-layers) and its softmax is saturated from the first step: a hard match on content from anywhere in
+reads sqrt(d_model) x the front end's output, ~8x the unit scale at d_model 192, so its attention
+logits start ~65x the other layers' (standard deviation ~20 at initialisation against ~0.3) and its
+softmax is saturated from the first step: a hard match on content from anywhere in
 the utterance, whose gradient vanishes. input_norm gives the first layer the scale of the others.
 Off by default (every model trained before it existed); a pre-norm layer normalises its input anyway.
 """
