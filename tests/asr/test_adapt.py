@@ -191,6 +191,19 @@ def test_errors_name_the_option(tiny_synth, source_run, voice, tmp_path):
     assert (cfg.model.dropout, cfg.model.layers, list(cfg.data.targets)) == (0.3, 2, ["phones", "chars"])
 
 
+def test_a_model_key_the_checkpoint_predates_is_checked_against_the_value_its_model_had(tiny_synth, tmp_path):
+    """A checkpoint written before model.norm / model.input_norm existed has no such hyper-parameter:
+    its model was pre-norm without input norm, and a command line that says so passes, one that does not is refused."""
+    from omegaconf import OmegaConf
+    from asr.training.adaptation import AdaptationSource
+    cfg = tiny_config(tiny_synth, "model.input_norm=true")
+    model = {key: value for key, value in OmegaConf.to_container(cfg.model).items() if key not in ("norm", "input_norm")}
+    old = AdaptationSource(tmp_path / "old.ckpt", {"hyper_parameters": {"model": model}})
+    check_overrides_follow_model(cfg, ["model.norm=pre"], old)
+    with pytest.raises(ConfigError, match="model.input_norm=True does not fit .* its model has model.input_norm=False"):
+        check_overrides_follow_model(cfg, ["model.input_norm=true"], old)
+
+
 def test_the_command_line_refuses_a_setting_the_model_fixes(source_run, voice, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "asr.train", "conf=adapt", f"init_from={source_run}", f"adapt.data_dir={voice}",
