@@ -149,7 +149,6 @@ def check_overrides_follow_model(cfg: DictConfig, overrides: list[str], source: 
     """ConfigError for a command-line value of what the model fixes that differs from the model's."""
     from asr.config.schema import attention_settings
     hyper = source.hyper_parameters
-    shape = encoder_arguments(hyper["model"])   # with the values of keys added after the checkpoint was written
     for override in overrides:
         key = override.split("=", 1)[0].lstrip("+~")
         if key == "attention" or key.startswith("attention."):
@@ -159,6 +158,7 @@ def check_overrides_follow_model(cfg: DictConfig, overrides: list[str], source: 
                 raise ConfigError(f"{key}: the attention is the model's ({hyper['attention']}){FOLLOWS_THE_MODEL}; "
                                   "evaluate it with another attention with asr.evaluate attention=...")
         elif key.startswith("model.") and key[6:] in MODEL_SHAPE:
+            shape = encoder_arguments(hyper["model"])   # with the values of keys the checkpoint predates
             if cfg.model[key[6:]] != shape[key[6:]]:
                 raise ConfigError(f"{key}={cfg.model[key[6:]]!r} does not fit init_from={str(source.path)!r}: its "
                                   f"model has {key}={shape[key[6:]]!r}{FOLLOWS_THE_MODEL}")
