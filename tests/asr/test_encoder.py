@@ -152,7 +152,7 @@ def test_input_norm_is_a_layer_norm_of_the_scaled_input_and_its_positions_before
     assert not any(key.startswith("input_norm.") for key in tiny_encoder().state_dict())
 
 
-def first_layers_attention_entropy(encoder: TransformerEncoder, length: int = 300) -> list[float]:
+def attention_entropy_by_layer(encoder: TransformerEncoder, length: int = 300) -> list[float]:
     """Mean relative entropy of each layer's exact attention at initialisation on unit-variance
     features (what the data module's normalisation gives)."""
     inputs = {}
@@ -174,9 +174,9 @@ def test_without_input_norm_a_post_norm_first_layer_starts_with_saturated_attent
     entropy) while every other layer's is near uniform; with input_norm it starts as the others do."""
     paper = dict(feature_dim=40, layers=2, heads=6, head_dim=32, ff_dim=64, norm="post")
     torch.manual_seed(0)
-    plain = first_layers_attention_entropy(tiny_encoder(**paper))
+    plain = attention_entropy_by_layer(tiny_encoder(**paper))
     torch.manual_seed(0)
-    normalised = first_layers_attention_entropy(tiny_encoder(**paper, input_norm=True))
+    normalised = attention_entropy_by_layer(tiny_encoder(**paper, input_norm=True))
     assert plain[0] < 0.2 and plain[1] > 0.95
     assert min(normalised) > 0.95
 
