@@ -47,7 +47,8 @@ reads sqrt(d_model) x the front end's output, ~8x the unit scale at d_model 192,
 logits start ~65x the other layers' (standard deviation ~20 at initialisation against ~0.3) and its
 softmax is saturated from the first step: a hard match on content from anywhere in
 the utterance, whose gradient vanishes. input_norm gives the first layer the scale of the others.
-Off by default (every model trained before it existed); a pre-norm layer normalises its input anyway.
+Off by default (every model trained before it existed). A pre-norm layer normalises what its
+attention reads anyway; there input_norm only rescales the residual stream.
 """
 from __future__ import annotations
 
