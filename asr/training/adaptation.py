@@ -258,8 +258,10 @@ def check_resume(cfg: DictConfig, run_dir: Path, resume_from: Path | None) -> No
 
 def frozen_modules(model: SpeechRecognizer, freeze: str) -> list:
     encoder = model.encoder
-    return {"none": [], "frontend": [encoder.frontend],
-            "encoder_lower_half": [encoder.frontend, *encoder.layers[:len(encoder.layers) // 2]],
+    # the input norm (model.input_norm) belongs to the front end: it shapes what the first layer reads
+    front_end = [encoder.frontend] + ([encoder.input_norm] if encoder.input_norm is not None else [])
+    return {"none": [], "frontend": front_end,
+            "encoder_lower_half": [*front_end, *encoder.layers[:len(encoder.layers) // 2]],
             "encoder": [encoder]}[freeze]
 
 

@@ -204,6 +204,25 @@ def test_a_model_key_the_checkpoint_predates_is_checked_against_the_value_its_mo
         check_overrides_follow_model(cfg, ["model.input_norm=true"], old)
 
 
+@pytest.mark.parametrize("input_norm", [False, True])
+def test_freezing_the_front_end_freezes_the_input_norm_with_it(input_norm):
+    from types import SimpleNamespace
+    from attention_ext import validate_attention
+    from asr.model.encoder import TransformerEncoder
+    from asr.training.adaptation import freeze_parameters
+    encoder = TransformerEncoder(12, layers=2, heads=2, head_dim=4, ff_dim=16, dropout=0.0, subsampling=2,
+                                 subsampling_channels=4, shared_qk=False, positions="sinusoidal", norm="post",
+                                 input_norm=input_norm, attention=validate_attention("full"))
+    for freeze, frozen_prefixes in [("frontend", ("frontend.", "input_norm.")),
+                                    ("encoder_lower_half", ("frontend.", "input_norm.", "layers.0."))]:
+        for parameter in encoder.parameters():
+            parameter.requires_grad_(True)
+        freeze_parameters(SimpleNamespace(encoder=encoder, parameters=encoder.parameters), freeze)
+        frozen = {name for name, parameter in encoder.named_parameters() if not parameter.requires_grad}
+        assert frozen == {name for name, _ in encoder.named_parameters() if name.startswith(frozen_prefixes)}
+        assert any(name.startswith("input_norm.") for name in frozen) == input_norm
+
+
 def test_the_command_line_refuses_a_setting_the_model_fixes(source_run, voice, tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "asr.train", "conf=adapt", f"init_from={source_run}", f"adapt.data_dir={voice}",
