@@ -43,10 +43,11 @@ the checkpoint's `model.norm` says which one it was trained in.
 Input normalisation (`input_norm`): a LayerNorm over the scaled input plus its positions, before
 the first layer (as BERT and RoBERTa normalise their embeddings). A post-norm layer feeds its
 queries and keys the un-normalised input: every later layer reads a LayerNorm's output, but the first
-reads sqrt(d_model) x the front end's output, ~8x the unit scale at d_model 192, so its attention
-logits start ~65x the other layers' (standard deviation ~20 at initialisation against ~0.3) and its
-softmax is saturated from the first step: a hard match on content from anywhere in
-the utterance, whose gradient vanishes. input_norm gives the first layer the scale of the others.
+reads sqrt(d_model) x the front end's output, several times the unit scale, so its attention
+logits (quadratic in it) start many times the other layers' and its softmax is saturated from the
+first step: a hard match on content from anywhere in the utterance, whose gradient vanishes
+(measured per layer in recipes/synth/README.md, "why the paper's encoder needs its input
+normalised"). input_norm gives the first layer the scale of the others.
 Off by default (every model trained before it existed). A pre-norm layer normalises what its
 attention reads anyway; there input_norm only rescales the residual stream.
 """
