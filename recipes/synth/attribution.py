@@ -6,11 +6,14 @@ of its settings each, measured by recipes.synth.sharpening on every run's kept c
         --control "layer form"=runs/paper_encoder_prenorm/sharpening --out recipes/synth/paper_encoder
 
 Each folder is a `recipes.synth.sharpening --out` folder (its sharpening.json, and matrix/matrix.json for
-Table 1's magnitudes), all measured with the same rows, probe, split and --limit. A control is named by
+Table 1's magnitudes), all measured on the same split with the same --limit. A control is named by
 the setting in which it differs from the main run (README, "The paper's encoder to its plateau").
+Each run's gap is its own probe's (sharpening's --probe, default clustered-100), so a control with
+fewer positions can be measured at the main run's queries per cluster (the stride-2 control's ~395
+positions with clustered-50 against the main run's ~790 with clustered-100) beside its clustered-100.
 
-The attribution, for the probe's gap to full (default clustered-100; PER points, at each run's last
-kept step, its plateau when the runs have stopped):
+The attribution, for the probe's gap to full (PER points, at each run's last kept step, its plateau
+when the runs have stopped):
     training length   the main run's gap at its last kept step minus at its first
     each control      the main run's gap minus the control's: the part of the gap that goes away when
                       only that setting changes (the same difference at the last step all runs kept
@@ -37,8 +40,8 @@ from recipes.synth.paper_findings import PAPER_FULL_COLUMN, format_magnitudes, t
 from recipes.synth.sharpening import REFERENCE_ROW
 
 MAIN_LABEL = "main"
-# What has to agree between the runs for their numbers to be compared.
-SETTINGS = ("rows", "probe", "split", "limit")
+# What has to agree between the runs for their numbers to be compared (rows and probe may differ).
+SETTINGS = ("split", "limit")
 
 
 class AttributionError(ValueError):
@@ -85,7 +88,8 @@ def attribute(runs: list[dict]) -> list[dict]:
     fractions of PER (0.01 = 1 point); None where a gap is missing."""
     main = runs[0]
     first, last = main["steps"][0], main["steps"][-1]
-    items = [{"factor": "training length", "compares": f"{MAIN_LABEL} at step {last['step']} - at step {first['step']}",
+    items = [{"factor": "training length",
+              "compares": f"{MAIN_LABEL} ({main['probe']}) at step {last['step']} - at step {first['step']}",
               "gap_difference": _difference(last["probe_gap"], first["probe_gap"]), "at_common_step": None}]
     common = set.intersection(*({step["step"] for step in run["steps"]} for run in runs))
     common_step = max(common) if common else None
@@ -98,8 +102,8 @@ def attribute(runs: list[dict]) -> list[dict]:
             at_common = {"step": common_step, "gap_difference": _difference(pick[MAIN_LABEL]["probe_gap"],
                                                                            pick[control["label"]]["probe_gap"])}
         items.append({"factor": control["label"],
-                      "compares": f"{MAIN_LABEL} at step {last['step']} - {control['label']} at step "
-                                  f"{control_last['step']}",
+                      "compares": f"{MAIN_LABEL} ({main['probe']}) at step {last['step']} - {control['label']} "
+                                  f"({control['probe']}) at step {control_last['step']}",
                       "gap_difference": _difference(last["probe_gap"], control_last["probe_gap"]),
                       "at_common_step": at_common})
     return items
@@ -113,17 +117,17 @@ def _plain(value: float | None, form: str = ".3f") -> str:
     return "-" if value is None else format(value, form)
 
 
-def format_runs(runs: list[dict], rows: list[str], probe: str) -> str:
-    """A markdown table: each run at each kept step."""
-    others = [row for row in rows if row != REFERENCE_ROW]
-    lines = ["| run | step | full PER | " + " | ".join(f"{row} gap" for row in others)
-             + " | mean entropy | within +-5 | within +-20 | cluster spread / length | "
-               f"largest gap, {probe} in one layer |",
-             "|---|---:|---:|" + "---:|" * len(others) + "---:|---:|---:|---:|---|"]
+def format_runs(runs: list[dict]) -> str:
+    """A markdown table: each run at each kept step, a column per row any run measured."""
+    others = list(dict.fromkeys(row for run in runs for row in run["rows"] if row != REFERENCE_ROW))
+    lines = ["| run | probe | step | full PER | " + " | ".join(f"{row} gap" for row in others)
+             + " | mean entropy | within +-5 | within +-20 | probe's cluster spread / length | "
+               "largest gap, the probe in one layer |",
+             "|---|---|---:|---:|" + "---:|" * len(others) + "---:|---:|---:|---:|---|"]
     for run in runs:
         for step in run["steps"]:
             worst = step["largest_gap_in_one_layer"]
-            lines.append(f"| {run['label']} | {step['step']} | {_points(step['full_per'], '.2f')} | "
+            lines.append(f"| {run['label']} | {run['probe']} | {step['step']} | {_points(step['full_per'], '.2f')} | "
                          + " | ".join(_points(step["gap_to_full"].get(row)) for row in others)
                          + f" | {_plain(step['mean_entropy'])} | {_plain(step['mean_locality5'])} | "
                            f"{_plain(step['mean_locality20'])} | {_plain(step['mean_cluster_spread_fraction'])} | "
@@ -131,8 +135,8 @@ def format_runs(runs: list[dict], rows: list[str], probe: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def format_attribution(items: list[dict], probe: str) -> str:
-    lines = [f"The {probe} gap to full, attributed (PER points; the part of the main run's gap that goes away "
+def format_attribution(items: list[dict]) -> str:
+    lines = ["The probe's gap to full, attributed (PER points; the part of the main run's gap that goes away "
              "when only that changes)", "", "| factor | compares | difference | at the last step all runs kept |",
              "|---|---|---:|---:|"]
     for item in items:
@@ -142,35 +146,35 @@ def format_attribution(items: list[dict], probe: str) -> str:
     return "\n".join(lines) + "\n"
 
 
-def plot(runs: list[dict], probe: str, companion: str | None, path: Path) -> None:
-    """2 x 2 panels against step, one line per run: the probe's gap, its i-clustered companion's gap,
-    the mean locality within +-5 (solid) and +-20 (dashed), the mean cluster spread."""
+def plot(runs: list[dict], path: Path) -> None:
+    """2 x 2 panels against step, one line per run: its probe's gap, the gap of i-clustered at the probe's
+    cluster count, the mean locality within +-5 (solid) and +-20 (dashed), the mean cluster spread."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
     figure, axes = plt.subplots(2, 2, figsize=(11, 7), sharex=True)
     colours = plt.get_cmap("tab10")
-    panels = [(axes[0][0], probe), (axes[0][1], companion)]
     for index, run in enumerate(runs):
         steps = [step["step"] for step in run["steps"]]
         colour = colours(index)
-        for axis, row in panels:
+        for axis, row in ((axes[0][0], run["probe"]), (axes[0][1], companion_row(run["rows"], run["probe"]))):
             if row is not None:
                 axis.plot(steps, [None if step["gap_to_full"].get(row) is None else 100 * step["gap_to_full"][row]
-                                  for step in run["steps"]], marker="o", color=colour, label=run["label"])
+                                  for step in run["steps"]], marker="o", color=colour, label=f"{run['label']}: {row}")
         for name, style in (("mean_locality5", "-"), ("mean_locality20", "--")):
             axes[1][0].plot(steps, [step[name] for step in run["steps"]], linestyle=style, marker=".", color=colour,
                             label=run["label"] if style == "-" else None)
         axes[1][1].plot(steps, [step["mean_cluster_spread_fraction"] for step in run["steps"]], marker=".",
                         color=colour, label=run["label"])
-    for axis, row in panels:
+    for axis, title in ((axes[0][0], "the probe's PER gap to full (points)"),
+                        (axes[0][1], "i-clustered at the probe's cluster count: PER gap to full (points)")):
         axis.axhline(0.0, color="gray", linewidth=0.8)
-        axis.set_title(f"{row}: PER gap to full (points)" if row else "(no i-clustered row)", fontsize=10)
+        axis.set_title(title, fontsize=10)
     axes[1][0].set_ylim(0, 1.02)
     axes[1][0].set_title("attention within +-5 (solid) and +-20 (dashed) positions, mean over layers", fontsize=10)
     axes[1][1].axhline(12 ** -0.5, color="gray", linestyle=":", linewidth=1, label="spread evenly")
     axes[1][1].set_ylim(bottom=0)
-    axes[1][1].set_title(f"{probe} cluster spread / length, mean over layers", fontsize=10)
+    axes[1][1].set_title("the probe's cluster spread / length, mean over layers", fontsize=10)
     for axis in (axes[1][0], axes[1][1]):
         axis.set_xlabel("training step")
     for axis in axes.flat:
@@ -212,22 +216,20 @@ def compare(args: argparse.Namespace) -> int:
                 f"{folder / 'sharpening.json'} was measured with other {', '.join(differing)} than {args.main} ("
                 + "; ".join(f"{name} {other.get(name)} against {reference.get(name)}" for name in differing)
                 + "): run recipes.synth.sharpening on both with the same options")
-    rows, probe = reference["rows"], reference["probe"]
-    runs = [{"label": label, "folder": str(folder), "run": data["run"],
-             "steps": [step_summary(point, probe) for point in data["points"]]} for label, folder, data in measured]
+    runs = [{"label": label, "folder": str(folder), "run": data["run"], "rows": data["rows"], "probe": data["probe"],
+             "steps": [step_summary(point, data["probe"]) for point in data["points"]]}
+            for label, folder, data in measured]
     items = attribute(runs)
-    companion = companion_row(rows, probe)
-    text = "\n".join([format_runs(runs, rows, probe), format_attribution(items, probe)])
+    text = "\n".join([format_runs(runs), format_attribution(items)])
     matrix = args.main / "matrix" / "matrix.json"
-    if all(row in rows for row in PAPER_FULL_COLUMN) and matrix.is_file():
+    if all(row in reference["rows"] for row in PAPER_FULL_COLUMN) and matrix.is_file():
         text += "\n" + format_magnitudes(table1_magnitudes(json.loads(matrix.read_text()),
                                                            f"step{runs[0]['steps'][-1]['step']}"))
     args.out.mkdir(parents=True, exist_ok=True)
-    result = {"rows": rows, "probe": probe, "split": reference["split"], "limit": reference["limit"],
-              "runs": runs, "attribution": items}
+    result = {"split": reference["split"], "limit": reference["limit"], "runs": runs, "attribution": items}
     (args.out / "attribution.json").write_text(json.dumps(result, indent=2) + "\n")
     (args.out / "attribution.md").write_text(text)
-    plot(runs, probe, companion, args.out / "attribution.png")
+    plot(runs, args.out / "attribution.png")
     print(text)
     print(f"[attribution] wrote {args.out}/attribution.json, attribution.md and attribution.png", flush=True)
     return SUCCESS

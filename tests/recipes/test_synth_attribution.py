@@ -1,6 +1,7 @@
 """recipes.synth.attribution on sharpening.json files written here, whose attribution is known: the
 per-run summaries, the differences (training length, each control, at the last common step), the
-files, the Table 1 magnitudes from the main run's matrix, and the errors."""
+files, a control measured with its own probe, the Table 1 magnitudes from the main run's matrix, and
+the errors."""
 import json
 from pathlib import Path
 
@@ -54,7 +55,7 @@ def test_the_attribution_of_a_known_gap(three_runs, capsys):
     assert items["training length"]["gap_difference"] == pytest.approx(0.12 - 0.01)
     # the front-end control's last step is 3000, where its gap is 2 points; at the common step 2000 also 2
     assert items["front end"]["gap_difference"] == pytest.approx(0.12 - 0.02)
-    assert items["front end"]["compares"] == "main at step 2000 - front end at step 3000"
+    assert items["front end"]["compares"] == "main (clustered-100) at step 2000 - front end (clustered-100) at step 3000"
     assert items["front end"]["at_common_step"] == {"step": 2000, "gap_difference": pytest.approx(0.10)}
     assert items["layer form"]["gap_difference"] == pytest.approx(0.12 - 0.09)
     main_steps = result["runs"][0]["steps"]
@@ -65,11 +66,31 @@ def test_the_attribution_of_a_known_gap(three_runs, capsys):
     assert last["largest_gap_in_one_layer"] == {"layer": 0, "gap": pytest.approx(0.05)}
     assert result["runs"][1]["steps"][0]["largest_gap_in_one_layer"] is None      # not measured by layer
     printed = capsys.readouterr().out
-    assert "| front end | main at step 2000 - front end at step 3000 | +10.00 | +10.00 (step 2000) |" in printed
-    assert "| training length | main at step 2000 - at step 1000 | +11.00 | - |" in printed
-    assert "| main | 2000 | 10.00 | +12.00 | +1.00 | 0.600 | 0.300 | 0.500 | 0.150 | +5.00 (layer 0) |" in printed
+    assert ("| front end | main (clustered-100) at step 2000 - front end (clustered-100) at step 3000 | +10.00 | "
+            "+10.00 (step 2000) |") in printed
+    assert "| training length | main (clustered-100) at step 2000 - at step 1000 | +11.00 | - |" in printed
+    assert ("| main | clustered-100 | 2000 | 10.00 | +12.00 | +1.00 | 0.600 | 0.300 | 0.500 | 0.150 | "
+            "+5.00 (layer 0) |") in printed
     assert (out / "attribution.md").read_text() in printed
     assert (out / "attribution.png").stat().st_size > 10_000
+
+
+def test_a_control_measured_with_its_own_probe_is_compared_by_that_probes_gap(three_runs, capsys):
+    root, main, _, _ = three_runs
+    # the stride-2 control at half the positions, measured at the main run's queries per cluster
+    half = [{**point(2000, 0.08, 0.0, 0.0), "per": {"full": 0.08, "clustered-50": 0.11, "i-clustered-50": 0.085},
+             "gap_to_full": {"clustered-50": 0.03, "i-clustered-50": 0.005}}]
+    front = write_run(root / "stride2_50", half, probe="clustered-50", rows=["full", "clustered-50", "i-clustered-50"])
+    out = root / "out"
+    assert attribution.main(["--main", str(main), "--control", f"front end={front}", "--out", str(out)]) == 0
+    result = json.loads((out / "attribution.json").read_text())
+    front_end = result["attribution"][1]
+    assert front_end["gap_difference"] == pytest.approx(0.12 - 0.03)
+    assert front_end["compares"] == "main (clustered-100) at step 2000 - front end (clustered-50) at step 2000"
+    printed = capsys.readouterr().out
+    header = next(line for line in printed.splitlines() if line.startswith("| run |"))
+    assert "| clustered-100 gap | i-clustered-100 gap | clustered-50 gap | i-clustered-50 gap |" in header
+    assert "| front end | clustered-50 | 2000 | 8.00 | - | - | +3.00 | +0.50 |" in printed
 
 
 def test_table1_magnitudes_come_from_the_main_runs_matrix(tmp_path, capsys):
