@@ -242,3 +242,31 @@ def test_the_wsj_architecture_is_the_papers_encoder_at_the_paper_length(tiny_run
     assert sharpening.main(["--run", str(tiny_run), "--train", "8", "--architecture", "wsj"]) == 2
     error = capsys.readouterr().err
     assert "holds another encoder than --architecture wsj (model.layers=" in error and "model.ff_dim=" in error
+
+
+def test_every_row_repeats_exactly_whatever_ran_before(tiny_run):
+    """An evaluation row draws its hash planes and K-Means starts from (seed, batch index) alone, so the
+    same row gives the same log-probabilities after other rows and other draws, and another seed not."""
+    from asr.evaluation.attention_choice import evaluation_attention, set_evaluation_attention
+    from asr.evaluation.split_decoding import decode_split
+    checkpoint = tiny_run / "checkpoints" / "step-000004.ckpt"
+    model = sharpening.exact_model(checkpoint)
+    data = evaluation_data(model, checkpoint, "dev", progress=False)
+    outputs = []
+    model.register_forward_hook(lambda module, inputs, output: outputs.append(output[0]["phones"].clone()))
+
+    def evaluate(row: str, seed: int = 0) -> list[torch.Tensor]:
+        outputs.clear()
+        set_evaluation_attention(model, evaluation_attention(model, row), "trained")
+        decode_split(model, data, "greedy", seed=seed, progress=False)
+        return list(outputs)
+
+    rows = ["clustered-3", "i-clustered-3", "oracle-top-4"]
+    first = {row: evaluate(row) for row in rows}
+    torch.rand(1000)                                     # draws between the evaluations change nothing
+    for row in reversed(rows):
+        again = evaluate(row)
+        assert len(again) == len(first[row]) > 0
+        assert all(torch.equal(a, b) for a, b in zip(again, first[row])), row
+    other_seed = evaluate("clustered-3", seed=1)
+    assert not all(torch.equal(a, b) for a, b in zip(other_seed, first["clustered-3"]))
