@@ -16,8 +16,8 @@ The attribution, for the probe's gap to full (PER points, at each run's last kep
 when the runs have stopped):
     training length   the main run's gap at its last kept step minus at its first
     each control      the main run's gap minus the control's: the part of the gap that goes away when
-                      only that setting changes (the same difference at the last step all runs kept
-                      is printed beside it, so that a run trained longer is not what makes it)
+                      only that setting changes (the same difference at the last step both kept is
+                      printed beside it, so that a run trained longer is not what makes it)
 and, per run and step, what the gap is read against: the mean over layers of the exact attention's
 relative entropy, of its share within +-5 and +-20 positions, and of the probe's cluster spread (a
 fraction of the utterance's length), and the largest gap with the probe in one layer alone. The
@@ -91,16 +91,15 @@ def attribute(runs: list[dict]) -> list[dict]:
     items = [{"factor": "training length",
               "compares": f"{MAIN_LABEL} ({main['probe']}) at step {last['step']} - at step {first['step']}",
               "gap_difference": _difference(last["probe_gap"], first["probe_gap"]), "at_common_step": None}]
-    common = set.intersection(*({step["step"] for step in run["steps"]} for run in runs))
-    common_step = max(common) if common else None
+    main_by_step = {step["step"]: step for step in main["steps"]}
     for control in runs[1:]:
         control_last = control["steps"][-1]
+        common = [step for step in control["steps"] if step["step"] in main_by_step]
         at_common = None
-        if common_step is not None:
-            pick = {run["label"]: next(step for step in run["steps"] if step["step"] == common_step)
-                    for run in (main, control)}
-            at_common = {"step": common_step, "gap_difference": _difference(pick[MAIN_LABEL]["probe_gap"],
-                                                                           pick[control["label"]]["probe_gap"])}
+        if common:
+            step = common[-1]
+            at_common = {"step": step["step"], "gap_difference": _difference(main_by_step[step["step"]]["probe_gap"],
+                                                                             step["probe_gap"])}
         items.append({"factor": control["label"],
                       "compares": f"{MAIN_LABEL} ({main['probe']}) at step {last['step']} - {control['label']} "
                                   f"({control['probe']}) at step {control_last['step']}",
@@ -137,7 +136,7 @@ def format_runs(runs: list[dict]) -> str:
 
 def format_attribution(items: list[dict]) -> str:
     lines = ["The probe's gap to full, attributed (PER points; the part of the main run's gap that goes away "
-             "when only that changes)", "", "| factor | compares | difference | at the last step all runs kept |",
+             "when only that changes)", "", "| factor | compares | difference | at the last step both kept |",
              "|---|---|---:|---:|"]
     for item in items:
         common = item["at_common_step"]
