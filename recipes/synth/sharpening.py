@@ -3,6 +3,7 @@
     python -m recipes.synth.sharpening --run runs/sharpening_full --train 6000   # train (or resume), then measure
     python -m recipes.synth.sharpening --run RUN_DIR                             # measure a run that kept checkpoints
     python -m recipes.synth.sharpening --run RUN_DIR --by-layer                  # also the gap by layer
+    python -m recipes.synth.sharpening --run RUN_DIR --steps 2000 4000           # only these kept checkpoints
     python -m recipes.synth.sharpening --run RUN_DIR --publish recipes/synth     # also copy the JSON and PNGs there
     python -m recipes.synth.sharpening --run runs/sharpening_wsj --train 2000 --architecture wsj
 
@@ -95,6 +96,17 @@ def kept_checkpoints(run: Path) -> dict[int, Path]:
         raise SharpeningError(f"{folder} holds no checkpoints of fixed steps (step-NNNNNN.ckpt); train with "
                               f"trainer.keep_checkpoints_every_n_steps=N, or give --train STEPS")
     return dict(sorted(found.items()))
+
+
+def chosen_checkpoints(kept: dict[int, Path], steps: list[int] | None, run: Path) -> dict[int, Path]:
+    """The kept checkpoints of --steps (all of them without it); a step the run did not keep is an error."""
+    if steps is None:
+        return kept
+    missing = sorted(set(steps) - set(kept))
+    if missing:
+        raise SharpeningError(f"--steps {' '.join(map(str, missing))}: {run}/checkpoints keeps no such step; it "
+                              f"keeps {', '.join(map(str, kept))}")
+    return {step: kept[step] for step in sorted(set(steps))}
 
 
 # ---- training ------------------------------------------------------------------------------------------
@@ -348,7 +360,7 @@ def measure(args: argparse.Namespace) -> int:
     """Evaluates and measures every kept checkpoint (reusing what is cached); writes the JSON and PNGs;
     returns the exit status."""
     out = args.out or args.run / "sharpening"
-    checkpoints = kept_checkpoints(args.run)
+    checkpoints = chosen_checkpoints(kept_checkpoints(args.run), args.steps, args.run)
     from asr import cross_matrix
     argv = [*(f"step{step}={path}" for step, path in checkpoints.items()), "--specs", *args.rows,
             "--split", args.split, "--out", str(out / "matrix")]
@@ -457,6 +469,8 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--by-layer", action="store_true",
                         help="also the gap by layer: PER with --probe in one layer at a time, the others full "
                              "(one evaluation per layer and checkpoint)")
+    parser.add_argument("--steps", type=int, nargs="+", default=None, metavar="STEP",
+                        help="only the kept checkpoints of these steps (default: every one the run kept)")
     parser.add_argument("--split", default="dev", help="split of the run's corpus (default: dev)")
     parser.add_argument("--limit", type=int, default=None, help="only the first N batches (a quick look)")
     parser.add_argument("--threads", type=int, default=None,

@@ -206,6 +206,13 @@ def test_published_names_say_sharpening_once():
     assert sharpening.published_stem(Path("runs/wsj")) == "sharpening_wsj"
 
 
+def test_steps_choose_kept_checkpoints(tiny_run):
+    kept = sharpening.kept_checkpoints(tiny_run)
+    assert list(kept) == [2, 4]
+    assert sharpening.chosen_checkpoints(kept, None, tiny_run) == kept
+    assert sharpening.chosen_checkpoints(kept, [4, 4], tiny_run) == {4: kept[4]}
+
+
 def test_usage_errors_exit_2_naming_the_problem(tiny_run, tmp_path, capsys):
     (tmp_path / "checkpoints").mkdir()
     for argv, says in ((["--run", str(tmp_path)], "holds no checkpoints of fixed steps (step-NNNNNN.ckpt); train with "
@@ -213,6 +220,8 @@ def test_usage_errors_exit_2_naming_the_problem(tiny_run, tmp_path, capsys):
                        (["--run", str(tiny_run), "--rows", "clustered-3"], "the gaps are to full; add it to --rows"),
                        (["--run", str(tiny_run), "--rows", "full", "clusterd-3"], "unknown attention spec 'clusterd-3'"),
                        (["--run", str(tiny_run), "--train", "0"], "--train=0 must be >= 1"),
+                       (["--run", str(tiny_run), "--steps", "4", "3", "5"], "--steps 3 5: " + str(tiny_run)
+                        + "/checkpoints keeps no such step; it keeps 2, 4"),
                        (["--run", str(tiny_run), "--probe", "oracle-top"], "--probe oracle-top: its query clusters are "
                                                                             "measured; give a clustered or i-clustered"),
                        (["--run", str(tiny_run), "--rows", *ROWS, "--by-layer"],
