@@ -135,6 +135,32 @@ def cluster_time_spread(assignment: torch.Tensor, lengths: torch.Tensor) -> tupl
             int(counts.sum()))
 
 
+def clustering_error(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool,
+                     assignment: torch.Tensor) -> tuple[float, int]:
+    """How much clustered attention changes each query's attention weights: the total variation
+    distance (half the L1 distance) between a query's exact attention (exact_attention) and the
+    attention clustered attention gives it, its cluster centroid's, the centroid being the mean of the
+    cluster's queries (the paper's eq. 3-5). 0: clustering changes no weight; 1: disjoint weights.
+    Summed over the queries that count, with their number, for an exact mean over batches.
+
+    assignment: (B, H, N) cluster id of each query, -1 for padded ones (QueryClusters.assignment).
+    The centroid's weights are over the keys the query sees (with shared_qk, its own key left out)."""
+    log_p, visible, counted, _ = exact_attention(q, k, lengths, shared_qk)
+    batch, heads, length, dim = q.shape
+    member = assignment >= 0
+    slots = int(assignment.max()) + 1 if member.any() else 1
+    index = assignment.clamp(min=0)[..., None]                                  # (B, H, N, 1)
+    queries = q.float().masked_fill(~member[..., None], 0.0)
+    sums = torch.zeros(batch, heads, slots, dim, device=q.device).scatter_add_(2, index.expand(-1, -1, -1, dim), queries)
+    counts = torch.zeros(batch, heads, slots, device=q.device).scatter_add_(2, index[..., 0], member.float())
+    centroid = (sums / counts.clamp(min=1)[..., None]).gather(2, index.expand(-1, -1, -1, dim))   # per query
+    keys = F.normalize(q, dim=-1) if shared_qk else k
+    logits = (centroid @ keys.float().transpose(-1, -2) / math.sqrt(dim)).masked_fill(~visible, float("-inf"))
+    shared = torch.softmax(logits.masked_fill(~counted[..., None], 0.0), dim=-1)
+    distance = 0.5 * (log_p.exp() - shared).masked_fill(~visible, 0.0).abs().sum(-1)   # (B, H, N)
+    return float(distance[counted].sum()), int(counted.sum())
+
+
 @torch.no_grad()
 def layer_attention_inputs(model, features: torch.Tensor, lengths: torch.Tensor
                            ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
@@ -169,6 +195,9 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
         cluster_spread_fraction    i-clustered attention): the queries' clusters by the attention's own
                                    attention_ext.attentions.clustered.cluster_queries, their time spread in positions
                                    and as a share of the sequence length (cluster_time_spread)
+        clustering_error           with `clustering`: the total variation between each query's exact
+                                   attention and its cluster centroid's, what clustered attention
+                                   gives it (clustering_error)
 
     reseed() is called before each layer's clustering: with the seed of the batch (as an evaluation
     seeds it), a layer's clusters are those that attention computes when it runs in that layer alone
@@ -191,7 +220,8 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
             clusters = cluster_queries(q.to(kernel_dtype(q.dtype, q.device)), layer_lengths, clustering["clusters"], clustering["bits"],
                                        clustering["iterations"])
             spread, fraction, queries = cluster_time_spread(clusters.assignment, layer_lengths)
-            layer.update(cluster_spread=(spread, queries), cluster_spread_fraction=(fraction, queries))
+            layer.update(cluster_spread=(spread, queries), cluster_spread_fraction=(fraction, queries),
+                         clustering_error=clustering_error(q, k, layer_lengths, shared_qk, clusters.assignment))
         measures.append(layer)
     return measures
 

@@ -31,6 +31,11 @@ attention that is still nearly flat. Here, for every checkpoint a run kept at a 
               in that layer alone: per cluster the standard deviation of its queries' positions, in
               positions and divided by the utterance's length, averaged over the clusters weighted by
               their size (0.29 of the length is a cluster spread evenly over the utterance)
+    clustering error
+              on the same clusters, the total variation distance between each query's exact
+              attention and its cluster centroid's (what the probe gives it when it is clustered
+              attention), averaged over the queries: 0 when clustering changes no weight, 1 when
+              every query's weights move to keys it did not attend to
     gap by layer (--by-layer)
               PER with --probe in that layer alone and exact attention in the others, minus full's
 
@@ -144,7 +149,8 @@ def train_if_needed(run: Path, steps: int, every: int, architecture: str, extra:
 
 
 # ---- the attention's measures per checkpoint ----------------------------------------------------------------
-MEASURES = ("entropy", "locality5", "locality20", "query_similarity", "cluster_spread", "cluster_spread_fraction")
+MEASURES = ("entropy", "locality5", "locality20", "query_similarity", "cluster_spread", "cluster_spread_fraction",
+            "clustering_error")
 
 
 def exact_model(checkpoint: Path):
@@ -209,9 +215,10 @@ def measurement_key(checkpoint: Path, split: str, limit: int | None, probe: str)
 
 
 def cached_measures(out: Path, step: int, checkpoint: Path, split: str, limit: int | None, probe: str) -> dict:
-    """checkpoint_measures, kept in out/layers/step<N>.json while the checkpoint and settings are the same."""
+    """checkpoint_measures, kept in out/layers/step<N>.json while the checkpoint, settings and the measures
+    taken are the same (a file without a measure added since is measured again)."""
     path = out / "layers" / f"step{step}.json"
-    key = measurement_key(checkpoint, split, limit, probe)
+    key = {**measurement_key(checkpoint, split, limit, probe), "measures": list(MEASURES)}
     cached = _cached(path, key)
     if cached is not None:
         return cached
@@ -304,7 +311,8 @@ def plot(points: list[dict], rows: list[str], title: str, path: Path) -> None:
 
 def plot_layers(points: list[dict], probe: str, title: str, path: Path) -> None:
     """Per layer against step: the PER gap to full with the probe in that layer alone (beside the probe
-    in every layer), the locality within +-5 and +-20 positions, and the probe's cluster spread."""
+    in every layer), the locality within +-5 and +-20 positions, the probe's cluster spread and the
+    clustering error."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -312,7 +320,7 @@ def plot_layers(points: list[dict], probe: str, title: str, path: Path) -> None:
     count = len(points[0]["layers"])
     colours = plt.get_cmap("viridis")([index / max(1, count - 1) * 0.9 for index in range(count)])
     by_layer = any(point["gap_by_layer"] is not None for point in points)
-    panels = 3 if by_layer else 2
+    panels = 4 if by_layer else 3
     figure, axes = plt.subplots(panels, 1, figsize=(8, 3.2 * panels), sharex=True)
 
     def points_of(values):
@@ -340,7 +348,7 @@ def plot_layers(points: list[dict], probe: str, title: str, path: Path) -> None:
     axis.set_ylabel("attention within +-5 (solid)\nand +-20 (dashed) positions")
     axis.legend(fontsize=7, ncol=2, loc="best")
     axis.grid(alpha=0.3)
-    axis = axes[-1]
+    axis = axes[-2]
     for layer in range(count):
         axis.plot(steps, [point["layers"][layer]["cluster_spread_fraction"] for point in points], marker=".",
                   color=colours[layer], label=f"layer {layer}")
@@ -348,6 +356,14 @@ def plot_layers(points: list[dict], probe: str, title: str, path: Path) -> None:
     axis.legend(fontsize=7, ncol=2, loc="lower right")
     axis.set_ylim(bottom=0)
     axis.set_ylabel(f"{probe} cluster spread\n(std of positions / length)")
+    axis.grid(alpha=0.3)
+    axis = axes[-1]
+    for layer in range(count):
+        axis.plot(steps, [point["layers"][layer]["clustering_error"] for point in points], marker=".",
+                  color=colours[layer], label=f"layer {layer}")
+    axis.legend(fontsize=7, ncol=2, loc="best")
+    axis.set_ylim(bottom=0)
+    axis.set_ylabel(f"clustering error: exact vs\n{probe} centroid weights (TV)")
     axis.set_xlabel("training step")
     axis.grid(alpha=0.3)
     axes[0].set_title(title, fontsize=10)
@@ -437,13 +453,14 @@ def format_layer_tables(points: list[dict], probe: str) -> str:
         lines = [f"step {point['step']}: per layer (exact attention; {probe} clusters; gap with {probe} in the "
                  "layer alone, the others full, points)", "",
                  "| layer | entropy | within +-5 | within +-20 | query similarity | cluster spread (positions) "
-                 "| spread / length | gap alone |", "|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                 "| spread / length | clustering error | gap alone |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for layer in point["layers"]:
             gap = None if point["gap_by_layer"] is None else point["gap_by_layer"][layer["layer"]]
             lines.append(f"| {layer['layer']} | {number(layer['entropy'])} | {number(layer['locality5'])} | "
                          f"{number(layer['locality20'])} | {number(layer['query_similarity'])} | "
                          f"{number(layer['cluster_spread'], form='.1f')} | "
-                         f"{number(layer['cluster_spread_fraction'])} | {number(gap, 100, '+.2f')} |")
+                         f"{number(layer['cluster_spread_fraction'])} | {number(layer['clustering_error'])} | "
+                         f"{number(gap, 100, '+.2f')} |")
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)
 

@@ -10,7 +10,7 @@ import statistics
 import pytest
 import torch
 
-from asr.model.diagnostics import attention_entropy, attention_locality, cluster_time_spread
+from asr.model.diagnostics import attention_entropy, attention_locality, cluster_time_spread, clustering_error
 from asr.training.fit import train
 from tiny_runs import tiny_config
 
@@ -99,6 +99,44 @@ def test_cluster_spread_is_the_size_weighted_standard_deviation_of_the_members_p
     assert got[0] == pytest.approx(spread) and got[1] == pytest.approx(fraction)
     # one cluster spanning 0..5 evenly: sqrt(35 / 12); the two interleaved ones of sequence 1: 1 each
     assert statistics.pstdev(clusters[0, 1, 2]) == pytest.approx(math.sqrt(35 / 12))
+
+
+def test_the_clustering_error_is_the_distance_to_the_weights_clustered_attention_gives(monkeypatch):
+    """With one-hot values (v = the identity over positions), clustered attention's output row for a
+    query is the weights it gives that query; the measure is their total variation from exact attention,
+    on the same clusters (the same draws), padded queries left out."""
+    import attention_ext.attentions.clustered as clustered
+    from attention_ext import ClusteredAttention
+    torch.manual_seed(3)
+    batch, heads, length, dim = 2, 2, 12, 8
+    q, k = torch.randn(batch, heads, length, dim), torch.randn(batch, heads, length, dim)
+    lengths = torch.tensor([12, 9])
+    v = torch.eye(length).expand(batch, heads, length, length).contiguous()
+    assignments = []
+    original = clustered.cluster_queries
+
+    def recorded(*args):
+        clusters = original(*args)
+        assignments.append(clusters.assignment)
+        return clusters
+
+    monkeypatch.setattr(clustered, "cluster_queries", recorded)
+    torch.manual_seed(0)
+    shared = ClusteredAttention(clusters=3, bits=16, iterations=5)(q, k, v, lengths)       # (B, H, N, N)
+    torch.manual_seed(0)
+    assert torch.equal(original(q, lengths, 3, 16, 5).assignment, assignments[0])         # the same clusters again
+    expected, count = 0.0, 0
+    for b, h in itertools.product(range(batch), range(heads)):
+        n = int(lengths[b])
+        exact = torch.softmax(q[b, h, :n] @ k[b, h, :n].T / math.sqrt(dim), dim=-1)
+        expected += float(0.5 * (exact - shared[b, h, :n, :n]).abs().sum())
+        count += n
+    got = clustering_error(q, k, lengths, False, assignments[0])
+    assert got[1] == count and got[0] == pytest.approx(expected, rel=1e-4)
+    assert 0 < got[0] / got[1] < 1
+    # every query alone in its cluster: the centroid is the query, nothing changes
+    alone = torch.arange(length).expand(batch, heads, length).masked_fill(torch.arange(length) >= lengths[:, None, None], -1)
+    assert clustering_error(q, k, lengths, False, alone)[0] == pytest.approx(0.0, abs=1e-5)
 
 
 def test_a_run_with_diagnostics_writes_one_row_per_interval(tiny_synth, tmp_path):

@@ -86,6 +86,7 @@ def test_the_curve_its_numbers_and_the_cache(tiny_run, monkeypatch, capsys):
             assert 0 < layer["locality5"] <= layer["locality20"] <= 1
             assert 0 < layer["cluster_spread_fraction"] < 0.5 and layer["cluster_spread"] > 1
             assert -1 < layer["query_similarity"] < 1
+            assert 0 < layer["clustering_error"] < 1
         assert point["entropy_per_layer"] == [layer["entropy"] for layer in point["layers"]]
         assert len(point["per_by_layer"]) == 2
         assert point["gap_by_layer"] == pytest.approx([per - point["per"]["full"] for per in point["per_by_layer"]])
@@ -167,7 +168,7 @@ def test_the_cluster_spread_measures_the_clusters_the_attention_computes(tiny_ru
     evaluation of the same batch with it in layer 1 alone; their spread is the spread of those."""
     import attention_ext.attentions.clustered
     from asr.evaluation.attention_choice import evaluation_attention, set_evaluation_attention
-    from asr.model.diagnostics import cluster_time_spread, layer_attention_measures
+    from asr.model.diagnostics import cluster_time_spread, clustering_error, layer_attention_inputs, layer_attention_measures
     from asr.model.recognizer import EVALUATION_SEED, seed_evaluation_batch
     checkpoint = tiny_run / "checkpoints" / "step-000004.ckpt"
     clusterings = []
@@ -199,6 +200,8 @@ def test_the_cluster_spread_measures_the_clusters_the_attention_computes(tiny_ru
     spread, fraction, queries = cluster_time_spread(evaluated, lengths)
     assert measures[1]["cluster_spread"] == pytest.approx((spread, queries))
     assert measures[1]["cluster_spread_fraction"] == pytest.approx((fraction, queries))
+    q, k, layer_lengths = layer_attention_inputs(model, batch["features"], batch["feature_lengths"])[1]
+    assert measures[1]["clustering_error"] == pytest.approx(clustering_error(q, k, layer_lengths, False, evaluated))
 
 
 def test_published_names_say_sharpening_once():
