@@ -135,13 +135,12 @@ def cluster_time_spread(assignment: torch.Tensor, lengths: torch.Tensor) -> tupl
             int(counts.sum()))
 
 
-def clustering_error(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool,
-                     assignment: torch.Tensor) -> tuple[float, int]:
-    """How much clustered attention changes each query's attention weights: the total variation
-    distance (half the L1 distance) between a query's exact attention (exact_attention) and the
-    attention clustered attention gives it, its cluster centroid's, the centroid being the mean of the
-    cluster's queries (the paper's eq. 3-5). 0: clustering changes no weight; 1: disjoint weights.
-    Summed over the queries that count, with their number, for an exact mean over batches.
+def centroid_weights(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool,
+                     assignment: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Each query's exact attention (exact_attention) and the attention clustered attention gives it,
+    its cluster centroid's, the centroid being the mean of the cluster's queries (the paper's eq. 3-5):
+    (B, H, N, N) weights each (0 on the keys a query does not see), and the (B, H, N) bool of the
+    queries that count.
 
     assignment: (B, H, N) cluster id of each query, -1 for padded ones (QueryClusters.assignment).
     The centroid's weights are over the keys the query sees (with shared_qk, its own key left out)."""
@@ -156,20 +155,40 @@ def clustering_error(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, sh
     centroid = (sums / counts.clamp(min=1)[..., None]).gather(2, index.expand(-1, -1, -1, dim))   # per query
     keys = F.normalize(q, dim=-1) if shared_qk else k
     logits = (centroid @ keys.float().transpose(-1, -2) / math.sqrt(dim)).masked_fill(~visible, float("-inf"))
-    shared = torch.softmax(logits.masked_fill(~counted[..., None], 0.0), dim=-1)
-    distance = 0.5 * (log_p.exp() - shared).masked_fill(~visible, 0.0).abs().sum(-1)   # (B, H, N)
-    return float(distance[counted].sum()), int(counted.sum())
+    shared = torch.softmax(logits.masked_fill(~counted[..., None], 0.0), dim=-1).masked_fill(~visible, 0.0)
+    return log_p.exp().masked_fill(~visible, 0.0), shared, counted
+
+
+def clustering_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, shared_qk: bool,
+                     assignment: torch.Tensor) -> dict[str, tuple[float, int]]:
+    """How much clustered attention changes each query's attention (centroid_weights), as (sum over the
+    queries that count, their number) for an exact mean over batches:
+
+        weights   the total variation distance (half the L1 distance) between the query's exact weights
+                  and its centroid's: 0 when clustering changes no weight, 1 when disjoint
+        output    the norm of the difference of the two outputs (weights x v) divided by the norm of
+                  the exact output: how far the attention's output moves, which stays small when the
+                  weight moves to keys whose values are alike
+
+    v: (B, H, N, D) the layer's values."""
+    exact, shared, counted = centroid_weights(q, k, lengths, shared_qk, assignment)
+    weights = 0.5 * (exact - shared).abs().sum(-1)                                # (B, H, N)
+    values = v.float()
+    output = exact @ values
+    moved = ((exact - shared) @ values).norm(dim=-1) / output.norm(dim=-1).clamp(min=1e-12)
+    count = int(counted.sum())
+    return {"weights": (float(weights[counted].sum()), count), "output": (float(moved[counted].sum()), count)}
 
 
 @torch.no_grad()
 def layer_attention_inputs(model, features: torch.Tensor, lengths: torch.Tensor
-                           ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """(q, k, lengths) that each encoder layer's attention of `model` (a SpeechRecognizer) receives in
+                           ) -> list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]:
+    """(q, k, v, lengths) that each encoder layer's attention of `model` (a SpeechRecognizer) receives in
     one forward pass with its current attentions: what the attention sees, whatever the layer form,
     positions or key sharing."""
     inputs: dict[int, tuple] = {}
     hooks = [layer.attention.register_forward_pre_hook(
-                 lambda module, args, index=index: inputs.__setitem__(index, (args[0], args[1], args[3])))
+                 lambda module, args, index=index: inputs.__setitem__(index, args[:4]))
              for index, layer in enumerate(model.encoder.layers)]
     try:
         model(features, lengths)
@@ -196,8 +215,8 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
                                    attention_ext.attentions.clustered.cluster_queries, their time spread in positions
                                    and as a share of the sequence length (cluster_time_spread)
         clustering_error           with `clustering`: the total variation between each query's exact
-                                   attention and its cluster centroid's, what clustered attention
-                                   gives it (clustering_error)
+        clustering_output_error    attention and its cluster centroid's (what clustered attention gives
+                                   it), and the relative change of its output (clustering_error)
 
     reseed() is called before each layer's clustering: with the seed of the batch (as an evaluation
     seeds it), a layer's clusters are those that attention computes when it runs in that layer alone
@@ -206,7 +225,7 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
     from attention_ext.contract import kernel_dtype
     shared_qk = model.encoder.shared_qk
     measures = []
-    for q, k, layer_lengths in layer_attention_inputs(model, features, lengths):
+    for q, k, v, layer_lengths in layer_attention_inputs(model, features, lengths):
         relative, counted = relative_attention_entropy(q, k, layer_lengths, shared_qk)
         shares, _ = attention_locality(q, k, layer_lengths, shared_qk, LOCALITY_RADII)
         count = int(counted.sum())
@@ -220,8 +239,9 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
             clusters = cluster_queries(q.to(kernel_dtype(q.dtype, q.device)), layer_lengths, clustering["clusters"], clustering["bits"],
                                        clustering["iterations"])
             spread, fraction, queries = cluster_time_spread(clusters.assignment, layer_lengths)
+            error = clustering_error(q, k, v, layer_lengths, shared_qk, clusters.assignment)
             layer.update(cluster_spread=(spread, queries), cluster_spread_fraction=(fraction, queries),
-                         clustering_error=clustering_error(q, k, layer_lengths, shared_qk, clusters.assignment))
+                         clustering_error=error["weights"], clustering_output_error=error["output"])
         measures.append(layer)
     return measures
 

@@ -20,9 +20,9 @@ when the runs have stopped):
                       printed beside it, so that a run trained longer is not what makes it)
 and, per run and step, what the gap is read against: the mean over layers of the exact attention's
 relative entropy, of its share within +-5 and +-20 positions, of the probe's cluster spread (a
-fraction of the utterance's length) and of its clustering error (the total variation between a
-query's exact attention and its cluster centroid's), and the largest gap with the probe in one
-layer alone. The
+fraction of the utterance's length) and of its clustering errors (the total variation between a
+query's exact attention and its cluster centroid's, and the relative change of its output), and
+the largest gap with the probe in one layer alone. The
 locality counts encoder positions: a position of the stride-2 control is two 10-ms frames, so its
 +-5 spans twice the audio of the main run's; the spread, a fraction of the length, compares as it is.
 
@@ -77,7 +77,8 @@ def step_summary(point: dict, probe: str) -> dict:
     return {"step": point["step"], "full_per": point["per"][REFERENCE_ROW], "gap_to_full": point["gap_to_full"],
             "probe_gap": point["gap_to_full"].get(probe), "mean_entropy": point["mean_entropy"],
             **{f"mean_{name}": _mean(layer[name] for layer in layers)
-               for name in ("locality5", "locality20", "cluster_spread_fraction", "clustering_error")},
+               for name in ("locality5", "locality20", "cluster_spread_fraction", "clustering_error",
+                            "clustering_output_error")},
             "largest_gap_in_one_layer": worst}
 
 
@@ -123,8 +124,8 @@ def format_runs(runs: list[dict]) -> str:
     others = list(dict.fromkeys(row for run in runs for row in run["rows"] if row != REFERENCE_ROW))
     lines = ["| run | probe | step | full PER | " + " | ".join(f"{row} gap" for row in others)
              + " | mean entropy | within +-5 | within +-20 | probe's cluster spread / length | clustering error | "
-               "largest gap, the probe in one layer |",
-             "|---|---|---:|---:|" + "---:|" * len(others) + "---:|---:|---:|---:|---:|---|"]
+               "output error | largest gap, the probe in one layer |",
+             "|---|---|---:|---:|" + "---:|" * len(others) + "---:|---:|---:|---:|---:|---:|---|"]
     for run in runs:
         for step in run["steps"]:
             worst = step["largest_gap_in_one_layer"]
@@ -132,7 +133,7 @@ def format_runs(runs: list[dict]) -> str:
                          + " | ".join(_points(step["gap_to_full"].get(row)) for row in others)
                          + f" | {_plain(step['mean_entropy'])} | {_plain(step['mean_locality5'])} | "
                            f"{_plain(step['mean_locality20'])} | {_plain(step['mean_cluster_spread_fraction'])} | "
-                           f"{_plain(step['mean_clustering_error'])} | "
+                           f"{_plain(step['mean_clustering_error'])} | {_plain(step['mean_clustering_output_error'])} | "
                            f"{'-' if worst is None else _points(worst['gap']) + ' (layer ' + str(worst['layer']) + ')'} |")
     return "\n".join(lines) + "\n"
 

@@ -35,7 +35,9 @@ attention that is still nearly flat. Here, for every checkpoint a run kept at a 
               on the same clusters, the total variation distance between each query's exact
               attention and its cluster centroid's (what the probe gives it when it is clustered
               attention), averaged over the queries: 0 when clustering changes no weight, 1 when
-              every query's weights move to keys it did not attend to
+              every query's weights move to keys it did not attend to; and the output error: the
+              norm of the change of the query's attention output (weights x values) divided by the
+              norm of its exact output, averaged over the queries
     gap by layer (--by-layer)
               PER with --probe in that layer alone and exact attention in the others, minus full's
 
@@ -150,7 +152,7 @@ def train_if_needed(run: Path, steps: int, every: int, architecture: str, extra:
 
 # ---- the attention's measures per checkpoint ----------------------------------------------------------------
 MEASURES = ("entropy", "locality5", "locality20", "query_similarity", "cluster_spread", "cluster_spread_fraction",
-            "clustering_error")
+            "clustering_error", "clustering_output_error")
 
 
 def exact_model(checkpoint: Path):
@@ -359,11 +361,12 @@ def plot_layers(points: list[dict], probe: str, title: str, path: Path) -> None:
     axis.grid(alpha=0.3)
     axis = axes[-1]
     for layer in range(count):
-        axis.plot(steps, [point["layers"][layer]["clustering_error"] for point in points], marker=".",
-                  color=colours[layer], label=f"layer {layer}")
+        for name, style in (("clustering_error", "-"), ("clustering_output_error", "--")):
+            axis.plot(steps, [point["layers"][layer][name] for point in points], linestyle=style, marker=".",
+                      color=colours[layer], label=f"layer {layer}" if name == "clustering_error" else None)
     axis.legend(fontsize=7, ncol=2, loc="best")
     axis.set_ylim(bottom=0)
-    axis.set_ylabel(f"clustering error: exact vs\n{probe} centroid weights (TV)")
+    axis.set_ylabel(f"{probe} against exact: weights (TV,\nsolid), output (relative, dashed)")
     axis.set_xlabel("training step")
     axis.grid(alpha=0.3)
     axes[0].set_title(title, fontsize=10)
@@ -453,13 +456,15 @@ def format_layer_tables(points: list[dict], probe: str) -> str:
         lines = [f"step {point['step']}: per layer (exact attention; {probe} clusters; gap with {probe} in the "
                  "layer alone, the others full, points)", "",
                  "| layer | entropy | within +-5 | within +-20 | query similarity | cluster spread (positions) "
-                 "| spread / length | clustering error | gap alone |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                 "| spread / length | clustering error | output error | gap alone |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for layer in point["layers"]:
             gap = None if point["gap_by_layer"] is None else point["gap_by_layer"][layer["layer"]]
             lines.append(f"| {layer['layer']} | {number(layer['entropy'])} | {number(layer['locality5'])} | "
                          f"{number(layer['locality20'])} | {number(layer['query_similarity'])} | "
                          f"{number(layer['cluster_spread'], form='.1f')} | "
                          f"{number(layer['cluster_spread_fraction'])} | {number(layer['clustering_error'])} | "
+                         f"{number(layer['clustering_output_error'])} | "
                          f"{number(gap, 100, '+.2f')} |")
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)

@@ -101,17 +101,18 @@ def test_cluster_spread_is_the_size_weighted_standard_deviation_of_the_members_p
     assert statistics.pstdev(clusters[0, 1, 2]) == pytest.approx(math.sqrt(35 / 12))
 
 
-def test_the_clustering_error_is_the_distance_to_the_weights_clustered_attention_gives(monkeypatch):
+def test_the_clustering_errors_are_those_of_what_clustered_attention_gives(monkeypatch):
     """With one-hot values (v = the identity over positions), clustered attention's output row for a
-    query is the weights it gives that query; the measure is their total variation from exact attention,
-    on the same clusters (the same draws), padded queries left out."""
+    query is the weights it gives that query: the weight error is their total variation from exact
+    attention, on the same clusters (the same draws); with other values, the output error is the
+    relative distance of its output from exact attention's. Padded queries are left out."""
     import attention_ext.attentions.clustered as clustered
     from attention_ext import ClusteredAttention
     torch.manual_seed(3)
     batch, heads, length, dim = 2, 2, 12, 8
-    q, k = torch.randn(batch, heads, length, dim), torch.randn(batch, heads, length, dim)
+    q, k, v = (torch.randn(batch, heads, length, dim) for _ in range(3))
     lengths = torch.tensor([12, 9])
-    v = torch.eye(length).expand(batch, heads, length, length).contiguous()
+    one_hot = torch.eye(length).expand(batch, heads, length, length).contiguous()
     assignments = []
     original = clustered.cluster_queries
 
@@ -121,22 +122,28 @@ def test_the_clustering_error_is_the_distance_to_the_weights_clustered_attention
         return clusters
 
     monkeypatch.setattr(clustered, "cluster_queries", recorded)
+    attention = ClusteredAttention(clusters=3, bits=16, iterations=5)
     torch.manual_seed(0)
-    shared = ClusteredAttention(clusters=3, bits=16, iterations=5)(q, k, v, lengths)       # (B, H, N, N)
+    shared = attention(q, k, one_hot, lengths)                                # (B, H, N, N): the weights
     torch.manual_seed(0)
-    assert torch.equal(original(q, lengths, 3, 16, 5).assignment, assignments[0])         # the same clusters again
-    expected, count = 0.0, 0
+    output = attention(q, k, v, lengths)
+    assert torch.equal(assignments[0], assignments[1])                        # the same clusters both times
+    weights, moved, count = 0.0, 0.0, 0
     for b, h in itertools.product(range(batch), range(heads)):
         n = int(lengths[b])
         exact = torch.softmax(q[b, h, :n] @ k[b, h, :n].T / math.sqrt(dim), dim=-1)
-        expected += float(0.5 * (exact - shared[b, h, :n, :n]).abs().sum())
+        weights += float(0.5 * (exact - shared[b, h, :n, :n]).abs().sum())
+        exact_output = exact @ v[b, h, :n]
+        moved += float(((exact_output - output[b, h, :n]).norm(dim=-1) / exact_output.norm(dim=-1)).sum())
         count += n
-    got = clustering_error(q, k, lengths, False, assignments[0])
-    assert got[1] == count and got[0] == pytest.approx(expected, rel=1e-4)
-    assert 0 < got[0] / got[1] < 1
+    got = clustering_error(q, k, v, lengths, False, assignments[0])
+    assert got["weights"][1] == got["output"][1] == count
+    assert got["weights"][0] == pytest.approx(weights, rel=1e-4) and got["output"][0] == pytest.approx(moved, rel=1e-4)
+    assert 0 < weights / count < 1 and moved > 0
     # every query alone in its cluster: the centroid is the query, nothing changes
     alone = torch.arange(length).expand(batch, heads, length).masked_fill(torch.arange(length) >= lengths[:, None, None], -1)
-    assert clustering_error(q, k, lengths, False, alone)[0] == pytest.approx(0.0, abs=1e-5)
+    assert clustering_error(q, k, v, lengths, False, alone)["weights"][0] == pytest.approx(0.0, abs=1e-5)
+    assert clustering_error(q, k, v, lengths, False, alone)["output"][0] == pytest.approx(0.0, abs=1e-4)
 
 
 def test_a_run_with_diagnostics_writes_one_row_per_interval(tiny_synth, tmp_path):

@@ -14,7 +14,8 @@ ROWS = ["full", "clustered-100", "i-clustered-100"]
 
 def layer(entropy: float, local5: float, local20: float, spread: float) -> dict:
     return {"layer": 0, "entropy": entropy, "locality5": local5, "locality20": local20, "query_similarity": 0.5,
-            "cluster_spread": 100 * spread, "cluster_spread_fraction": spread, "clustering_error": spread / 2}
+            "cluster_spread": 100 * spread, "cluster_spread_fraction": spread, "clustering_error": spread / 2,
+            "clustering_output_error": spread / 5}
 
 
 def point(step: int, full: float, clustered: float, iclustered: float, by_layer=None) -> dict:
@@ -64,6 +65,7 @@ def test_the_attribution_of_a_known_gap(three_runs, capsys):
     assert last["mean_locality5"] == pytest.approx(0.3) and last["mean_locality20"] == pytest.approx(0.5)
     assert last["mean_cluster_spread_fraction"] == pytest.approx(0.15)
     assert last["mean_clustering_error"] == pytest.approx(0.075)
+    assert last["mean_clustering_output_error"] == pytest.approx(0.03)
     assert last["largest_gap_in_one_layer"] == {"layer": 0, "gap": pytest.approx(0.05)}
     assert result["runs"][1]["steps"][0]["largest_gap_in_one_layer"] is None      # not measured by layer
     printed = capsys.readouterr().out
@@ -71,7 +73,7 @@ def test_the_attribution_of_a_known_gap(three_runs, capsys):
             "+10.00 (step 2000) |") in printed
     assert "| training length | main (clustered-100) at step 2000 - at step 1000 | +11.00 | - |" in printed
     assert ("| main | clustered-100 | 2000 | 10.00 | +12.00 | +1.00 | 0.600 | 0.300 | 0.500 | 0.150 | 0.075 | "
-            "+5.00 (layer 0) |") in printed
+            "0.030 | +5.00 (layer 0) |") in printed
     assert (out / "attribution.md").read_text() in printed
     assert (out / "attribution.png").stat().st_size > 10_000
 

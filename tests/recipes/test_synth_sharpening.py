@@ -86,7 +86,7 @@ def test_the_curve_its_numbers_and_the_cache(tiny_run, monkeypatch, capsys):
             assert 0 < layer["locality5"] <= layer["locality20"] <= 1
             assert 0 < layer["cluster_spread_fraction"] < 0.5 and layer["cluster_spread"] > 1
             assert -1 < layer["query_similarity"] < 1
-            assert 0 < layer["clustering_error"] < 1
+            assert 0 < layer["clustering_error"] < 1 and 0 < layer["clustering_output_error"]
         assert point["entropy_per_layer"] == [layer["entropy"] for layer in point["layers"]]
         assert len(point["per_by_layer"]) == 2
         assert point["gap_by_layer"] == pytest.approx([per - point["per"]["full"] for per in point["per_by_layer"]])
@@ -200,8 +200,10 @@ def test_the_cluster_spread_measures_the_clusters_the_attention_computes(tiny_ru
     spread, fraction, queries = cluster_time_spread(evaluated, lengths)
     assert measures[1]["cluster_spread"] == pytest.approx((spread, queries))
     assert measures[1]["cluster_spread_fraction"] == pytest.approx((fraction, queries))
-    q, k, layer_lengths = layer_attention_inputs(model, batch["features"], batch["feature_lengths"])[1]
-    assert measures[1]["clustering_error"] == pytest.approx(clustering_error(q, k, layer_lengths, False, evaluated))
+    q, k, v, layer_lengths = layer_attention_inputs(model, batch["features"], batch["feature_lengths"])[1]
+    error = clustering_error(q, k, v, layer_lengths, False, evaluated)
+    assert measures[1]["clustering_error"] == pytest.approx(error["weights"])
+    assert measures[1]["clustering_output_error"] == pytest.approx(error["output"])
 
 
 def test_published_names_say_sharpening_once():
