@@ -22,9 +22,9 @@ and, per run and step, what the gap is read against: the mean over layers of the
 relative entropy, of its share within +-5 and +-20 positions, of the probe's cluster spread (a
 fraction of the utterance's length) and of its clustering errors (the total variation between a
 query's exact attention and its cluster centroid's, and the relative change of its output), and
-the largest gap with the probe in one layer alone. The
-locality counts encoder positions: a position of the stride-2 control is two 10-ms frames, so its
-+-5 spans twice the audio of the main run's; the spread, a fraction of the length, compares as it is.
+the largest gap with the probe in one layer alone. The locality counts encoder positions: a
+position of the stride-2 control is two 10-ms frames, so its +-5 spans twice the audio of the main
+run's; the spread, a fraction of the length, compares as it is.
 
 Writes to --out: attribution.json (every number above, per run and step), attribution.png (the gaps
 of the probe and of i-clustered at the probe's cluster count, the locality and the cluster spread
@@ -55,8 +55,11 @@ def load_sharpening(folder: Path) -> dict:
     if not path.is_file():
         raise AttributionError(f"{path} does not exist: run `python -m recipes.synth.sharpening --run RUN "
                                f"--out {folder}` on that run first")
-    measured = json.loads(path.read_text())
-    if not measured.get("points"):
+    try:
+        measured = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as error:
+        raise AttributionError(f"{path} is not a sharpening.json ({error}); run recipes.synth.sharpening again") from None
+    if not isinstance(measured, dict) or not measured.get("points"):
         raise AttributionError(f"{path} holds no measured checkpoints; run recipes.synth.sharpening again")
     return measured
 

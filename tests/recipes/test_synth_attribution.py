@@ -116,11 +116,14 @@ def test_table1_magnitudes_come_from_the_main_runs_matrix(tmp_path, capsys):
 def test_errors_name_the_folder_and_what_to_do(three_runs, capsys):
     root, main, front, _ = three_runs
     other = write_run(root / "limited", [point(1000, 0.3, 0.3, 0.3)], limit=4)
+    (root / "broken").mkdir()
+    (root / "broken" / "sharpening.json").write_text('{"points": [')       # cut short
     cases = [(["--control", f"front end={root / 'nowhere'}"], "nowhere/sharpening.json does not exist"),
              (["--control", str(front)], "give SETTING=FOLDER"),
              (["--control", f"main={front}"], "names the --main run"),
              (["--control", f"a={front}", "--control", f"a={front}"], "give each control its own name"),
-             (["--control", f"limited={other}"], "other limit than")]
+             (["--control", f"limited={other}"], "other limit than"),
+             (["--control", f"broken={root / 'broken'}"], "broken/sharpening.json is not a sharpening.json")]
     for extra, message in cases:
         assert attribution.main(["--main", str(main), *extra, "--out", str(root / "out")]) == 2
         assert message in capsys.readouterr().err
