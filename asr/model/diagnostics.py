@@ -54,15 +54,16 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, sha
     return log_p, visible, counted, seen
 
 
-def relative_attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool
-                               ) -> tuple[torch.Tensor, torch.Tensor]:
+def relative_attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool,
+                               exact: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, H, N) entropy / log(keys seen) of each query's exact attention (exact_attention), and the
     (B, H, N) bool of the queries that count: valid ones that see more than one key.
 
     q, k: (B, H, N, E); lengths: (B,). With shared_qk the keys are q / ||q|| and a query does
-    not see its own key (as attention_ext.attentions.shared_full).
+    not see its own key (as attention_ext.attentions.shared_full). exact: exact_attention's result
+    for these inputs when the caller has it already (this and the next measures share one).
     """
-    log_p, visible, counted, seen = exact_attention(q, k, lengths, shared_qk)
+    log_p, visible, counted, seen = exact or exact_attention(q, k, lengths, shared_qk)
     p = log_p.exp()
     entropy = -(p * log_p.masked_fill(~visible, 0.0)).sum(-1)                # (B, H, N)
     return entropy / torch.log(seen.clamp(min=2).float()), counted
@@ -79,11 +80,11 @@ def attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, s
 
 
 def attention_locality(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool,
-                       radii: tuple[int, ...]) -> tuple[torch.Tensor, torch.Tensor]:
+                       radii: tuple[int, ...], exact: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(len(radii), B, H, N) share of each query's exact attention mass (exact_attention) on the keys
     within +-radius positions of it (itself included), and the (B, H, N) bool of the queries that
-    count (as for the entropy)."""
-    log_p, visible, counted, _ = exact_attention(q, k, lengths, shared_qk)
+    count (as for the entropy). exact: as for relative_attention_entropy."""
+    log_p, visible, counted, _ = exact or exact_attention(q, k, lengths, shared_qk)
     p = log_p.exp().masked_fill(~visible, 0.0)
     position = torch.arange(q.shape[2], device=q.device)
     distance = (position[:, None] - position[None, :]).abs()                   # (N, N)
@@ -106,6 +107,17 @@ def query_similarity(q: torch.Tensor, lengths: torch.Tensor) -> tuple[float, int
     return float(mean[counted].sum()), int(counted.sum())
 
 
+def per_cluster_sum(values: torch.Tensor, assignment: torch.Tensor) -> torch.Tensor:
+    """(B, H, C, ...) sum over each cluster's queries of values (B, H, N, ...), C the number of
+    cluster ids in assignment (B, H, N): cluster id of each query, -1 for padded ones, which add nothing."""
+    member = assignment >= 0
+    slots = int(assignment.max()) + 1 if member.any() else 1
+    per_query = assignment.shape + (1,) * (values.dim() - 3)                    # broadcast over values' trailing dims
+    masked = values.masked_fill(~member.reshape(per_query), 0.0)
+    index = assignment.clamp(min=0).reshape(per_query).expand_as(values)
+    return values.new_zeros(*assignment.shape[:2], slots, *values.shape[3:]).scatter_add_(2, index, masked)
+
+
 def cluster_time_spread(assignment: torch.Tensor, lengths: torch.Tensor) -> tuple[float, float, int]:
     """How far apart in time the queries of each cluster are, summed for an exact mean over batches.
 
@@ -118,41 +130,32 @@ def cluster_time_spread(assignment: torch.Tensor, lengths: torch.Tensor) -> tupl
     of about L / sqrt(12) = 0.29 L; queries alone in their cluster have 0.
     """
     batch, heads, length = assignment.shape
-    member = assignment >= 0
-    slots = int(assignment.max()) + 1 if member.any() else 1
-    index = assignment.clamp(min=0)
     position = torch.arange(length, dtype=torch.float64, device=assignment.device).expand(batch, heads, length)
-
-    def per_cluster(values: torch.Tensor) -> torch.Tensor:
-        return torch.zeros(batch, heads, slots, dtype=torch.float64, device=assignment.device).scatter_add_(
-            -1, index, values.masked_fill(~member, 0.0))
-
-    counts = per_cluster(torch.ones_like(position))
-    mean = per_cluster(position) / counts.clamp(min=1)
-    variance = (per_cluster(position * position) / counts.clamp(min=1) - mean * mean).clamp(min=0.0)
+    counts = per_cluster_sum(torch.ones_like(position), assignment)
+    mean = per_cluster_sum(position, assignment) / counts.clamp(min=1)
+    variance = (per_cluster_sum(position * position, assignment) / counts.clamp(min=1) - mean * mean).clamp(min=0.0)
     weighted = counts * variance.sqrt()                                          # (B, H, C)
     return (float(weighted.sum()), float((weighted.sum((1, 2)) / lengths.double().clamp(min=1)).sum()),
             int(counts.sum()))
 
 
 def centroid_weights(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool,
-                     assignment: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                     assignment: torch.Tensor, exact: tuple | None = None
+                     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each query's exact attention (exact_attention) and the attention clustered attention gives it,
     its cluster centroid's, the centroid being the mean of the cluster's queries (the paper's eq. 3-5):
     (B, H, N, N) weights each (0 on the keys a query does not see), and the (B, H, N) bool of the
     queries that count.
 
     assignment: (B, H, N) cluster id of each query, -1 for padded ones (QueryClusters.assignment).
-    The centroid's weights are over the keys the query sees (with shared_qk, its own key left out)."""
-    log_p, visible, counted, _ = exact_attention(q, k, lengths, shared_qk)
-    batch, heads, length, dim = q.shape
-    member = assignment >= 0
-    slots = int(assignment.max()) + 1 if member.any() else 1
-    index = assignment.clamp(min=0)[..., None]                                  # (B, H, N, 1)
-    queries = q.float().masked_fill(~member[..., None], 0.0)
-    sums = torch.zeros(batch, heads, slots, dim, device=q.device).scatter_add_(2, index.expand(-1, -1, -1, dim), queries)
-    counts = torch.zeros(batch, heads, slots, device=q.device).scatter_add_(2, index[..., 0], member.float())
-    centroid = (sums / counts.clamp(min=1)[..., None]).gather(2, index.expand(-1, -1, -1, dim))   # per query
+    The centroid's weights are over the keys the query sees (with shared_qk, its own key left out).
+    exact: as for relative_attention_entropy."""
+    log_p, visible, counted, _ = exact or exact_attention(q, k, lengths, shared_qk)
+    dim = q.shape[-1]
+    sums = per_cluster_sum(q.float(), assignment)                                # (B, H, C, E)
+    counts = per_cluster_sum(torch.ones_like(assignment, dtype=torch.float32), assignment)
+    index = assignment.clamp(min=0)[..., None].expand(-1, -1, -1, dim)          # (B, H, N, E)
+    centroid = (sums / counts.clamp(min=1)[..., None]).gather(2, index)          # per query
     keys = F.normalize(q, dim=-1) if shared_qk else k
     logits = (centroid @ keys.float().transpose(-1, -2) / math.sqrt(dim)).masked_fill(~visible, float("-inf"))
     shared = torch.softmax(logits.masked_fill(~counted[..., None], 0.0), dim=-1).masked_fill(~visible, 0.0)
@@ -160,7 +163,7 @@ def centroid_weights(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, sh
 
 
 def clustering_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, shared_qk: bool,
-                     assignment: torch.Tensor) -> dict[str, tuple[float, int]]:
+                     assignment: torch.Tensor, exact: tuple | None = None) -> dict[str, tuple[float, int]]:
     """How much clustered attention changes each query's attention (centroid_weights), as (sum over the
     queries that count, their number) for an exact mean over batches:
 
@@ -170,12 +173,12 @@ def clustering_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
                   the exact output: how far the attention's output moves, which stays small when the
                   weight moves to keys whose values are alike
 
-    v: (B, H, N, D) the layer's values."""
-    exact, shared, counted = centroid_weights(q, k, lengths, shared_qk, assignment)
-    weights = 0.5 * (exact - shared).abs().sum(-1)                                # (B, H, N)
+    v: (B, H, N, D) the layer's values. exact: as for relative_attention_entropy."""
+    exact_weights, shared, counted = centroid_weights(q, k, lengths, shared_qk, assignment, exact)
+    weights = 0.5 * (exact_weights - shared).abs().sum(-1)                        # (B, H, N)
     values = v.float()
-    output = exact @ values
-    moved = ((exact - shared) @ values).norm(dim=-1) / output.norm(dim=-1).clamp(min=1e-12)
+    output = exact_weights @ values
+    moved = ((exact_weights - shared) @ values).norm(dim=-1) / output.norm(dim=-1).clamp(min=1e-12)
     count = int(counted.sum())
     return {"weights": (float(weights[counted].sum()), count), "output": (float(moved[counted].sum()), count)}
 
@@ -226,8 +229,9 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
     shared_qk = model.encoder.shared_qk
     measures = []
     for q, k, v, layer_lengths in layer_attention_inputs(model, features, lengths):
-        relative, counted = relative_attention_entropy(q, k, layer_lengths, shared_qk)
-        shares, _ = attention_locality(q, k, layer_lengths, shared_qk, LOCALITY_RADII)
+        exact = exact_attention(q, k, layer_lengths, shared_qk)        # one (B, H, N, N) softmax per layer
+        relative, counted = relative_attention_entropy(q, k, layer_lengths, shared_qk, exact)
+        shares, _ = attention_locality(q, k, layer_lengths, shared_qk, LOCALITY_RADII, exact)
         count = int(counted.sum())
         layer = {"entropy": (float(relative[counted].sum()), count),
                  **{f"locality{radius}": (float(share[counted].sum()), count)
@@ -239,7 +243,7 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
             clusters = cluster_queries(q.to(kernel_dtype(q.dtype, q.device)), layer_lengths, clustering["clusters"], clustering["bits"],
                                        clustering["iterations"])
             spread, fraction, queries = cluster_time_spread(clusters.assignment, layer_lengths)
-            error = clustering_error(q, k, v, layer_lengths, shared_qk, clusters.assignment)
+            error = clustering_error(q, k, v, layer_lengths, shared_qk, clusters.assignment, exact)
             layer.update(cluster_spread=(spread, queries), cluster_spread_fraction=(fraction, queries),
                          clustering_error=error["weights"], clustering_output_error=error["output"])
         measures.append(layer)
