@@ -58,7 +58,12 @@ class OptimConfig:
     weight_decay: float = 0.01         # decoupled, as in the RAdam code the paper used
     clip_norm: float = 10.0            # max global gradient norm; 0 disables clipping
     plateau_factor: float = 0.5        # lr *= factor when val/loss has not improved ...
-    plateau_patience: int = 1          # ... for this many validations
+    plateau_patience: int = 1          # ... for more than this many validations in a row
+    # The validation loss the plateau schedule watches: null, the sum of every head's weighted CTC loss
+    # (val/loss); a target kind (data.targets), that head's loss alone (val/loss_<kind>). With two heads
+    # the sum can keep falling on the secondary head's account while the primary one has stalled, and
+    # the lr is then never lowered (recipes/synth/README.md, "Where the runs stand").
+    plateau_target: Optional[str] = None
     min_lr: float = 1e-6               # the plateau schedule never goes below this
     warmup_steps: int = 0              # linear warm-up, on top of the plateau schedule
 
@@ -288,7 +293,7 @@ def _check_model_section(model: Any, attention: ValidatedAttention) -> None:
 
 
 def _check_data_section(cfg: Any) -> DataConfig:
-    """data.* (the DataConfig it makes), and model.loss_weights against data.targets."""
+    """data.* (the DataConfig it makes), and model.loss_weights and optim.plateau_target against data.targets."""
     try:
         data = DataConfig.of(cfg.data)   # data.targets among them
         check_augment_sources(data.augment)
@@ -300,6 +305,9 @@ def _check_data_section(cfg: Any) -> DataConfig:
                  f"names no target; the targets (data.targets) are {targets}")
         _require(math.isfinite(weight) and weight >= 0.0, f"model.loss_weights.{kind}", weight,
                  "must be a finite number >= 0")
+    plateau_target = cfg.optim.get("plateau_target")
+    _require(plateau_target is None or plateau_target in targets, "optim.plateau_target", plateau_target,
+             f"names no target; the targets (data.targets) are {targets} (null: the sum of their losses)")
     return data
 
 

@@ -251,7 +251,7 @@ class SpeechRecognizer(L.LightningModule):
         if tally.word_references:
             self.last_word_references = tally.word_references
         if stage == "val":
-            self._step_plateau(tally.loss_sum / tally.utterances)
+            self._step_plateau(self._plateau_loss(tally))
 
     # Validation and test batches draw the attention's randomness from torch's generator seeded by
     # (EVALUATION_SEED, batch index), as asr.evaluate does with its default seed, so the test rates
@@ -285,8 +285,8 @@ class SpeechRecognizer(L.LightningModule):
     def configure_optimizers(self) -> torch.optim.Optimizer:
         """RAdam with decoupled weight decay (as in the RAdam authors' code the paper used).
 
-        The plateau schedule (lr *= plateau_factor when the validation loss has not improved for
-        plateau_patience validations) is stepped here in on_validation_epoch_end, not by Lightning:
+        The plateau schedule (lr *= plateau_factor when the validation loss, or optim.plateau_target's
+        head's, has not improved for plateau_patience validations) is stepped here in on_validation_epoch_end, not by Lightning:
         Lightning steps it after the checkpoint of that epoch is written and skips that step on
         resume, so a resumed run would follow another schedule than an uninterrupted one.
         """
@@ -299,6 +299,14 @@ class SpeechRecognizer(L.LightningModule):
         if self._restored_plateau is not None:
             self.plateau.load_state_dict(self._restored_plateau)
         return optimizer
+
+    def _plateau_loss(self, tally: EvaluationTally) -> float:
+        """The validation loss the plateau schedule watches: optim.plateau_target's head alone, or
+        (null, and in checkpoints from before the option) the weighted sum of every head's."""
+        target = self.hparams.optim.get("plateau_target")
+        if target is None:
+            return tally.loss_sum / tally.utterances
+        return tally.head_loss_sums[target] / tally.utterances
 
     def _step_plateau(self, validation_loss: float) -> None:
         if getattr(self, "plateau", None) is not None and self.trainer.state.fn == "fit":

@@ -215,6 +215,8 @@ def test_unknown_keys_and_wrong_types_fail_while_composing():
     (["trainer.keep_checkpoints_every_n_steps=0"], ConfigError,
      "trainer.keep_checkpoints_every_n_steps=0 is not allowed: must be a number of optimiser steps >= 1"),
     (["+model.loss_weights.words=2"], ConfigError, r"model.loss_weights.words=2.0 is not allowed: names no target"),
+    (["optim.plateau_target=words"], ConfigError, r"optim.plateau_target='words' is not allowed: names no target"),
+    (["optim.plateau_target=phones"], None, None),
     (["data.num_mel_bins=41"], ConfigError, "data.num_mel_bins=41; choose 40"),
     (["attention.name=fancy"], AttentionConfigError, "unknown attention 'fancy'; allowed names and options"),
     (["attention=full", "+attention.clusters=3"], AttentionConfigError, "attention 'full' has no option clusters"),
