@@ -286,8 +286,8 @@ class SpeechRecognizer(L.LightningModule):
         """RAdam with decoupled weight decay (as in the RAdam authors' code the paper used).
 
         The plateau schedule (lr *= plateau_factor when the validation loss, or optim.plateau_target's
-        head's, has not improved for plateau_patience validations) is stepped here in on_validation_epoch_end, not by Lightning:
-        Lightning steps it after the checkpoint of that epoch is written and skips that step on
+        head's, has not improved for more than plateau_patience validations) is stepped here in
+        on_validation_epoch_end, not by Lightning: Lightning steps it after the checkpoint of that epoch is written and skips that step on
         resume, so a resumed run would follow another schedule than an uninterrupted one.
         """
         optim = self.hparams.optim

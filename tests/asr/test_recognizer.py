@@ -204,22 +204,20 @@ def test_the_evaluation_tally_adds_batches_up():
     assert (tally.utterances, tally.encoder_frames) == (3, 12)
 
 
-@pytest.mark.parametrize("plateau_target, halved_after", [(None, None), ("phones", 2)])
-def test_the_plateau_schedule_watches_the_named_heads_loss(plateau_target, halved_after):
+@pytest.mark.parametrize("plateau_target, lrs", [(None, [1.0, 1.0, 1.0, 1.0]), ("phones", [1.0, 1.0, 0.5, 0.5])])
+def test_the_plateau_schedule_watches_the_named_heads_loss(plateau_target, lrs):
     """Dev losses where the chars head keeps improving and the phones head stalls (what the paper
     encoder's runs showed): the sum never plateaus, so only plateau_target=phones lowers the lr, after
     plateau_patience + 1 validations without a lower phones loss."""
     recognizer = toy_recognizer(lr=1.0, plateau_patience=1,
                                 **({} if plateau_target is None else {"plateau_target": plateau_target}))
     optimizer = recognizer.configure_optimizers()
-    lrs = []
-    for validation, (phones, chars) in enumerate([(0.50, 3.0), (0.50, 2.9), (0.51, 2.8), (0.50, 2.7)]):
+    seen = []
+    for phones, chars in [(0.50, 3.0), (0.50, 2.9), (0.51, 2.8), (0.50, 2.7)]:
         tally = EvaluationTally()
         tally.utterances = 10
         tally.head_loss_sums = {"phones": phones * 10, "chars": chars * 10}
         tally.loss_sum = (phones + 0.5 * chars) * 10
         recognizer.plateau.step(recognizer._plateau_loss(tally))
-        lrs.append(optimizer.param_groups[0]["lr"])
-    expected = [1.0] * 4 if halved_after is None else [1.0, 1.0, 0.5, 0.5]
-    assert lrs == expected
-
+        seen.append(optimizer.param_groups[0]["lr"])
+    assert seen == lrs
