@@ -287,8 +287,9 @@ class SpeechRecognizer(L.LightningModule):
 
         The plateau schedule (lr *= plateau_factor when the validation loss, or optim.plateau_target's
         head's, has not improved for more than plateau_patience validations) is stepped here in
-        on_validation_epoch_end, not by Lightning: Lightning steps it after the checkpoint of that epoch is written and skips that step on
-        resume, so a resumed run would follow another schedule than an uninterrupted one.
+        on_validation_epoch_end, not by Lightning: Lightning steps it after the checkpoint of that epoch
+        is written and skips that step on resume, so a resumed run would follow another schedule than an
+        uninterrupted one.
         """
         optim = self.hparams.optim
         optimizer = torch.optim.RAdam(self.parameters(), lr=optim["lr"], weight_decay=optim["weight_decay"],
