@@ -12,7 +12,8 @@ One run = one folder (<run_root>/<preset>/<timestamp>, or run_dir=...):
     results.json            test and best-validation PER/WER/CER, time per epoch, parameters, ...
     corpus_report.json      when the run generated its corpus (the built-in one): the recipe's report
     train.log               what the console showed but the progress bars, through the test result
-                            and why training stopped (train_ddp_process_N.log: process N > 0 of a
+                            and why training stopped, and a line per validation (each sitting
+                            appends; train_ddp_process_N.log: process N > 0 of a
                             multi-process run; N is the local rank under Lightning's own launcher,
                             the global rank under torchrun or srun)
     batches/rankN.jsonl     with trainer.record_batches=true: the utterance ids of every batch

@@ -1,7 +1,7 @@
 """The Lightning callbacks asr.training.fit adds to a run besides Lightning's own (checkpoints, early
 stopping), asr.training.progress's bar and asr.model.diagnostics: the batches each process ran, the time of
 each epoch, every epoch's checkpoint, the checkpoints of fixed steps, a validation where the
-step budget ends, and early stopping on a relative gain."""
+step budget ends, a line in train.log per validation, and early stopping on a relative gain."""
 from __future__ import annotations
 
 import json
@@ -114,6 +114,46 @@ class ValidateAtStepBudget(Callback):
             trainer.should_stop = True
 
 
+class ValidationLog(Callback):
+    """One line in train.log (logger asr.train) after each validation of a training: the step, the dev
+    error rates and losses, the best primary error so far and its step, and the lr of the plateau
+    schedule (the optimiser's, before any warm-up scaling). A run trained over days is followed with
+    `grep validation RUN/train.log` (each sitting appends to it). The best is kept in the checkpoints,
+    so a resumed run's lines go on from it."""
+
+    def __init__(self):
+        self.best: tuple[float, int] | None = None    # (primary error, global step)
+
+    def line(self, step: int, metrics: dict[str, float], lr: float) -> str:
+        """The line for one validation (metrics: the val/ metrics without the prefix); updates the best."""
+        primary = metrics["primary_error"]
+        if not math.isnan(primary) and (self.best is None or primary < self.best[0]):
+            self.best = (primary, step)
+        rates = [f"{name.upper()} {100 * metrics[name]:.2f} %" for name in ("per", "wer", "cer") if name in metrics]
+        losses = [f"{name} {value:.4g}" for name, value in sorted(metrics.items()) if name.startswith("loss")]
+        best = "none yet" if self.best is None else f"{100 * self.best[0]:.2f} % at step {self.best[1]}"
+        parts = [", ".join(rates), ", ".join(losses), f"best primary error {best}", f"lr {lr:.3g}"]
+        return f"validation at step {step}: " + "; ".join(part for part in parts if part)
+
+    def on_validation_end(self, trainer, module) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        metrics = {name[len("val/"):]: float(value) for name, value in trainer.callback_metrics.items()
+                   if name.startswith("val/")}
+        if "primary_error" not in metrics:
+            return
+        line = self.line(trainer.global_step, metrics, trainer.optimizers[0].param_groups[0]["lr"])
+        if trainer.is_global_zero:
+            log.info(line)
+
+    def state_dict(self) -> dict:
+        return {"best": self.best}
+
+    def load_state_dict(self, state_dict: dict) -> None:
+        best = state_dict.get("best")
+        self.best = None if best is None else (float(best[0]), int(best[1]))
+
+
 class RelativePlateauStop(Callback):
     """trainer.early_stopping_patience=P with trainer.early_stopping_min_relative_gain=G: stops training
     when P validations in a row have each left `monitor` (the primary error rate) at or above
@@ -152,11 +192,22 @@ class RelativePlateauStop(Callback):
             self.wait += 1
         return self.wait >= self.patience
 
+    def standing(self) -> str:
+        """Where the count stands, in words (logged after each validation that does not stop training)."""
+        if self.reference is None:
+            begun = "" if self.start_below is None else f" (counting starts below {self.start_below:.4g})"
+            return f"not begun{begun}"
+        target = self.reference * (1.0 - self.min_relative_gain)
+        return (f"{self.wait} of {self.patience} validations without {self.monitor} below {target:.4g} "
+                f"({100 * self.min_relative_gain:g} % under {self.reference:.4g})")
+
     def on_validation_end(self, trainer, module) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit" or self.monitor not in trainer.callback_metrics:
             return
         value = float(trainer.callback_metrics[self.monitor])
         stop = trainer.strategy.reduce_boolean_decision(self.observe(value), all=False)
+        if not stop and trainer.is_global_zero:
+            log.info("plateau rule at step %d: %s", trainer.global_step, self.standing())
         if stop:
             trainer.should_stop = True
             self.stopped_step = trainer.global_step

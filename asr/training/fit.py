@@ -45,7 +45,7 @@ from asr.model.run_folder import (check_launch_shares_run_folder, claim_run_fold
                                   resolve_checkpoint)
 from asr.training import adaptation
 from asr.training.callbacks import (BatchRecorder, EpochCheckpoint, EpochTimer, LatestStepCheckpoint,
-                                   RelativePlateauStop, StepCheckpoint, ValidateAtStepBudget)
+                                   RelativePlateauStop, StepCheckpoint, ValidateAtStepBudget, ValidationLog)
 from asr.training.distributed import CollectiveTimeoutLine, apply_collective_timeout, check_launch_matches_trainer
 from asr.training.progress import EpochProgressBar, StepBudgetEstimate
 from asr.training.stop_checkpoint import CheckpointOnSigterm
@@ -110,7 +110,7 @@ def build_trainer(cfg: DictConfig, run_dir: Path, timer: EpochTimer
     # newest epoch, rewritten at the end of every epoch (what ckpt_path=last resumes).
     latest = ModelCheckpoint(dirpath=run_dir / "checkpoints", filename="last", save_top_k=1,
                              enable_version_counter=False)
-    callbacks: list[Callback] = [best, latest, timer, CollectiveTimeoutLine(),
+    callbacks: list[Callback] = [best, latest, timer, CollectiveTimeoutLine(), ValidationLog(),
                                  CheckpointOnSigterm(run_dir / "checkpoints")]   # docker stop, preemption
     if t.keep_epoch_checkpoints:   # for asr.average: each epoch's weights, with its validation rates
         callbacks.append(EpochCheckpoint(dirpath=run_dir / "checkpoints", filename="epoch-{epoch:03d}",

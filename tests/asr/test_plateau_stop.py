@@ -3,6 +3,7 @@ trains the paper's encoder to its plateau (conf=synth_paper_encoder)."""
 from __future__ import annotations
 
 import csv
+import logging
 import math
 
 import pytest
@@ -11,7 +12,7 @@ from lightning.pytorch.callbacks import EarlyStopping
 
 from asr.config.schema import validate_config
 from asr.core.errors import ConfigError
-from asr.training.callbacks import RelativePlateauStop
+from asr.training.callbacks import RelativePlateauStop, ValidationLog
 from asr.training.fit import stop_reason, train
 from tiny_runs import compose_config, tiny_config
 
@@ -76,6 +77,32 @@ def test_a_resumed_run_goes_on_counting_from_its_checkpoint():
     assert [resumed.observe(value) for value in values[3:]] == decisions(values)[3:]
 
 
+def test_the_rule_says_where_its_count_stands():
+    rule = RelativePlateauStop("val/primary_error", 3, 0.02, start_below=0.9)
+    rule.observe(0.95)
+    assert rule.standing() == "not begun (counting starts below 0.9)"
+    rule.observe(0.5)
+    rule.observe(0.495)
+    assert rule.standing() == "1 of 3 validations without val/primary_error below 0.49 (2 % under 0.5)"
+
+
+def test_the_validation_line_gives_the_rates_losses_best_and_lr():
+    journal = ValidationLog()
+    metrics = {"per": 0.3471, "per_phones": 0.3471, "primary_error": 0.3471, "wer": 0.8, "cer": 0.25,
+               "loss": 3.38, "loss_phones": 0.4531, "loss_chars": 2.927, "encoder_length": 790.0}
+    assert journal.line(3000, metrics, 1e-3) == (
+        "validation at step 3000: PER 34.71 %, WER 80.00 %, CER 25.00 %; loss 3.38, loss_chars 2.927, "
+        "loss_phones 0.4531; best primary error 34.71 % at step 3000; lr 0.001")
+    # a worse validation keeps the best, a NaN never becomes it; the best survives a resume
+    assert journal.line(4000, {**metrics, "primary_error": 0.36}, 5e-4).endswith(
+        "best primary error 34.71 % at step 3000; lr 0.0005")
+    resumed = ValidationLog()
+    resumed.load_state_dict(journal.state_dict())
+    assert resumed.line(5000, {"primary_error": math.nan}, 5e-4) == (
+        "validation at step 5000: best primary error 34.71 % at step 3000; lr 0.0005")
+    assert ValidationLog().line(1000, {"primary_error": math.nan}, 1e-3).endswith("best primary error none yet; lr 0.001")
+
+
 def test_stop_reason_names_the_relative_rule():
     from types import SimpleNamespace
     rule = RelativePlateauStop("val/primary_error", 3, 0.02)
@@ -113,7 +140,7 @@ def test_the_paper_encoder_preset_is_the_papers_encoder_with_the_plateau_rule():
     assert t.val_check_interval == 1000 and t.check_val_every_n_epoch is None
     assert t.keep_checkpoints_every_n_steps == 1000 and t.checkpoint_every_n_steps == 100
     assert t.early_stopping_start_below == 0.9
-    assert (cfg.optim.lr, cfg.optim.warmup_steps) == (1e-3, 1000)
+    assert (cfg.optim.lr, cfg.optim.warmup_steps, cfg.optim.plateau_target) == (1e-3, 1000, "phones")
     assert t.max_steps == -1 and t.max_epochs == -1 and t.max_minutes is None
     # the default presets do not change: pre-norm, Lightning's early stopping
     default = compose_config()
@@ -131,7 +158,7 @@ def validations(run) -> list[tuple[int, float]]:
 
 
 def test_the_preset_validates_every_n_steps_across_epochs_keeps_its_checkpoints_and_stops_on_the_plateau(
-        tiny_synth, tmp_path):
+        tiny_synth, tmp_path, caplog):
     """The tiny corpus's epoch is 4 steps: validation every 3 steps crosses epochs. A 99 % relative gain
     is never made, so the rule stops at the third validation (patience 2), step 9."""
     run = tmp_path / "run"
@@ -140,8 +167,19 @@ def test_the_preset_validates_every_n_steps_across_epochs_keeps_its_checkpoints_
                       "trainer.early_stopping_start_below=null",   # the tiny model never gets below 90 %
                       "trainer.keep_checkpoints_every_n_steps=2", "trainer.checkpoint_every_n_steps=2",
                       "trainer.max_epochs=-1", "trainer.max_steps=40", "test=false")
-    results = train(cfg, run)
+    with caplog.at_level(logging.INFO, logger="asr.train"):
+        results = train(cfg, run)
     assert results["steps"] == 9
+    # train.log's line per validation, at the steps done (3, 6, 9), with the PER that metrics.csv holds
+    lines = [record.getMessage() for record in caplog.records if record.name == "asr.train"]
+    validation_lines = [line for line in lines if line.startswith("validation at step")]
+    assert [line.split(":")[0] for line in validation_lines] == [f"validation at step {s}" for s in (3, 6, 9)]
+    assert [f"PER {100 * per:.2f} %" in line for line, (_, per) in zip(validation_lines, validations(run))] == [True] * 3
+    assert [line for line in lines if line.startswith("plateau rule at step")] == [
+        "plateau rule at step 3: 0 of 2 validations without val/primary_error below "
+        f"{validations(run)[0][1] * 0.01:.4g} (99 % under {validations(run)[0][1]:.4g})",
+        "plateau rule at step 6: 1 of 2 validations without val/primary_error below "
+        f"{validations(run)[0][1] * 0.01:.4g} (99 % under {validations(run)[0][1]:.4g})"]
     # Lightning logs a validation under the index of the step before it
     assert [step for step, _ in validations(run)] == [2, 5, 8]
     kept = {path.name: torch.load(path, map_location="cpu", weights_only=True)["global_step"]
@@ -152,3 +190,6 @@ def test_the_preset_validates_every_n_steps_across_epochs_keeps_its_checkpoints_
     state = next(value for key, value in last["callbacks"].items() if "RelativePlateauStop" in key)
     assert state["wait"] == 2 and state["stopped_step"] == 9
     assert state["reference"] == pytest.approx(validations(run)[0][1])
+    journal = next(value for key, value in last["callbacks"].items() if "ValidationLog" in key)
+    best_step = 3 * (1 + [per for _, per in validations(run)].index(min(per for _, per in validations(run))))
+    assert journal["best"] == (pytest.approx(min(per for _, per in validations(run))), best_step)
