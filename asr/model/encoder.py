@@ -60,6 +60,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from attention_ext import SharedQKRequiredError, ValidatedAttention, build_in_reformer_form
+from asr.model.dropout import Dropout
 
 
 def check_attention_fits(attention: ValidatedAttention, shared_qk: bool, head_dim: int) -> None:
@@ -238,9 +239,9 @@ class EncoderLayer(nn.Module):
         self.output = nn.Linear(d_model, d_model)
         self.attention = attention
         self.ff_norm = nn.LayerNorm(d_model)
-        self.ff = nn.Sequential(nn.Linear(d_model, ff_dim), nn.ReLU(), nn.Dropout(dropout),
+        self.ff = nn.Sequential(nn.Linear(d_model, ff_dim), nn.ReLU(), Dropout(dropout),
                                 nn.Linear(ff_dim, d_model))
-        self.dropout = nn.Dropout(dropout)
+        self.dropout = Dropout(dropout)
 
     def _split_heads(self, x: torch.Tensor) -> torch.Tensor:
         batch, length, width = x.shape
@@ -320,7 +321,7 @@ class TransformerEncoder(nn.Module):
         self.shared_qk = shared_qk
         self.frontend = ConvSubsampling(feature_dim, self.d_model, subsampling, subsampling_channels)
         self.input_norm = nn.LayerNorm(self.d_model) if input_norm else None
-        self.input_dropout = nn.Dropout(dropout)
+        self.input_dropout = Dropout(dropout)
         self.layers = nn.ModuleList(
             EncoderLayer(self.d_model, heads, ff_dim, dropout, shared_qk, attention.build(), norm)
             for _ in range(layers))
