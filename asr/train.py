@@ -106,21 +106,21 @@ def hydra_value(text: str) -> str:
 
 def resume_hint(run_dir: Path) -> str:
     """How to continue an interrupted run: its own command with run_dir=<its folder> ckpt_path=last,
-    or, before its first epoch finished, the same command again. Processes started by torchrun or
+    or, before its first checkpoint, the same command again. Processes started by torchrun or
     srun cannot know the launcher's command: they name the arguments to add to it."""
     overrides = [o for o in HydraConfig.get().overrides.task
                  if not o.startswith(("ckpt_path=", "run_dir=", "+ckpt_path=", "+run_dir="))]
     if not (run_dir / "checkpoints" / "last.ckpt").is_file():
-        return "no epoch had finished, so there is no checkpoint to resume from; run the same command again"
+        return "no checkpoint had been written, so there is nothing to resume from; run the same command again"
     relative = os.path.relpath(run_dir)
     folder = str(run_dir) if relative.startswith("..") else relative
     if launched_rank() is not None:   # the processes may run on other machines, in other folders
-        return (f"resume from the last finished epoch by starting the job again with "
+        return (f"resume from its last checkpoint by starting the job again with "
                 f"{shlex.quote(f'run_dir={hydra_value(str(run_dir.resolve()))}')} ckpt_path=last added to "
                 "asr.train's arguments (on any number of processes)")
     command = " ".join(["python -m asr.train", *map(shlex.quote, overrides),
                         shlex.quote(f"run_dir={hydra_value(folder)}"), "ckpt_path=last"])
-    return f"resume from the last finished epoch with: {command}"
+    return f"resume from its last checkpoint with: {command}"
 
 
 @hydra.main(config_path="../conf", config_name="config", version_base="1.3")

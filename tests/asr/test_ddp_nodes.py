@@ -315,7 +315,7 @@ def test_a_killed_process_ends_the_job_with_one_line_saying_how_to_resume(jobs):
     assert re.fullmatch(
         r"asr\.train: error: another process of the run has ended: killed, out of memory, or its machine lost "
         r"\(.*by peer.*\), so the run stopped; resume "
-        r"from the last finished epoch by starting the job again with run_dir=(\S+) ckpt_path=last added to "
+        r"from its last checkpoint by starting the job again with run_dir=(\S+) ckpt_path=last added to "
         r"asr\.train's arguments \(on any number of processes\)", lines[0])
     assert re.search(r"run_dir=(\S+)", lines[0]).group(1) == str(run.resolve())
     # instead of the collective's error and Hydra's report of it (torchrun's agent prints its own summary)

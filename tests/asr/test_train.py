@@ -313,7 +313,7 @@ def test_ctrl_c_exits_130_with_the_command_that_resumes_the_run(tiny_synth, tmp_
     assert "Traceback" not in stderr
     run, = (tmp_path / "runs" / "synth_full").iterdir()
     hint = stderr.strip().splitlines()[-1]
-    assert hint.startswith("asr.train: interrupted; resume from the last finished epoch with: python -m asr.train ")
+    assert hint.startswith("asr.train: interrupted; resume from its last checkpoint with: python -m asr.train ")
     assert hint.endswith(f" run_dir={run.relative_to(tmp_path)} ckpt_path=last")   # relative to where it ran
     assert " ".join(arguments) in hint
     assert (run / "train.log").read_text().rstrip().endswith(hint)   # why the run stopped, in its log too
