@@ -37,6 +37,25 @@ def estimated_batches(loaders, index: int | None) -> int | float:
 
 
 class EpochProgressBar(TQDMProgressBar):
+    _resumed_batches = 0   # batches of the current epoch run before this sitting (a resumed epoch)
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        super().on_train_start(trainer, pl_module)
+        # A run resumed inside an epoch (from a step checkpoint, a SIGTERM's, or a step budget's end)
+        # skips that epoch's on_train_epoch_start (Lightning 2.6), where the bar gets its name and
+        # length; without them it read `Training: 291/?` and its rate counted the resumed batches as
+        # run in this sitting's first seconds. Here it gets both, and its rate starts from them.
+        loop = trainer.fit_loop
+        if loop.restarted_mid_epoch or loop.restarted_on_epoch_end:
+            self._resumed_batches = loop.epoch_loop.batch_progress.current.completed
+            super().on_train_epoch_start(trainer, pl_module)
+            self.train_progress_bar.initial = self.train_progress_bar.n = self._resumed_batches
+            self.train_progress_bar.refresh()
+
+    def on_train_epoch_start(self, trainer, *args) -> None:
+        self._resumed_batches = 0
+        super().on_train_epoch_start(trainer, *args)
+
     @property
     def total_train_batches(self) -> int | float:
         # Lightning's total is the loader's length or, with trainer.max_epochs=-1 and a step budget,
@@ -48,7 +67,7 @@ class EpochProgressBar(TQDMProgressBar):
             return super().total_train_batches
         max_steps = self.trainer.max_steps
         if max_steps is not None and max_steps > 0:   # the step budget may end this epoch early
-            batches = min(batches, max(1, max_steps - self.trainer.global_step))
+            batches = min(batches, self._resumed_batches + max(1, max_steps - self.trainer.global_step))
         return batches
 
     @property

@@ -137,3 +137,33 @@ def test_step_budget_estimate_of_a_resumed_run_and_on_the_bar():
     assert bar_on(float("inf"), callbacks=[estimate]).get_metrics(trainer, None)["eta"] == "4:08"
     trainer.max_steps = -1                                         # no step budget: no estimate
     assert estimate.seconds_left(trainer) is None
+
+
+def test_the_bar_of_an_epoch_resumed_in_the_middle_has_its_name_length_and_position(tiny_synth, tmp_path, capfd):
+    """Lightning skips on_train_epoch_start for an epoch it resumes inside, where the bar is named and
+    sized: it went on as `Training: 3/?`. Stopped by the step budget after 2 of the tiny epoch's 4 batches
+    and resumed to 3 steps, the bar is epoch 0's, starts at batch 2 and ends at 3 of 3."""
+    from asr.training.fit import train
+    from tiny_runs import tiny_config
+
+    common = ["trainer.enable_progress_bar=true", "trainer.checkpoint_every_n_steps=1", "trainer.max_epochs=-1",
+              "trainer.val_check_interval=null", "test=false"]
+    run = tmp_path / "run"
+    train(tiny_config(tiny_synth, *common, "trainer.max_steps=2"), run)
+    capfd.readouterr()
+    train(tiny_config(tiny_synth, *common, "trainer.max_steps=3", "ckpt_path=last"), run)
+    frames = [frame for frame in capfd.readouterr().out.replace("\r", "\n").splitlines()   # Lightning's bar: stdout
+              if frame.startswith(("Epoch", "Training"))]
+    # (Lightning prints the new bar once, `Training: 0/?`, before it is named)
+    named = frames[next(index for index, frame in enumerate(frames) if frame.startswith("Epoch")):]
+    assert all(frame.startswith("Epoch 0: ") for frame in named)
+    assert any(" 2/3 [" in frame for frame in named) and " 3/3 [" in named[-1]
+
+
+def test_a_resumed_epochs_length_under_a_step_budget_counts_its_batches_already_run():
+    sampler = duration_bucketing_sampler(cuts_of([2.0] * 30), 10.0, 1, shuffle=True, seed=0)   # 8 batches
+    bar = bar_on(float("inf"), sampler, max_steps=20, global_step=17, max_epochs=-1)
+    bar._resumed_batches = 2   # resumed at the epoch's third batch: 2 run, 3 steps left
+    assert bar.total_train_batches == 5
+    bar._resumed_batches = 6
+    assert bar.total_train_batches == 8
