@@ -11,8 +11,8 @@ with torch's dropout. The mask comes from torch's default generator, so `torch.m
 Lightning's seeding) makes it repeat.
 
 On other devices (CUDA's dropout is fast) and under torch.compile (which traces torch's own
-dropout) it is torch's dropout. Like nn.Dropout it has no
-weights, so a model's state_dict is the same with either.
+dropout) it is torch's dropout. Like nn.Dropout it has no weights, so a model's state_dict is the
+same with either.
 """
 from __future__ import annotations
 
