@@ -69,7 +69,7 @@ from asr.data.splits.cut_checks import (SplitData, drop_bad_audio, drop_ctc_infe
 from asr.data.streaming.stream_shards import stream_folder
 from asr.data.streaming.streamed_split import (StreamedSplit, check_stream_transcripts, choose_streaming,
                                                open_streamed_split, stream_tokenizers)
-from asr.data.batching.duration_buckets import FixedBatchShapes, duration_bucketing_sampler
+from asr.data.batching.duration_buckets import EpochTaggedBucketingSampler, FixedBatchShapes, duration_bucketing_sampler
 from asr.data.batching.joined_examples import join_utterances, pause_between
 from asr.data.batching.stream_sampler import StreamingBucketSampler, plan_buckets
 from asr.data.batching.dataset import SpeechBatchDataset
@@ -119,6 +119,7 @@ class SpeechDataModule(lightning.LightningDataModule):
         self._training_originals: list = []   # the training cuts before speed copies: babble's talkers
         self._streaming: bool | None = None   # data.streaming, resolved on first use
         self._stream_position: dict | None = None   # where a resumed streamed epoch goes on (state_dict)
+        self._batches_done = 0   # the batches a resumed (not streamed) epoch had trained (state_dict)
 
     # ----- a split's way: manifest -> checked cuts -> targets -> features -> dataset -> sampler -----
     def setup(self, stage: str | None = None) -> None:
@@ -366,25 +367,33 @@ class SpeechDataModule(lightning.LightningDataModule):
         loader.sampler.set_epoch(self._start_epoch)
         if self._stream_position is not None and self._stream_position["epoch"] == self._start_epoch:
             loader.sampler.resume_at(self._stream_position)   # mid-epoch: every batch done stays done
+        elif self._batches_done and isinstance(loader.sampler, EpochTaggedBucketingSampler):
+            loader.sampler.skip_next(self._batches_done)      # mid-epoch: the epoch goes on, not anew
         self._train_sampler = loader.sampler
         return loader
 
     def state_dict(self) -> dict:
-        """Saved in Lightning checkpoints: the training epoch a resumed run starts with, and for a
-        streamed split the position in it (asr.data.batching.stream_sampler: the same on every process)."""
+        """Saved in Lightning checkpoints: the training epoch a resumed run starts with, and the
+        position in it: for a streamed split as asr.data.batching.stream_sampler keeps it (the same
+        on every process), otherwise the batches this epoch has trained (a checkpoint written inside
+        an epoch: trainer.checkpoint_every_n_steps, a SIGTERM's)."""
         sampler = self._train_sampler
+        # the steps trained, not the batches drawn: the loader draws ahead of training
+        trainer = getattr(self, "trainer", None)
+        steps = trainer.fit_loop.epoch_loop.batch_progress.current.processed if trainer is not None else 0
         if isinstance(sampler, StreamingBucketSampler):
-            # the steps trained, not the batches drawn: the loader draws ahead of training
-            trainer = getattr(self, "trainer", None)
-            steps = trainer.fit_loop.epoch_loop.batch_progress.current.processed if trainer is not None else 0
             position = sampler.position_after(steps)
             return {"next_train_epoch": sampler.epoch if position is not None else sampler.epoch + 1,
                     "stream_position": position}
-        return {"next_train_epoch": sampler.next_epoch if sampler is not None else self._start_epoch}
+        if sampler is None:
+            return {"next_train_epoch": self._start_epoch}
+        done = steps if sampler.next_epoch == sampler.epoch else 0   # an exhausted epoch is done
+        return {"next_train_epoch": sampler.next_epoch, "epoch_batches_done": done}
 
     def load_state_dict(self, state_dict: dict) -> None:
         self._start_epoch = int(state_dict.get("next_train_epoch", 0))
         self._stream_position = state_dict.get("stream_position")
+        self._batches_done = int(state_dict.get("epoch_batches_done", 0))   # absent in older checkpoints
 
     def val_dataloader(self):
         return self.dataloader(self.cfg.dev_split)

@@ -78,3 +78,29 @@ def test_an_error_other_than_sigterm_writes_nothing(tmp_path):
     with pytest.raises(ValueError):
         trainer(tmp_path).fit(Broken())
     assert not (tmp_path / "checkpoints").exists()
+
+
+def test_a_run_resumed_inside_an_epoch_goes_on_with_that_epochs_batches(tiny_synth, tmp_path):
+    """The tiny corpus's epoch is 4 batches. Stopped after 2 (last.ckpt every step) and resumed to 6
+    steps, the run trains the epoch's last 2 batches and then epoch 1's first 2, the batches of a run
+    nobody stopped; it replayed the epoch from its first batch (6 batches in epoch 0)."""
+    import json
+
+    from asr.training.fit import train
+    from tiny_runs import tiny_config
+
+    common = ["trainer.checkpoint_every_n_steps=1", "trainer.max_epochs=-1", "trainer.val_check_interval=null",
+              "trainer.record_batches=true", "test=false"]
+
+    def trained(run):
+        lines = map(json.loads, (run / "batches" / "rank0.jsonl").read_text().splitlines())
+        return [(line["epoch"], line["batch"], line["ids"]) for line in lines if line["stage"] == "train"]
+
+    uninterrupted, stopped = tmp_path / "uninterrupted", tmp_path / "stopped"
+    train(tiny_config(tiny_synth, *common, "trainer.max_steps=6"), uninterrupted)
+    train(tiny_config(tiny_synth, *common, "trainer.max_steps=2"), stopped)
+    saved = torch.load(stopped / "checkpoints" / "last.ckpt", weights_only=True)
+    assert saved["global_step"] == 2 and saved["SpeechDataModule"] == {"next_train_epoch": 0, "epoch_batches_done": 2}
+    train(tiny_config(tiny_synth, *common, "trainer.max_steps=6", "ckpt_path=last"), stopped)
+    assert [epoch for epoch, _, _ in trained(uninterrupted)] == [0, 0, 0, 0, 1, 1]
+    assert trained(stopped) == trained(uninterrupted)

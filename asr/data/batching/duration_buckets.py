@@ -145,11 +145,24 @@ class EpochTaggedBucketingSampler(DynamicBucketingSampler):
     """
 
     _exhausted = False
+    _skip_rounds = 0      # rounds of batches the next iteration leaves out (skip_next)
     fixed_shapes: FixedBatchShapes | None = None   # set: every batch says its padded shape (module doc)
+
+    def skip_next(self, batches: int) -> None:
+        """The next iteration starts after its first `batches` batches of this rank (each a round of
+        all ranks'): a run resumed inside an epoch goes on with the batches it had not trained."""
+        self._skip_rounds = batches
 
     def __iter__(self):
         self._exhausted = False
-        return super().__iter__()
+        iterator = super().__iter__()
+        skip, self._skip_rounds = self._skip_rounds, 0
+        for _ in range(skip):   # drawn as the interrupted run drew them, so the rest follows alike
+            try:
+                next(self)
+            except StopIteration:
+                break
+        return iterator
 
     def __next__(self) -> EpochBatch:
         # lhotse's CutSampler.__next__ is replaced (see the module doc); _next_batch is the batch
