@@ -387,7 +387,7 @@ class SpeechDataModule(lightning.LightningDataModule):
                     "stream_position": position}
         if sampler is None:
             return {"next_train_epoch": self._start_epoch}
-        done = steps if sampler.next_epoch == sampler.epoch else 0   # an exhausted epoch is done
+        done = steps if sampler.next_epoch == sampler.iteration_epoch else 0   # an exhausted epoch is done
         return {"next_train_epoch": sampler.next_epoch, "epoch_batches_done": done}
 
     def load_state_dict(self, state_dict: dict) -> None:

@@ -141,10 +141,14 @@ class EpochTaggedBucketingSampler(DynamicBucketingSampler):
     the one after it once this one is exhausted).
 
     lhotse fixes an epoch's order when `iter()` is called, so `set_epoch` must come before the
-    DataLoader creates its iterator; SpeechDataModule takes care of that when a run resumes.
+    DataLoader creates its iterator; SpeechDataModule takes care of that when a run resumes. A
+    `set_epoch` during an iteration (Lightning's, after resuming from a checkpoint written when a
+    trainer.max_steps run stopped inside an epoch: it counts that epoch as done) is for the next
+    one: the batches of this iteration say the epoch whose order they follow.
     """
 
     _exhausted = False
+    _iteration_epoch: int | None = None   # the epoch of the running iteration (its order, its batches' tag)
     _skip_rounds = 0      # rounds of batches the next iteration leaves out (skip_next)
     fixed_shapes: FixedBatchShapes | None = None   # set: every batch says its padded shape (module doc)
 
@@ -155,6 +159,7 @@ class EpochTaggedBucketingSampler(DynamicBucketingSampler):
 
     def __iter__(self):
         self._exhausted = False
+        self._iteration_epoch = self.epoch
         iterator = super().__iter__()
         skip, self._skip_rounds = self._skip_rounds, 0
         for _ in range(skip):   # drawn as the interrupted run drew them, so the rest follows alike
@@ -182,11 +187,16 @@ class EpochTaggedBucketingSampler(DynamicBucketingSampler):
         else:
             cuts, padding = share_last_round(round_batches, self.world_size)[self.rank]
         shape = None if self.fixed_shapes is None else self.fixed_shapes.shape_of([c.duration for c in cuts])
-        return EpochBatch(self.epoch, cuts, padding, shape)
+        return EpochBatch(self._iteration_epoch, cuts, padding, shape)
+
+    @property
+    def iteration_epoch(self) -> int:
+        """The epoch being drawn (the last one drawn once exhausted; before any: the epoch set)."""
+        return self.epoch if self._iteration_epoch is None else self._iteration_epoch
 
     @property
     def next_epoch(self) -> int:
-        return self.epoch + 1 if self._exhausted else self.epoch
+        return self.iteration_epoch + 1 if self._exhausted else self.iteration_epoch
 
     def estimated_batches(self) -> int:
         """The batches this rank gets in one epoch, from the cut durations alone (the sampler has no

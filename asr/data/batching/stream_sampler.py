@@ -96,9 +96,19 @@ class StreamingBucketSampler:
         self._start_steps = 0                            # steps the epoch had trained then
         self._plan: tuple[int, list, np.ndarray] | None = None
         self._exhausted = False
+        self._drawing = False                            # an iteration has begun and not finished
+        self._deferred_epoch: int | None = None          # set_epoch while drawing (set_epoch's doc)
 
     # ----- the epoch's plan -------------------------------------------------------------------------
     def set_epoch(self, epoch: int) -> None:
+        """The epoch the next iteration draws. Called while an epoch is being drawn (Lightning does,
+        after resuming from a checkpoint written when a trainer.max_steps run stopped inside an
+        epoch: it counts that epoch as done), it waits for the next iteration, and the running
+        epoch goes on with its own order and position."""
+        if self._drawing:
+            self._deferred_epoch = int(epoch)
+            return
+        self._deferred_epoch = None
         if epoch != self.epoch or self._start_consumed is None:
             self.epoch, self._start_consumed, self._start_steps = int(epoch), None, 0
 
@@ -185,7 +195,11 @@ class StreamingBucketSampler:
         return EpochBatch(self.epoch, cuts, padding, shape)
 
     def __iter__(self):
-        self._exhausted = False
+        if self._drawing:   # the last iteration was left unfinished (a step budget reached mid-epoch)
+            self._drawing = False
+            if self._deferred_epoch is not None:
+                self.set_epoch(self._deferred_epoch)
+        self._drawing, self._exhausted = True, False
         windows, counts = self.epoch_plan(self.epoch)
         consumed = self._consumed(counts)
         shares = self.shares(consumed, counts)
@@ -205,4 +219,4 @@ class StreamingBucketSampler:
             last = (self.buckets.bucket_of(first[0]), first)
         for _ in range(steps - taken):
             yield self._batch(*last, padding=True)
-        self._exhausted = True
+        self._drawing, self._exhausted = False, True
