@@ -47,7 +47,9 @@ class EpochProgressBar(TQDMProgressBar):
         # run in this sitting's first seconds. Here it gets both, and its rate starts from them.
         loop = trainer.fit_loop
         if loop.restarted_mid_epoch or loop.restarted_on_epoch_end:
-            self._resumed_batches = loop.epoch_loop.batch_progress.current.completed
+            # processed, as the data module counts the epoch's trained batches: a checkpoint written in
+            # on_train_batch_end (every N steps, a SIGTERM's) has that batch processed, not yet completed
+            self._resumed_batches = loop.epoch_loop.batch_progress.current.processed
             super().on_train_epoch_start(trainer, pl_module)
             self.train_progress_bar.initial = self.train_progress_bar.n = self._resumed_batches
             self.train_progress_bar.refresh()

@@ -152,12 +152,32 @@ def test_the_bar_of_an_epoch_resumed_in_the_middle_has_its_name_length_and_posit
     train(tiny_config(tiny_synth, *common, "trainer.max_steps=2"), run)
     capfd.readouterr()
     train(tiny_config(tiny_synth, *common, "trainer.max_steps=3", "ckpt_path=last"), run)
-    frames = [frame for frame in capfd.readouterr().out.replace("\r", "\n").splitlines()   # Lightning's bar: stdout
+    assert_bar_of_epoch_0_from_batch_2_to_3(capfd.readouterr().out)
+
+
+def assert_bar_of_epoch_0_from_batch_2_to_3(stdout: str) -> None:
+    frames = [frame for frame in stdout.replace("\r", "\n").splitlines()   # Lightning's bar: stdout
               if frame.startswith(("Epoch", "Training"))]
     # (Lightning prints the new bar once, `Training: 0/?`, before it is named)
     named = frames[next(index for index, frame in enumerate(frames) if frame.startswith("Epoch")):]
     assert all(frame.startswith("Epoch 0: ") for frame in named)
     assert any(" 2/3 [" in frame for frame in named) and " 3/3 [" in named[-1]
+
+
+def test_the_bar_of_an_epoch_resumed_from_a_step_checkpoint_starts_at_its_batch(tiny_synth, tmp_path, capfd):
+    """A checkpoint written after a step (trainer.keep_checkpoints_every_n_steps here; every N steps, a
+    SIGTERM's) has that step's batch processed but not yet completed in Lightning's count: the bar
+    started one batch early (`1/2` for the epoch's third batch)."""
+    from asr.training.fit import train
+    from tiny_runs import tiny_config
+
+    common = ["trainer.enable_progress_bar=true", "trainer.max_epochs=-1", "trainer.val_check_interval=null",
+              "test=false", "trainer.max_steps=3"]
+    train(tiny_config(tiny_synth, *common, "trainer.keep_checkpoints_every_n_steps=2"), tmp_path / "run")
+    capfd.readouterr()
+    step_2 = tmp_path / "run" / "checkpoints" / "step-000002.ckpt"
+    train(tiny_config(tiny_synth, *common, f"ckpt_path={step_2}"), tmp_path / "resumed")
+    assert_bar_of_epoch_0_from_batch_2_to_3(capfd.readouterr().out)
 
 
 def test_a_resumed_epochs_length_under_a_step_budget_counts_its_batches_already_run():
