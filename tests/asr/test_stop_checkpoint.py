@@ -120,3 +120,25 @@ def test_a_run_resumed_inside_an_epoch_goes_on_with_that_epochs_batches(tiny_syn
     assert final_weights(stopped).keys() == final_weights(uninterrupted).keys()
     assert all(torch.equal(final_weights(stopped)[name], weights)
                for name, weights in final_weights(uninterrupted).items())
+
+
+def test_a_run_resumed_from_a_step_checkpoint_ends_with_the_weights_of_an_uninterrupted_one(tiny_synth, tmp_path):
+    """A checkpoint written after a step inside an epoch (here a kept one, step 3 of the tiny corpus's
+    4-batch epoch; trainer.checkpoint_every_n_steps and a SIGTERM's are written at the same point),
+    resumed to the same step budget: the same final weights, bit for bit."""
+    from asr.training.fit import train
+    from tiny_runs import tiny_config
+
+    common = ["trainer.max_epochs=-1", "trainer.val_check_interval=null", "test=false",
+              "trainer.keep_checkpoints_every_n_steps=3", "trainer.max_steps=6"]
+    uninterrupted, resumed = tmp_path / "uninterrupted", tmp_path / "resumed"
+    train(tiny_config(tiny_synth, *common), uninterrupted)
+    step_3 = uninterrupted / "checkpoints" / "step-000003.ckpt"
+    assert torch.load(step_3, weights_only=True)["SpeechDataModule"] == {"next_train_epoch": 0, "epoch_batches_done": 3}
+    train(tiny_config(tiny_synth, *common, f"ckpt_path={step_3}"), resumed)
+
+    def final_weights(run):
+        return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+    assert all(torch.equal(final_weights(resumed)[name], weights)
+               for name, weights in final_weights(uninterrupted).items())
