@@ -116,15 +116,21 @@ class ValidateAtStepBudget(Callback):
 
 class ValidationLog(Callback):
     """One line in train.log (logger asr.train) after each validation of a training: the step, the dev
-    error rates and losses, the best primary error so far and its step, and the lr of the plateau
-    schedule (the optimiser's, before any warm-up scaling). A run trained over days is followed with
-    `grep validation RUN/train.log` (each sitting appends to it). The best is kept in the checkpoints,
-    so a resumed run's lines go on from it."""
+    error rates and losses, the best primary error so far and its step, the lr of the plateau
+    schedule (the optimiser's, before any warm-up scaling), and the hours the run has trained in all
+    its sittings so far (wall time from each sitting's start of training, validations included). A run
+    trained over days is followed with `grep validation RUN/train.log` (each sitting appends to it).
+    The best and the hours are kept in the checkpoints, so a resumed run's lines go on from them (a
+    checkpoint written before the hours were kept counts from the sitting that resumes it)."""
 
     def __init__(self):
         self.best: tuple[float, int] | None = None    # (primary error, global step)
+        self.earlier_seconds = 0.0      # trained in the sittings before this one (from the checkpoint)
+        self.earlier_sittings = 0
+        self._sitting_started: float | None = None
 
-    def line(self, step: int, metrics: dict[str, float], lr: float) -> str:
+    def line(self, step: int, metrics: dict[str, float], lr: float, trained_seconds: float | None = None,
+             sittings: int = 1) -> str:
         """The line for one validation (metrics: the val/ metrics without the prefix); updates the best."""
         primary = metrics["primary_error"]
         if not math.isnan(primary) and (self.best is None or primary < self.best[0]):
@@ -133,7 +139,17 @@ class ValidationLog(Callback):
         losses = [f"{name} {value:.4g}" for name, value in sorted(metrics.items()) if name.startswith("loss")]
         best = "none yet" if self.best is None else f"{100 * self.best[0]:.2f} % at step {self.best[1]}"
         parts = [", ".join(rates), ", ".join(losses), f"best primary error {best}", f"lr {lr:.3g}"]
+        if trained_seconds is not None:
+            parts.append(f"trained {trained_seconds / 3600:.2f} h in {sittings} sitting{'s' if sittings > 1 else ''}")
         return f"validation at step {step}: " + "; ".join(part for part in parts if part)
+
+    def trained_seconds(self) -> float:
+        """The run's training time so far: the earlier sittings' and this one's."""
+        now = 0.0 if self._sitting_started is None else time.monotonic() - self._sitting_started
+        return self.earlier_seconds + now
+
+    def on_train_start(self, trainer, module) -> None:
+        self._sitting_started = time.monotonic()
 
     def on_validation_end(self, trainer, module) -> None:
         if trainer.sanity_checking or trainer.state.fn != "fit":
@@ -142,16 +158,19 @@ class ValidationLog(Callback):
                    if name.startswith("val/")}
         if "primary_error" not in metrics:
             return
-        line = self.line(trainer.global_step, metrics, trainer.optimizers[0].param_groups[0]["lr"])
+        line = self.line(trainer.global_step, metrics, trainer.optimizers[0].param_groups[0]["lr"],
+                         self.trained_seconds(), self.earlier_sittings + 1)
         if trainer.is_global_zero:
             log.info(line)
 
     def state_dict(self) -> dict:
-        return {"best": self.best}
+        return {"best": self.best, "trained_seconds": self.trained_seconds(), "sittings": self.earlier_sittings + 1}
 
     def load_state_dict(self, state_dict: dict) -> None:
         best = state_dict.get("best")
         self.best = None if best is None else (float(best[0]), int(best[1]))
+        self.earlier_seconds = float(state_dict.get("trained_seconds", 0.0))
+        self.earlier_sittings = int(state_dict.get("sittings", 0))
 
 
 class RelativePlateauStop(Callback):

@@ -103,6 +103,30 @@ def test_the_validation_line_gives_the_rates_losses_best_and_lr():
     assert ValidationLog().line(1000, {"primary_error": math.nan}, 1e-3).endswith("best primary error none yet; lr 0.001")
 
 
+def test_the_validation_line_gives_the_hours_trained_over_all_sittings(monkeypatch):
+    clock = [1000.0]
+    monkeypatch.setattr("asr.training.callbacks.time.monotonic", lambda: clock[0])
+    first = ValidationLog()
+    first.on_train_start(None, None)
+    clock[0] += 2 * 3600
+    assert first.line(1000, {"primary_error": 0.5}, 1e-3, first.trained_seconds()).endswith(
+        "lr 0.001; trained 2.00 h in 1 sitting")
+    clock[0] += 1800                     # the checkpoint of the first sitting, 2.5 h in
+    saved = first.state_dict()
+    assert saved["trained_seconds"] == 2.5 * 3600 and saved["sittings"] == 1
+    second = ValidationLog()
+    second.load_state_dict(saved)
+    clock[0] += 12 * 3600                # a night between the sittings counts for nothing
+    second.on_train_start(None, None)
+    clock[0] += 900
+    assert second.line(2000, {"primary_error": 0.4}, 1e-3, second.trained_seconds(), second.earlier_sittings + 1
+                       ).endswith("trained 2.75 h in 2 sittings")
+    # a checkpoint written before the hours were kept: counted from this sitting
+    older = ValidationLog()
+    older.load_state_dict({"best": (0.4, 2000)})
+    assert older.earlier_seconds == 0.0 and older.earlier_sittings == 0
+
+
 def test_stop_reason_names_the_relative_rule():
     from types import SimpleNamespace
     rule = RelativePlateauStop("val/primary_error", 3, 0.02)
@@ -175,6 +199,7 @@ def test_the_preset_validates_every_n_steps_across_epochs_keeps_its_checkpoints_
     validation_lines = [line for line in lines if line.startswith("validation at step")]
     assert [line.split(":")[0] for line in validation_lines] == [f"validation at step {s}" for s in (3, 6, 9)]
     assert [f"PER {100 * per:.2f} %" in line for line, (_, per) in zip(validation_lines, validations(run))] == [True] * 3
+    assert all(line.endswith(" h in 1 sitting") for line in validation_lines)
     assert [line for line in lines if line.startswith("plateau rule at step")] == [
         "plateau rule at step 3: 0 of 2 validations without val/primary_error below "
         f"{validations(run)[0][1] * 0.01:.4g} (99 % under {validations(run)[0][1]:.4g})",
@@ -193,3 +218,4 @@ def test_the_preset_validates_every_n_steps_across_epochs_keeps_its_checkpoints_
     journal = next(value for key, value in last["callbacks"].items() if "ValidationLog" in key)
     best_step = 3 * (1 + [per for _, per in validations(run)].index(min(per for _, per in validations(run))))
     assert journal["best"] == (pytest.approx(min(per for _, per in validations(run))), best_step)
+    assert journal["sittings"] == 1 and journal["trained_seconds"] > 0
