@@ -92,10 +92,13 @@ def test_a_run_resumed_inside_an_epoch_goes_on_with_that_epochs_batches(tiny_syn
     next epoch while epoch 0's rest is drawn: that rest kept epoch 0's order but took epoch 1's
     SpecAugment draws (and a streamed epoch its position)."""
     import json
+    import shutil
 
     from asr.training.fit import train
     from tiny_runs import tiny_config
 
+    if data == STREAMED:   # streaming shards in a corpus folder make data.streaming=auto stream it: a copy
+        tiny_synth = shutil.copytree(tiny_synth, tmp_path / "corpus", ignore=shutil.ignore_patterns("features"))
     common = ["trainer.checkpoint_every_n_steps=1", "trainer.max_epochs=-1", "trainer.val_check_interval=null",
               "trainer.record_batches=true", "test=false", *data]
 
