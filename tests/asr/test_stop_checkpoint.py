@@ -80,6 +80,10 @@ def test_an_error_other_than_sigterm_writes_nothing(tmp_path):
     assert not (tmp_path / "checkpoints").exists()
 
 
+def final_weights(run):
+    return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
+
+
 STREAMED = ["data.streaming=true", "data.stream_shard_cuts=1", "data.stream_window_shards=2", "data.max_duration=18"]
 
 
@@ -92,22 +96,19 @@ def test_a_run_resumed_inside_an_epoch_goes_on_with_that_epochs_batches(tiny_syn
     next epoch while epoch 0's rest is drawn: that rest kept epoch 0's order but took epoch 1's
     SpecAugment draws (and a streamed epoch its position)."""
     import json
-    import shutil
 
     from asr.training.fit import train
+    from test_faults import copy_corpus
     from tiny_runs import tiny_config
 
     if data == STREAMED:   # streaming shards in a corpus folder make data.streaming=auto stream it: a copy
-        tiny_synth = shutil.copytree(tiny_synth, tmp_path / "corpus", ignore=shutil.ignore_patterns("features"))
+        tiny_synth = copy_corpus(tiny_synth, tmp_path / "corpus")
     common = ["trainer.checkpoint_every_n_steps=1", "trainer.max_epochs=-1", "trainer.val_check_interval=null",
               "trainer.record_batches=true", "test=false", *data]
 
     def trained(run):
         lines = map(json.loads, (run / "batches" / "rank0.jsonl").read_text().splitlines())
         return [(line["epoch"], line["batch"], line["ids"]) for line in lines if line["stage"] == "train"]
-
-    def final_weights(run):
-        return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
 
     uninterrupted, stopped = tmp_path / "uninterrupted", tmp_path / "stopped"
     train(tiny_config(tiny_synth, *common, "trainer.max_steps=6"), uninterrupted)
@@ -120,9 +121,8 @@ def test_a_run_resumed_inside_an_epoch_goes_on_with_that_epochs_batches(tiny_syn
     assert [epoch for epoch, _, _ in trained(uninterrupted)][:3] == [0, 0, 0]
     assert 1 in [epoch for epoch, _, _ in trained(uninterrupted)]
     assert trained(stopped) == trained(uninterrupted)
-    assert final_weights(stopped).keys() == final_weights(uninterrupted).keys()
-    assert all(torch.equal(final_weights(stopped)[name], weights)
-               for name, weights in final_weights(uninterrupted).items())
+    expected, got = final_weights(uninterrupted), final_weights(stopped)
+    assert got.keys() == expected.keys() and all(torch.equal(got[name], weights) for name, weights in expected.items())
 
 
 def test_a_run_resumed_from_a_step_checkpoint_ends_with_the_weights_of_an_uninterrupted_one(tiny_synth, tmp_path):
@@ -140,8 +140,5 @@ def test_a_run_resumed_from_a_step_checkpoint_ends_with_the_weights_of_an_uninte
     assert torch.load(step_3, weights_only=True)["SpeechDataModule"] == {"next_train_epoch": 0, "epoch_batches_done": 3}
     train(tiny_config(tiny_synth, *common, f"ckpt_path={step_3}"), resumed)
 
-    def final_weights(run):
-        return torch.load(run / "checkpoints" / "last.ckpt", weights_only=True)["state_dict"]
-
-    assert all(torch.equal(final_weights(resumed)[name], weights)
-               for name, weights in final_weights(uninterrupted).items())
+    expected, got = final_weights(uninterrupted), final_weights(resumed)
+    assert got.keys() == expected.keys() and all(torch.equal(got[name], weights) for name, weights in expected.items())
