@@ -175,12 +175,27 @@ def clustering_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
 
     v: (B, H, N, D) the layer's values. exact: as for relative_attention_entropy."""
     exact_weights, shared, counted = centroid_weights(q, k, lengths, shared_qk, assignment, exact)
+    return weight_and_output_errors(exact_weights, shared, counted, v)[0]
+
+
+def weight_and_output_errors(exact_weights: torch.Tensor, shared: torch.Tensor, counted: torch.Tensor,
+                             v: torch.Tensor) -> tuple[dict[str, tuple[float, int]], torch.Tensor, torch.Tensor]:
+    """clustering_error from centroid_weights' result, and the (B, H, N, D) exact and clustered outputs."""
     weights = 0.5 * (exact_weights - shared).abs().sum(-1)                        # (B, H, N)
     values = v.float()
-    output = exact_weights @ values
-    moved = ((exact_weights - shared) @ values).norm(dim=-1) / output.norm(dim=-1).clamp(min=1e-12)
+    output, clustered = exact_weights @ values, shared @ values
+    moved = (clustered - output).norm(dim=-1) / output.norm(dim=-1).clamp(min=1e-12)
     count = int(counted.sum())
-    return {"weights": (float(weights[counted].sum()), count), "output": (float(moved[counted].sum()), count)}
+    errors = {"weights": (float(weights[counted].sum()), count), "output": (float(moved[counted].sum()), count)}
+    return errors, output, clustered
+
+
+def relative_change(before: torch.Tensor, after: torch.Tensor, lengths: torch.Tensor) -> tuple[float, int]:
+    """(sum over the valid positions of |after - before| / |before|, their number): (B, N, D) tensors,
+    the norms over D, positions from each sequence's length on left out."""
+    valid = torch.arange(before.shape[1], device=lengths.device)[None, :] < lengths[:, None]
+    change = (after.float() - before.float()).norm(dim=-1) / before.float().norm(dim=-1).clamp(min=1e-12)
+    return float(change[valid].sum()), int(valid.sum())
 
 
 @torch.no_grad()
@@ -189,16 +204,27 @@ def layer_attention_inputs(model, features: torch.Tensor, lengths: torch.Tensor
     """(q, k, v, lengths) that each encoder layer's attention of `model` (a SpeechRecognizer) receives in
     one forward pass with its current attentions: what the attention sees, whatever the layer form,
     positions or key sharing."""
-    inputs: dict[int, tuple] = {}
-    hooks = [layer.attention.register_forward_pre_hook(
-                 lambda module, args, index=index: inputs.__setitem__(index, args[:4]))
-             for index, layer in enumerate(model.encoder.layers)]
+    return [attention_inputs for attention_inputs, _ in layer_inputs(model, features, lengths)]
+
+
+@torch.no_grad()
+def layer_inputs(model, features: torch.Tensor, lengths: torch.Tensor) -> list[tuple[tuple, torch.Tensor]]:
+    """Per encoder layer of `model`, in one forward pass with its current attentions: ((q, k, v, lengths)
+    as layer_attention_inputs, the layer's own (B, N, D) input)."""
+    attention_inputs: dict[int, tuple] = {}
+    layer_input: dict[int, torch.Tensor] = {}
+    hooks = []
+    for index, layer in enumerate(model.encoder.layers):
+        hooks.append(layer.attention.register_forward_pre_hook(
+            lambda module, args, index=index: attention_inputs.__setitem__(index, args[:4])))
+        hooks.append(layer.register_forward_pre_hook(
+            lambda module, args, index=index: layer_input.__setitem__(index, args[0])))
     try:
         model(features, lengths)
     finally:
         for hook in hooks:
             hook.remove()
-    return [inputs[index] for index in range(len(model.encoder.layers))]
+    return [(attention_inputs[index], layer_input[index]) for index in range(len(model.encoder.layers))]
 
 
 LOCALITY_RADII = (5, 20)
@@ -213,6 +239,9 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
         entropy                    relative entropy of exact attention (relative_attention_entropy)
         locality5, locality20      share of exact attention within +-5 / +-20 positions (attention_locality)
         query_similarity           mean cosine between the queries of two positions (query_similarity)
+        attention_share            the norm of what exact attention adds to the residual stream
+                                   (EncoderLayer.attention_update) over the norm of the layer's input,
+                                   per position: how much the layer's output is the attention's at all
         cluster_spread             with `clustering` ({clusters, bits, iterations} of clustered or
         cluster_spread_fraction    i-clustered attention): the queries' clusters by the attention's own
                                    attention_ext.attentions.clustered.cluster_queries, their time spread in positions
@@ -220,6 +249,11 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
         clustering_error           with `clustering`: the total variation between each query's exact
         clustering_output_error    attention and its cluster centroid's (what clustered attention gives
                                    it), and the relative change of its output (clustering_error)
+        clustering_layer_error     with `clustering`: the relative change of the layer's output, per
+                                   position, when its attention output is the clustered one (each query
+                                   its centroid's weights) instead of the exact one, its input the same:
+                                   what of the attention's output error gets through the residual, the
+                                   feed-forward block and the norms to the next layer
 
     reseed() is called before each layer's clustering: with the seed of the batch (as an evaluation
     seeds it), a layer's clusters are those that attention computes when it runs in that layer alone
@@ -228,24 +262,31 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
     from attention_ext.contract import kernel_dtype
     shared_qk = model.encoder.shared_qk
     measures = []
-    for q, k, v, layer_lengths in layer_attention_inputs(model, features, lengths):
+    for layer_module, ((q, k, v, layer_lengths), x) in zip(model.encoder.layers, layer_inputs(model, features, lengths)):
         exact = exact_attention(q, k, layer_lengths, shared_qk)        # one (B, H, N, N) softmax per layer
         relative, counted = relative_attention_entropy(q, k, layer_lengths, shared_qk, exact)
         shares, _ = attention_locality(q, k, layer_lengths, shared_qk, LOCALITY_RADII, exact)
         count = int(counted.sum())
+        exact_weights = exact[0].exp().masked_fill(~exact[1], 0.0)
+        update = layer_module.attention_update((exact_weights @ v.float()).to(x.dtype))
         layer = {"entropy": (float(relative[counted].sum()), count),
                  **{f"locality{radius}": (float(share[counted].sum()), count)
                     for radius, share in zip(LOCALITY_RADII, shares)},
-                 "query_similarity": query_similarity(q, layer_lengths)}
+                 "query_similarity": query_similarity(q, layer_lengths),
+                 "attention_share": relative_change(x, x + update, layer_lengths)}
         if clustering is not None:
             if reseed is not None:
                 reseed()
             clusters = cluster_queries(q.to(kernel_dtype(q.dtype, q.device)), layer_lengths, clustering["clusters"], clustering["bits"],
                                        clustering["iterations"])
             spread, fraction, queries = cluster_time_spread(clusters.assignment, layer_lengths)
-            error = clustering_error(q, k, v, layer_lengths, shared_qk, clusters.assignment, exact)
+            errors, output, clustered = weight_and_output_errors(
+                *centroid_weights(q, k, layer_lengths, shared_qk, clusters.assignment, exact), v)
+            layer_output = layer_module.feed_forward_stage(x + layer_module.attention_update(output.to(x.dtype)))
+            clustered_output = layer_module.feed_forward_stage(x + layer_module.attention_update(clustered.to(x.dtype)))
             layer.update(cluster_spread=(spread, queries), cluster_spread_fraction=(fraction, queries),
-                         clustering_error=error["weights"], clustering_output_error=error["output"])
+                         clustering_error=errors["weights"], clustering_output_error=errors["output"],
+                         clustering_layer_error=relative_change(layer_output, clustered_output, layer_lengths))
         measures.append(layer)
     return measures
 

@@ -272,10 +272,21 @@ class EncoderLayer(nn.Module):
         del h          # each tensor let go as soon as it is used: a long evaluation holds fewer at once
         attended = self.attention(q, k, v, lengths)                    # (B, H, N, E)
         del q, k, v
-        batch, heads, length, dim = attended.shape
-        attended = attended.transpose(1, 2).reshape(batch, length, heads * dim)
-        x = x + self.dropout(self.output(attended))
+        x = x + self.attention_update(attended)
         del attended
+        return self.feed_forward_stage(x)
+
+    # forward in three parts, so that asr.model.diagnostics can feed a layer another attention's output
+    # and see how far the layer's output moves
+    def attention_update(self, attended: torch.Tensor) -> torch.Tensor:
+        """What the attention's (B, H, N, E) output adds to the residual stream: the heads merged and
+        projected, then dropout."""
+        batch, heads, length, dim = attended.shape
+        return self.dropout(self.output(attended.transpose(1, 2).reshape(batch, length, heads * dim)))
+
+    def feed_forward_stage(self, x: torch.Tensor) -> torch.Tensor:
+        """The rest of the layer from x, its input plus the attention's update: the post-norm form's
+        first LayerNorm, the feed-forward block with its residual, the post-norm form's second one."""
         if self.norm == "pre":
             return x + self.dropout(self._feed_forward(x))
         x = self.attention_norm(x)

@@ -21,8 +21,8 @@ when the runs have stopped):
 and, per run and step, what the gap is read against: the mean over layers of the exact attention's
 relative entropy, of its share within +-5 and +-20 positions, of the probe's cluster spread (a
 fraction of the utterance's length) and of its clustering errors (the total variation between a
-query's exact attention and its cluster centroid's, and the relative change of its output), and
-the largest gap with the probe in one layer alone. The locality counts encoder positions: a
+query's exact attention and its cluster centroid's, the relative change of its output, and that of
+the layer's output), of the attention's share of each layer's output, and the largest gap with the probe in one layer alone. The locality counts encoder positions: a
 position of the stride-2 control is two 10-ms frames, so its +-5 spans twice the audio of the main
 run's; the spread, a fraction of the length, compares as it is.
 
@@ -79,9 +79,9 @@ def step_summary(point: dict, probe: str) -> dict:
     layers = point["layers"]
     return {"step": point["step"], "full_per": point["per"][REFERENCE_ROW], "gap_to_full": point["gap_to_full"],
             "probe_gap": point["gap_to_full"].get(probe), "mean_entropy": point["mean_entropy"],
-            **{f"mean_{name}": _mean(layer[name] for layer in layers)
+            **{f"mean_{name}": _mean(layer.get(name) for layer in layers)   # get: measures added later
                for name in ("locality5", "locality20", "cluster_spread_fraction", "clustering_error",
-                            "clustering_output_error")},
+                            "clustering_output_error", "clustering_layer_error", "attention_share")},
             "largest_gap_in_one_layer": worst}
 
 
@@ -127,8 +127,8 @@ def format_runs(runs: list[dict]) -> str:
     others = list(dict.fromkeys(row for run in runs for row in run["rows"] if row != REFERENCE_ROW))
     lines = ["| run | probe | step | full PER | " + " | ".join(f"{row} gap" for row in others)
              + " | mean entropy | within +-5 | within +-20 | probe's cluster spread / length | clustering error | "
-               "output error | largest gap, the probe in one layer |",
-             "|---|---|---:|---:|" + "---:|" * len(others) + "---:|---:|---:|---:|---:|---:|---|"]
+               "output error | layer error | attention share | largest gap, the probe in one layer |",
+             "|---|---|---:|---:|" + "---:|" * len(others) + "---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     for run in runs:
         for step in run["steps"]:
             worst = step["largest_gap_in_one_layer"]
@@ -137,6 +137,7 @@ def format_runs(runs: list[dict]) -> str:
                          + f" | {_plain(step['mean_entropy'])} | {_plain(step['mean_locality5'])} | "
                            f"{_plain(step['mean_locality20'])} | {_plain(step['mean_cluster_spread_fraction'])} | "
                            f"{_plain(step['mean_clustering_error'])} | {_plain(step['mean_clustering_output_error'])} | "
+                           f"{_plain(step['mean_clustering_layer_error'])} | {_plain(step['mean_attention_share'])} | "
                            f"{'-' if worst is None else _points(worst['gap']) + ' (layer ' + str(worst['layer']) + ')'} |")
     return "\n".join(lines) + "\n"
 

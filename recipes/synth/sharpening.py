@@ -38,6 +38,14 @@ attention that is still nearly flat. Here, for every checkpoint a run kept at a 
               every query's weights move to keys it did not attend to; and the output error: the
               norm of the change of the query's attention output (weights x values) divided by the
               norm of its exact output, averaged over the queries
+    layer error
+              on the same clusters, the relative change of the layer's output (after its residual,
+              feed-forward block and norms) when its attention output is the clustered one, its input
+              the same, averaged over the positions: how much of the output error reaches the next layer
+    attention share
+              the norm of what the exact attention adds to the residual stream (after the output
+              projection) divided by the norm of the layer's input, averaged over the positions: how
+              much of the layer's output the attention makes at all
     gap by layer (--by-layer)
               PER with --probe in that layer alone and exact attention in the others, minus full's
 
@@ -61,7 +69,8 @@ interrupted measurement resumes where it stopped:
     sharpening.png        PER gap to full against step, one line per row; mean normalised entropy on
                           a second axis
     sharpening_layers.png per layer against step: the gap with the probe in that layer alone (with
-                          --by-layer), the locality, the cluster spread
+                          --by-layer), the locality, the cluster spread, the clustering errors,
+                          the attention share
 and prints the tables, and Table 1's magnitudes for the last step beside the paper's
 (recipes.synth.paper_findings.table1_magnitudes) where the rows are the default ones.
 """
@@ -151,8 +160,8 @@ def train_if_needed(run: Path, steps: int, every: int, architecture: str, extra:
 
 
 # ---- the attention's measures per checkpoint ----------------------------------------------------------------
-MEASURES = ("entropy", "locality5", "locality20", "query_similarity", "cluster_spread", "cluster_spread_fraction",
-            "clustering_error", "clustering_output_error")
+MEASURES = ("entropy", "locality5", "locality20", "query_similarity", "attention_share", "cluster_spread",
+            "cluster_spread_fraction", "clustering_error", "clustering_output_error", "clustering_layer_error")
 
 
 def exact_model(checkpoint: Path):
@@ -313,8 +322,8 @@ def plot(points: list[dict], rows: list[str], title: str, path: Path) -> None:
 
 def plot_layers(points: list[dict], probe: str, title: str, path: Path) -> None:
     """Per layer against step: the PER gap to full with the probe in that layer alone (beside the probe
-    in every layer), the locality within +-5 and +-20 positions, the probe's cluster spread and the
-    clustering error."""
+    in every layer), the locality within +-5 and +-20 positions, the probe's cluster spread, the
+    clustering errors and the attention's share of each layer's output."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -322,7 +331,7 @@ def plot_layers(points: list[dict], probe: str, title: str, path: Path) -> None:
     count = len(points[0]["layers"])
     colours = plt.get_cmap("viridis")([index / max(1, count - 1) * 0.9 for index in range(count)])
     by_layer = any(point["gap_by_layer"] is not None for point in points)
-    panels = 4 if by_layer else 3
+    panels = 5 if by_layer else 4
     figure, axes = plt.subplots(panels, 1, figsize=(8, 3.2 * panels), sharex=True)
 
     def points_of(values):
@@ -350,7 +359,7 @@ def plot_layers(points: list[dict], probe: str, title: str, path: Path) -> None:
     axis.set_ylabel("attention within +-5 (solid)\nand +-20 (dashed) positions")
     axis.legend(fontsize=7, ncol=2, loc="best")
     axis.grid(alpha=0.3)
-    axis = axes[-2]
+    axis = axes[-3]
     for layer in range(count):
         axis.plot(steps, [point["layers"][layer]["cluster_spread_fraction"] for point in points], marker=".",
                   color=colours[layer], label=f"layer {layer}")
@@ -359,14 +368,23 @@ def plot_layers(points: list[dict], probe: str, title: str, path: Path) -> None:
     axis.set_ylim(bottom=0)
     axis.set_ylabel(f"{probe} cluster spread\n(std of positions / length)")
     axis.grid(alpha=0.3)
-    axis = axes[-1]
+    axis = axes[-2]
     for layer in range(count):
-        for name, style in (("clustering_error", "-"), ("clustering_output_error", "--")):
+        for name, style in (("clustering_error", "-"), ("clustering_output_error", "--"), ("clustering_layer_error", ":")):
             axis.plot(steps, [point["layers"][layer][name] for point in points], linestyle=style, marker=".",
                       color=colours[layer], label=f"layer {layer}" if name == "clustering_error" else None)
     axis.legend(fontsize=7, ncol=2, loc="best")
     axis.set_ylim(bottom=0)
-    axis.set_ylabel(f"{probe} against exact: weights (TV,\nsolid), output (relative, dashed)")
+    axis.set_ylabel(f"{probe} against exact: weights (TV, solid),\nattention output (dashed), layer output\n"
+                    "(dotted; relative changes)")
+    axis.grid(alpha=0.3)
+    axis = axes[-1]
+    for layer in range(count):
+        axis.plot(steps, [point["layers"][layer]["attention_share"] for point in points], marker=".",
+                  color=colours[layer], label=f"layer {layer}")
+    axis.legend(fontsize=7, ncol=2, loc="best")
+    axis.set_ylim(bottom=0)
+    axis.set_ylabel("attention's update /\nlayer input (norms)")
     axis.set_xlabel("training step")
     axis.grid(alpha=0.3)
     axes[0].set_title(title, fontsize=10)
@@ -455,16 +473,17 @@ def format_layer_tables(points: list[dict], probe: str) -> str:
     for point in points:
         lines = [f"step {point['step']}: per layer (exact attention; {probe} clusters; gap with {probe} in the "
                  "layer alone, the others full, points)", "",
-                 "| layer | entropy | within +-5 | within +-20 | query similarity | cluster spread (positions) "
-                 "| spread / length | clustering error | output error | gap alone |",
-                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+                 "| layer | entropy | within +-5 | within +-20 | query similarity | attention share "
+                 "| cluster spread (positions) | spread / length | clustering error | output error | layer error "
+                 "| gap alone |",
+                 "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
         for layer in point["layers"]:
             gap = None if point["gap_by_layer"] is None else point["gap_by_layer"][layer["layer"]]
             lines.append(f"| {layer['layer']} | {number(layer['entropy'])} | {number(layer['locality5'])} | "
                          f"{number(layer['locality20'])} | {number(layer['query_similarity'])} | "
-                         f"{number(layer['cluster_spread'], form='.1f')} | "
+                         f"{number(layer['attention_share'])} | {number(layer['cluster_spread'], form='.1f')} | "
                          f"{number(layer['cluster_spread_fraction'])} | {number(layer['clustering_error'])} | "
-                         f"{number(layer['clustering_output_error'])} | "
+                         f"{number(layer['clustering_output_error'])} | {number(layer['clustering_layer_error'])} | "
                          f"{number(gap, 100, '+.2f')} |")
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)

@@ -15,7 +15,7 @@ ROWS = ["full", "clustered-100", "i-clustered-100"]
 def layer(entropy: float, local5: float, local20: float, spread: float) -> dict:
     return {"layer": 0, "entropy": entropy, "locality5": local5, "locality20": local20, "query_similarity": 0.5,
             "cluster_spread": 100 * spread, "cluster_spread_fraction": spread, "clustering_error": spread / 2,
-            "clustering_output_error": spread / 5}
+            "clustering_output_error": spread / 5, "clustering_layer_error": spread / 10, "attention_share": 2 * local5}
 
 
 def point(step: int, full: float, clustered: float, iclustered: float, by_layer=None) -> dict:
@@ -66,6 +66,7 @@ def test_the_attribution_of_a_known_gap(three_runs, capsys):
     assert last["mean_cluster_spread_fraction"] == pytest.approx(0.15)
     assert last["mean_clustering_error"] == pytest.approx(0.075)
     assert last["mean_clustering_output_error"] == pytest.approx(0.03)
+    assert last["mean_clustering_layer_error"] == pytest.approx(0.015) and last["mean_attention_share"] == pytest.approx(0.6)
     assert last["largest_gap_in_one_layer"] == {"layer": 0, "gap": pytest.approx(0.05)}
     assert result["runs"][1]["steps"][0]["largest_gap_in_one_layer"] is None      # not measured by layer
     printed = capsys.readouterr().out
@@ -73,7 +74,7 @@ def test_the_attribution_of_a_known_gap(three_runs, capsys):
             "+10.00 (step 2000) |") in printed
     assert "| training length | main (clustered-100) at step 2000 - at step 1000 | +11.00 | - |" in printed
     assert ("| main | clustered-100 | 2000 | 10.00 | +12.00 | +1.00 | 0.600 | 0.300 | 0.500 | 0.150 | 0.075 | "
-            "0.030 | +5.00 (layer 0) |") in printed
+            "0.030 | 0.015 | 0.600 | +5.00 (layer 0) |") in printed
     assert (out / "attribution.md").read_text() in printed
     assert (out / "attribution.png").stat().st_size > 10_000
 
@@ -128,3 +129,13 @@ def test_errors_name_the_folder_and_what_to_do(three_runs, capsys):
         assert attribution.main(["--main", str(main), *extra, "--out", str(root / "out")]) == 2
         assert message in capsys.readouterr().err
     assert not (root / "out").exists()          # nothing written before the inputs are known good
+
+
+def test_a_step_measured_before_a_measure_existed_shows_none_for_it():
+    """sharpening.json files published before the layer error and the attention share were measured."""
+    older = point(1000, 0.2, 0.21, 0.2)
+    for measures in older["layers"]:
+        del measures["clustering_layer_error"], measures["attention_share"]
+    summary = attribution.step_summary(older, "clustered-100")
+    assert summary["mean_clustering_layer_error"] is None and summary["mean_attention_share"] is None
+    assert summary["mean_clustering_output_error"] == pytest.approx(0.03)

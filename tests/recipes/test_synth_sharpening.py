@@ -87,6 +87,7 @@ def test_the_curve_its_numbers_and_the_cache(tiny_run, monkeypatch, capsys):
             assert 0 < layer["cluster_spread_fraction"] < 0.5 and layer["cluster_spread"] > 1
             assert -1 < layer["query_similarity"] < 1
             assert 0 < layer["clustering_error"] < 1 and 0 < layer["clustering_output_error"]
+            assert 0 < layer["clustering_layer_error"] and 0 < layer["attention_share"]
         assert point["entropy_per_layer"] == [layer["entropy"] for layer in point["layers"]]
         assert len(point["per_by_layer"]) == 2
         assert point["gap_by_layer"] == pytest.approx([per - point["per"]["full"] for per in point["per_by_layer"]])
@@ -98,7 +99,7 @@ def test_the_curve_its_numbers_and_the_cache(tiny_run, monkeypatch, capsys):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr().out
     assert "| step | mean entropy | full PER | clustered-3 gap |" in printed
-    assert "| layer | entropy | within +-5 | within +-20 | query similarity | cluster spread (positions) |" in printed
+    assert "| layer | entropy | within +-5 | within +-20 | query similarity | attention share | cluster spread (positions) |" in printed
     # started again, it evaluates and measures nothing
     monkeypatch.setattr(attention_matrix, "decode_split", lambda *a, **k: pytest.fail("an evaluation was recomputed"))
     monkeypatch.setattr(split_decoding, "decode_split", lambda *a, **k: pytest.fail("a layer was re-evaluated"))
@@ -163,9 +164,18 @@ def test_query_similarity_is_the_mean_cosine_over_pairs_of_distinct_positions():
     assert pairs == 3 and same == pytest.approx(3.0)
 
 
+def relative_change_by_position(before: torch.Tensor, after: torch.Tensor, lengths: torch.Tensor) -> tuple[float, int]:
+    """Sum and number over the valid positions, one utterance and position at a time."""
+    changes = [float((after[b, n] - before[b, n]).norm() / before[b, n].norm())
+               for b, length in enumerate(lengths.tolist()) for n in range(length)]
+    return sum(changes), len(changes)
+
+
 def test_the_cluster_spread_measures_the_clusters_the_attention_computes(tiny_run, monkeypatch):
     """The clusters of layer 1 in the measurement are those clustered attention computes in an
-    evaluation of the same batch with it in layer 1 alone; their spread is the spread of those."""
+    evaluation of the same batch with it in layer 1 alone; their spread is the spread of those. The
+    layer error is the change of layer 1's output between that evaluation and one with full attention,
+    the attention share the output projection's output over layer 1's input in the latter."""
     import attention_ext.attentions.clustered
     from asr.evaluation.attention_choice import evaluation_attention, set_evaluation_attention
     from asr.model.diagnostics import cluster_time_spread, clustering_error, layer_attention_inputs, layer_attention_measures
@@ -183,6 +193,10 @@ def test_the_cluster_spread_measures_the_clusters_the_attention_computes(tiny_ru
     model = sharpening.exact_model(checkpoint)
     data = evaluation_data(model, checkpoint, "dev", progress=False)
     batch = next(iter(data.datamodule.dataloader("dev")))
+    layer = model.encoder.layers[1]
+    seen = {}
+    hooks = [layer.register_forward_hook(lambda module, args, out: seen.update(x=args[0], out=out)),
+             layer.output.register_forward_hook(lambda module, args, out: seen.update(update=out))]
     set_evaluation_attention(model, evaluation_attention(model, PROBE), "trained", layers=[1])
     assert layer_attentions(model) == ["FullAttention", "ClusteredAttention"]
     seed_evaluation_batch(EVALUATION_SEED, 0)
@@ -190,8 +204,17 @@ def test_the_cluster_spread_measures_the_clusters_the_attention_computes(tiny_ru
         model(batch["features"], batch["feature_lengths"])
     [(evaluated, lengths)] = clusterings
     assert int(evaluated.max()) == 2 and (evaluated >= 0).sum() == lengths.sum() * evaluated.shape[1]
+    clustered_x, clustered_out = seen["x"], seen["out"]
 
     set_evaluation_attention(model, evaluation_attention(model, "full"), "trained")
+    with torch.no_grad():
+        model(batch["features"], batch["feature_lengths"])
+    for hook in hooks:
+        hook.remove()
+    assert torch.equal(seen["x"], clustered_x)       # layer 0 is full in both: layer 1 reads the same input
+    expected_layer_error = relative_change_by_position(seen["out"], clustered_out, lengths)
+    expected_share = relative_change_by_position(seen["x"], seen["x"] + seen["update"], lengths)
+    assert expected_layer_error[0] > 1e-3           # clustering moved the layer's output, as the test needs
     clusterings.clear()
     measures = layer_attention_measures(model, batch["features"], batch["feature_lengths"],
                                         sharpening.parse_attention_spec(PROBE).options,
@@ -204,6 +227,8 @@ def test_the_cluster_spread_measures_the_clusters_the_attention_computes(tiny_ru
     error = clustering_error(q, k, v, layer_lengths, False, evaluated)
     assert measures[1]["clustering_error"] == pytest.approx(error["weights"])
     assert measures[1]["clustering_output_error"] == pytest.approx(error["output"])
+    assert measures[1]["clustering_layer_error"] == pytest.approx(expected_layer_error, rel=1e-4)
+    assert measures[1]["attention_share"] == pytest.approx(expected_share, rel=1e-4)
 
 
 def test_published_names_say_sharpening_once():
