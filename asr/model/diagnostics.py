@@ -54,6 +54,12 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, sha
     return log_p, visible, counted, seen
 
 
+def attention_weights(exact: tuple) -> torch.Tensor:
+    """The (B, H, N, N) weights of exact_attention's result, 0 on the keys a query does not see."""
+    log_p, visible, _, _ = exact
+    return log_p.exp().masked_fill(~visible, 0.0)
+
+
 def relative_attention_entropy(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, shared_qk: bool,
                                exact: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """(B, H, N) entropy / log(keys seen) of each query's exact attention (exact_attention), and the
@@ -84,8 +90,8 @@ def attention_locality(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, 
     """(len(radii), B, H, N) share of each query's exact attention mass (exact_attention) on the keys
     within +-radius positions of it (itself included), and the (B, H, N) bool of the queries that
     count (as for the entropy). exact: as for relative_attention_entropy."""
-    log_p, visible, counted, _ = exact or exact_attention(q, k, lengths, shared_qk)
-    p = log_p.exp().masked_fill(~visible, 0.0)
+    exact = exact or exact_attention(q, k, lengths, shared_qk)
+    p, counted = attention_weights(exact), exact[2]
     position = torch.arange(q.shape[2], device=q.device)
     distance = (position[:, None] - position[None, :]).abs()                   # (N, N)
     return torch.stack([(p * (distance <= radius)).sum(-1) for radius in radii]), counted
@@ -150,7 +156,8 @@ def centroid_weights(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, sh
     assignment: (B, H, N) cluster id of each query, -1 for padded ones (QueryClusters.assignment).
     The centroid's weights are over the keys the query sees (with shared_qk, its own key left out).
     exact: as for relative_attention_entropy."""
-    log_p, visible, counted, _ = exact or exact_attention(q, k, lengths, shared_qk)
+    exact = exact or exact_attention(q, k, lengths, shared_qk)
+    _, visible, counted, _ = exact
     dim = q.shape[-1]
     sums = per_cluster_sum(q.float(), assignment)                                # (B, H, C, E)
     counts = per_cluster_sum(torch.ones_like(assignment, dtype=torch.float32), assignment)
@@ -159,7 +166,7 @@ def centroid_weights(q: torch.Tensor, k: torch.Tensor, lengths: torch.Tensor, sh
     keys = F.normalize(q, dim=-1) if shared_qk else k
     logits = (centroid @ keys.float().transpose(-1, -2) / math.sqrt(dim)).masked_fill(~visible, float("-inf"))
     shared = torch.softmax(logits.masked_fill(~counted[..., None], 0.0), dim=-1).masked_fill(~visible, 0.0)
-    return log_p.exp().masked_fill(~visible, 0.0), shared, counted
+    return attention_weights(exact), shared, counted
 
 
 def clustering_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths: torch.Tensor, shared_qk: bool,
@@ -267,8 +274,7 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
         relative, counted = relative_attention_entropy(q, k, layer_lengths, shared_qk, exact)
         shares, _ = attention_locality(q, k, layer_lengths, shared_qk, LOCALITY_RADII, exact)
         count = int(counted.sum())
-        exact_weights = exact[0].exp().masked_fill(~exact[1], 0.0)
-        update = layer_module.attention_update((exact_weights @ v.float()).to(x.dtype))
+        update = layer_module.attention_update((attention_weights(exact) @ v.float()).to(x.dtype))
         layer = {"entropy": (float(relative[counted].sum()), count),
                  **{f"locality{radius}": (float(share[counted].sum()), count)
                     for radius, share in zip(LOCALITY_RADII, shares)},
