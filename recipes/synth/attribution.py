@@ -22,9 +22,10 @@ and, per run and step, what the gap is read against: the mean over layers of the
 relative entropy, of its share within +-5 and +-20 positions, of the probe's cluster spread (a
 fraction of the utterance's length) and of its clustering errors (the total variation between a
 query's exact attention and its cluster centroid's, the relative change of its output, and that of
-the layer's output), of the attention's share of each layer's output, and the largest gap with the probe in one layer alone. The locality counts encoder positions: a
-position of the stride-2 control is two 10-ms frames, so its +-5 spans twice the audio of the main
-run's; the spread, a fraction of the length, compares as it is.
+the layer's output), of the attention's share of each layer's output, and the largest gap with the
+probe in one layer alone. The locality counts encoder positions: a position of the stride-2 control
+is two 10-ms frames, so its +-5 spans twice the audio of the main run's; the spread, a fraction of
+the length, compares as it is.
 
 Writes to --out: attribution.json (every number above, per run and step), attribution.png (the gaps
 of the probe and of i-clustered at the probe's cluster count, the locality and the cluster spread
