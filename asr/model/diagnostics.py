@@ -182,19 +182,17 @@ def clustering_error(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, lengths:
 
     v: (B, H, N, D) the layer's values. exact: as for relative_attention_entropy."""
     exact_weights, shared, counted = centroid_weights(q, k, lengths, shared_qk, assignment, exact)
-    return weight_and_output_errors(exact_weights, shared, counted, v)[0]
+    values = v.float()
+    return weight_and_output_errors(exact_weights, shared, counted, exact_weights @ values, shared @ values)
 
 
 def weight_and_output_errors(exact_weights: torch.Tensor, shared: torch.Tensor, counted: torch.Tensor,
-                             v: torch.Tensor) -> tuple[dict[str, tuple[float, int]], torch.Tensor, torch.Tensor]:
-    """clustering_error from centroid_weights' result, and the (B, H, N, D) exact and clustered outputs."""
+                             output: torch.Tensor, clustered: torch.Tensor) -> dict[str, tuple[float, int]]:
+    """clustering_error from centroid_weights' result and the (B, H, N, D) outputs of both weights."""
     weights = 0.5 * (exact_weights - shared).abs().sum(-1)                        # (B, H, N)
-    values = v.float()
-    output, clustered = exact_weights @ values, shared @ values
     moved = (clustered - output).norm(dim=-1) / output.norm(dim=-1).clamp(min=1e-12)
     count = int(counted.sum())
-    errors = {"weights": (float(weights[counted].sum()), count), "output": (float(moved[counted].sum()), count)}
-    return errors, output, clustered
+    return {"weights": (float(weights[counted].sum()), count), "output": (float(moved[counted].sum()), count)}
 
 
 def relative_change(before: torch.Tensor, after: torch.Tensor, lengths: torch.Tensor) -> tuple[float, int]:
@@ -274,7 +272,9 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
         relative, counted = relative_attention_entropy(q, k, layer_lengths, shared_qk, exact)
         shares, _ = attention_locality(q, k, layer_lengths, shared_qk, LOCALITY_RADII, exact)
         count = int(counted.sum())
-        update = layer_module.attention_update((attention_weights(exact) @ v.float()).to(x.dtype))
+        values = v.float()
+        output = attention_weights(exact) @ values                      # exact attention's (B, H, N, D)
+        update = layer_module.attention_update(output.to(x.dtype))
         layer = {"entropy": (float(relative[counted].sum()), count),
                  **{f"locality{radius}": (float(share[counted].sum()), count)
                     for radius, share in zip(LOCALITY_RADII, shares)},
@@ -286,9 +286,10 @@ def layer_attention_measures(model, features: torch.Tensor, lengths: torch.Tenso
             clusters = cluster_queries(q.to(kernel_dtype(q.dtype, q.device)), layer_lengths, clustering["clusters"], clustering["bits"],
                                        clustering["iterations"])
             spread, fraction, queries = cluster_time_spread(clusters.assignment, layer_lengths)
-            errors, output, clustered = weight_and_output_errors(
-                *centroid_weights(q, k, layer_lengths, shared_qk, clusters.assignment, exact), v)
-            layer_output = layer_module.feed_forward_stage(x + layer_module.attention_update(output.to(x.dtype)))
+            exact_weights, shared, _ = centroid_weights(q, k, layer_lengths, shared_qk, clusters.assignment, exact)
+            clustered = shared @ values
+            errors = weight_and_output_errors(exact_weights, shared, counted, output, clustered)
+            layer_output = layer_module.feed_forward_stage(x + update)
             clustered_output = layer_module.feed_forward_stage(x + layer_module.attention_update(clustered.to(x.dtype)))
             layer.update(cluster_spread=(spread, queries), cluster_spread_fraction=(fraction, queries),
                          clustering_error=errors["weights"], clustering_output_error=errors["output"],
