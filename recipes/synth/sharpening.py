@@ -430,7 +430,7 @@ def measure(args: argparse.Namespace) -> int:
     plot_layers(result["points"], args.probe, f"{title}: by layer", out / "sharpening_layers.png")
     if args.publish is not None:
         args.publish.mkdir(parents=True, exist_ok=True)
-        stem = published_stem(args.run)
+        stem = published_stem(args.run, out)
         for name, suffix in (("sharpening", ".json"), ("sharpening", ".png"), ("sharpening_layers", ".png")):
             shutil.copyfile(out / f"{name}{suffix}", args.publish / f"{stem}{name.removeprefix('sharpening')}{suffix}")
         print(f"[sharpening] copied {stem}.json, .png and _layers.png to {args.publish}", flush=True)
@@ -443,9 +443,14 @@ def measure(args: argparse.Namespace) -> int:
     return SUCCESS
 
 
-def published_stem(run: Path) -> str:
-    """--publish's file name: sharpening_<run folder name>, or the folder's name if it starts so."""
-    return run.name if run.name.startswith("sharpening") else f"sharpening_{run.name}"
+def published_stem(run: Path, out: Path | None = None) -> str:
+    """--publish's file name: sharpening_<run folder name>, or the folder's name if it starts so; an
+    --out folder other than the default's name adds its own (less a leading "sharpening"), so that a
+    run measured twice, e.g. with other rows into <run>/sharpening50, publishes both."""
+    stem = run.name if run.name.startswith("sharpening") else f"sharpening_{run.name}"
+    if out is not None and out.name != "sharpening":
+        stem += "_" + (out.name.removeprefix("sharpening").lstrip("_-") or out.name)
+    return stem
 
 
 def format_table(points: list[dict], rows: list[str]) -> str:

@@ -234,6 +234,14 @@ def test_the_cluster_spread_measures_the_clusters_the_attention_computes(tiny_ru
 def test_published_names_say_sharpening_once():
     assert sharpening.published_stem(Path("runs/sharpening_full")) == "sharpening_full"
     assert sharpening.published_stem(Path("runs/wsj")) == "sharpening_wsj"
+    assert sharpening.published_stem(Path("runs/wsj"), Path("runs/wsj/sharpening")) == "sharpening_wsj"
+
+
+def test_a_second_measurement_of_a_run_publishes_under_its_own_name():
+    # the stride-2 control is measured twice (README): clustered-100 and, into sharpening50, clustered-50
+    run = Path("runs/paper_encoder_stride2")
+    assert sharpening.published_stem(run, run / "sharpening50") == "sharpening_paper_encoder_stride2_50"
+    assert sharpening.published_stem(run, Path("elsewhere/probe")) == "sharpening_paper_encoder_stride2_probe"
 
 
 def test_steps_choose_kept_checkpoints(tiny_run):
