@@ -26,7 +26,7 @@ from asr.evaluation.evaluation_data import evaluation_data
 from asr.evaluation.attention_choice import (check_shared_qk_keys, evaluation_attention, evaluation_key_form,
                                              set_evaluation_attention)
 from asr.core.fault_injection import pause_point
-from asr.text.metrics import percent
+from asr.text.metrics import paired_bootstrap_gap, percent, utterance_phone_errors
 from asr.model.checkpoint import read_checkpoint
 from asr.model.run_folder import run_folder_of
 from attention_ext import AttentionConfigError, SharedQKRequiredError, parse_attention_spec
@@ -77,6 +77,40 @@ def _safe(text: str) -> str:
 
 def cell_path(out: Path, column: str, spec: str) -> Path:
     return out / "cells" / f"{_safe(column)}__{_safe(spec)}.json"
+
+
+def hypotheses_folder(out: Path, column: str, spec: str) -> Path:
+    """Where a cell's hypotheses.jsonl (each utterance's reference and hypothesis) and results.json lie."""
+    return out / "hypotheses" / _safe(column) / _safe(spec)
+
+
+def phone_gap_interval(out: Path, column: str, spec: str, reference_spec: str = "full", samples: int = 1000,
+                       confidence: float = 0.95) -> tuple[float, float, float]:
+    """(gap, low, high): the PER of `column` evaluated with `spec` minus with `reference_spec`, from the
+    two cells' hypotheses in the matrix folder `out`, and its paired-bootstrap interval over the
+    utterances (asr.text.metrics.paired_bootstrap_gap, seed 0: the same numbers each time).
+
+    FileNotFoundError naming the file when a cell has no hypotheses (a matrix from before they were
+    written, or a cell not evaluated); ValueError when the hypotheses' PER is not the cell's (phones
+    folded for scoring, as TIMIT's are, or a cell evaluated again since): the interval would be of
+    another number than the one it is printed beside."""
+    scorings = []
+    for name in (reference_spec, spec):
+        folder = hypotheses_folder(out, column, name)
+        path = folder / "hypotheses.jsonl"
+        if not path.is_file():
+            raise FileNotFoundError(f"{path}: no hypotheses for column {column!r}, row {name!r}; evaluate "
+                                    f"the cell (python -m asr.cross_matrix ... --out {out})")
+        records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        counts = utterance_phone_errors([r["phones"]["reference"] for r in records],
+                                        [r["phones"]["hypothesis"] for r in records])
+        per = sum(e for e, _ in counts) / max(1, sum(t for _, t in counts))
+        reported = json.loads((folder / "results.json").read_text())["error_rates"].get("per")
+        if reported is None or abs(per - reported) > 1e-9:
+            raise ValueError(f"{path}: the hypotheses score PER {per:.6f}, the cell reports {reported}: "
+                             "their phones are not scored as listed (a folded phone set?), so no interval")
+        scorings.append(counts)
+    return paired_bootstrap_gap(scorings[0], scorings[1], samples, confidence)
 
 
 def _write_json_atomic(path: Path, value: dict) -> None:
@@ -147,7 +181,7 @@ def compute_column(column: Column, specs: list[str], args: argparse.Namespace, p
         cell.update(valid=True, evaluated_with=attention.as_config(),
                     same_as_training=attention.as_config() == trained, split=data.split,
                     utterances=len(result.utterances), error_rates=result.rates, **result.timing())
-        write_outputs(args.out / "hypotheses" / _safe(column.label) / _safe(spec), result, cell)
+        write_outputs(hypotheses_folder(args.out, column.label, spec), result, cell)
         _write_json_atomic(cell_path(args.out, column.label, spec), cell)
         rates = result.rates
         progress(f"{column.label} x {spec}: PER {percent(rates.get('per'))} WER {percent(rates.get('wer'))}, "

@@ -3,7 +3,9 @@
 Every rate is corpus-level: (substitutions + deletions + insertions) summed over all
 utterances, divided by the number of reference tokens summed over all utterances
 (not a mean of per-utterance rates). Rates are fractions (0.12 = 12 %) and can exceed 1
-when the hypotheses insert much. Tokens are:
+when the hypotheses insert much. utterance_phone_errors gives the per-utterance counts behind a PER,
+and paired_bootstrap_gap how far the gap between two scorings of the same utterances can be trusted.
+Tokens are:
 
 - phone_error_rate: whitespace-separated phones ("DH AH K AE T"); with phone_set="timit61" both
   sides are first folded from TIMIT's 61 symbols to Lee & Hon's 39 classes (the standard TIMIT
@@ -17,6 +19,7 @@ from __future__ import annotations
 from typing import Sequence
 
 import jiwer
+import numpy as np
 
 from asr.text.phones import PHONE_SETS
 
@@ -100,3 +103,48 @@ def out_of_vocabulary_rate(references: Sequence[str], vocabulary) -> float | Non
     if not words:
         return None
     return sum(word not in vocabulary for word in words) / len(words)
+
+
+def utterance_phone_errors(references: Sequence[str], hypotheses: Sequence[str],
+                           phone_set: str = "arpabet39") -> list[tuple[int, int]]:
+    """(edits, reference phones) of each utterance, scored as phone_error_rate scores the set: their
+    sums' ratio is its PER. An empty reference counts its hypothesis's phones as edits."""
+    if phone_set not in PHONE_SETS:
+        raise ValueError(f"phone_set={phone_set!r} has no PER scoring; known: {', '.join(PHONE_SETS)}")
+    references, hypotheses = _check(references, hypotheses)
+    fold = PHONE_SETS[phone_set].scoring_fold
+    if fold is not None:
+        references, hypotheses = [fold(r) for r in references], [fold(h) for h in hypotheses]
+    counts = [(len(h.split()), 0) for h in hypotheses]
+    kept = [i for i, r in enumerate(references) if r.split()]
+    if kept:
+        output = jiwer.process_words([references[i] for i in kept], [hypotheses[i] for i in kept])
+        for i, chunks in zip(kept, output.alignments):
+            edits = sum(max(c.ref_end_idx - c.ref_start_idx, c.hyp_end_idx - c.hyp_start_idx)
+                        for c in chunks if c.type != "equal")
+            counts[i] = (edits, len(references[i].split()))
+    return counts
+
+
+def paired_bootstrap_gap(base: Sequence[tuple[int, int]], other: Sequence[tuple[int, int]], samples: int = 1000,
+                         confidence: float = 0.95, seed: int = 0) -> tuple[float, float, float]:
+    """(gap, low, high): the error rate of `other` minus that of `base`, two scorings of the same
+    utterances ((edits, reference tokens) each, e.g. utterance_phone_errors), and the central
+    `confidence` interval of that gap over `samples` resamplings of the utterances (with replacement,
+    the same draw for both: a paired bootstrap). A gap whose interval holds 0 is one these utterances
+    cannot tell from none."""
+    if len(base) != len(other) or not base:
+        raise ValueError(f"got {len(base)} and {len(other)} utterances: the two scorings must be of the "
+                         "same utterances, at least one")
+    if [tokens for _, tokens in base] != [tokens for _, tokens in other]:
+        raise ValueError("the two scorings count other reference tokens: they are not of the same references")
+    edits = np.asarray([[e for e, _ in base], [e for e, _ in other]], dtype=np.float64)
+    tokens = np.asarray([t for _, t in base], dtype=np.float64)
+    if tokens.sum() == 0:
+        raise ValueError("the references hold no tokens, so the error rates are undefined")
+    gap = float((edits[1].sum() - edits[0].sum()) / tokens.sum())
+    draws = np.random.default_rng(seed).integers(0, len(tokens), size=(samples, len(tokens)))
+    sampled_tokens = tokens[draws].sum(axis=1)
+    sampled = (edits[1][draws].sum(axis=1) - edits[0][draws].sum(axis=1)) / np.maximum(sampled_tokens, 1)
+    low, high = np.quantile(sampled, [(1 - confidence) / 2, (1 + confidence) / 2])
+    return gap, float(low), float(high)

@@ -232,7 +232,8 @@ def compare(args: argparse.Namespace) -> int:
     matrix = args.main / "matrix" / "matrix.json"
     if all(row in reference["rows"] for row in PAPER_FULL_COLUMN) and matrix.is_file():
         text += "\n" + format_magnitudes(table1_magnitudes(json.loads(matrix.read_text()),
-                                                           f"step{runs[0]['steps'][-1]['step']}"))
+                                                           f"step{runs[0]['steps'][-1]['step']}",
+                                                           matrix_folder=matrix.parent))
     args.out.mkdir(parents=True, exist_ok=True)
     result = {"split": reference["split"], "limit": reference["limit"], "runs": runs, "attribution": items}
     (args.out / "attribution.json").write_text(json.dumps(result, indent=2) + "\n")

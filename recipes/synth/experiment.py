@@ -170,7 +170,8 @@ def run_experiment(args: argparse.Namespace) -> int:
         matrix = with_columns_from(matrix, earlier, str(args.columns_from))
     findings = format_findings(paper_findings(matrix, setting.small, setting.large))
     if any(column["label"] == "full" for column in matrix["columns"]):
-        findings += "\n" + format_magnitudes(table1_magnitudes(matrix, "full", setting.small, setting.large))
+        findings += "\n" + format_magnitudes(table1_magnitudes(matrix, "full", setting.small, setting.large,
+                                                                 matrix_folder=out / "matrix"))
     (out / "matrix" / "findings.md").write_text(findings)
     results = experiment_results(out, args.presets, matrix, args.setting)
     if earlier is not None:       # the borrowed columns' training, as the earlier run recorded it

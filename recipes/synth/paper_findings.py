@@ -1,8 +1,12 @@
 """The paper's findings of sec. 4.1, checked on a matrix of ``recipes.synth.experiment`` (its
 findings.md): the rankings (paper_findings) and the magnitudes of Table 1's full column beside the
-paper's, with whether its gap is reproduced (table1_magnitudes)."""
+paper's, with whether its gap is reproduced (table1_magnitudes; given the matrix folder, each gap
+with its 95 % paired-bootstrap interval over the utterances)."""
 from __future__ import annotations
 
+from pathlib import Path
+
+from asr.evaluation.attention_matrix import phone_gap_interval
 from recipes.synth.experiment_settings import LARGE, SMALL
 
 
@@ -101,14 +105,20 @@ CLUSTERED_GAP_AIM = 10.0
 ICLUSTERED_GAP_AIM = 3.0
 
 
-def table1_magnitudes(matrix: dict, column: str = "full", small: int = 100, large: int = 200) -> dict:
+def table1_magnitudes(matrix: dict, column: str = "full", small: int = 100, large: int = 200,
+                      matrix_folder: Path | None = None) -> dict:
     """Table 1's full column beside the same rows of `column` (a model trained with full attention) in
     a cross matrix: PER and gap to full, in points, per row, and whether the aims hold.
 
     The paper's 100 and 200 clusters are compared with this matrix's `small` and `large` counts. Returns
-    {"column", "rows": [{"paper_row", "row", "paper_per", "per", "paper_gap", "gap"}], "aims": [{"aim",
-    "holds", "evidence"}], "reproduced"}: PER and gaps in percent points (None where a cell is missing);
-    an aim's holds is None when its cells are missing, and reproduced is True only when every aim holds.
+    {"column", "rows": [{"paper_row", "row", "paper_per", "per", "paper_gap", "gap", "interval"}],
+    "aims": [{"aim", "holds", "evidence"}], "reproduced", "no_interval"}: PER and gaps in percent points
+    (None where a cell is missing); an aim's holds is None when its cells are missing, and reproduced
+    is True only when every aim holds. With `matrix_folder` (the matrix's --out), each gap's interval
+    is its 95 % paired bootstrap over the utterances (asr.evaluation.attention_matrix.phone_gap_interval):
+    how far the split pins the gap down, not how much it moves from one checkpoint to the next;
+    None, with the reason in no_interval, where the cells' hypotheses are missing or do not score
+    the cell's PER. The aims read the gap itself.
     """
     def ours(paper_row: str) -> str:
         return paper_row.replace("-100", f"-{small}").replace("-200", f"-{large}")
@@ -117,25 +127,36 @@ def table1_magnitudes(matrix: dict, column: str = "full", small: int = 100, larg
         return None if value is None else 100 * value
 
     full = points(_per(matrix, "full", column))
-    rows = []
+    rows, no_interval = [], []
     for paper_row, paper_per in PAPER_FULL_COLUMN.items():
         per = points(_per(matrix, ours(paper_row), column))
+        gap = None if per is None or full is None else per - full
+        interval = None
+        if matrix_folder is not None and gap is not None and paper_row != "full":
+            try:
+                _, low, high = phone_gap_interval(matrix_folder, column, ours(paper_row))
+                interval = [points(low), points(high)]
+            except (FileNotFoundError, ValueError) as error:
+                no_interval.append(str(error))
         rows.append({"paper_row": paper_row, "row": ours(paper_row), "paper_per": paper_per, "per": per,
-                     "paper_gap": paper_per - PAPER_FULL_COLUMN["full"],
-                     "gap": None if per is None or full is None else per - full})
-    gaps = {row["paper_row"]: row["gap"] for row in rows}
+                     "paper_gap": paper_per - PAPER_FULL_COLUMN["full"], "gap": gap, "interval": interval})
+    by_paper_row = {row["paper_row"]: row for row in rows}
 
-    def aim(text: str, gap: float | None, holds) -> dict:
+    def aim(text: str, paper_row: str, holds) -> dict:
+        gap, interval = by_paper_row[paper_row]["gap"], by_paper_row[paper_row]["interval"]
         verdict = None if gap is None else bool(holds(gap))
         mark = {True: "yes", False: "NO", None: "missing"}[verdict]
-        return {"aim": text, "holds": verdict,
-                "evidence": f"{'-' if gap is None else format(gap, '+.2f')} points: {mark}"}
+        shown = "-" if gap is None else format(gap, "+.2f")
+        if interval is not None:
+            shown += f" (95 % interval {interval[0]:+.2f} to {interval[1]:+.2f})"
+        return {"aim": text, "holds": verdict, "evidence": f"{shown} points: {mark}"}
 
     aims = [aim(f"clustered-{small} at least {CLUSTERED_GAP_AIM:g} points worse than full",
-                gaps["clustered-100"], lambda gap: gap >= CLUSTERED_GAP_AIM),
+                "clustered-100", lambda gap: gap >= CLUSTERED_GAP_AIM),
             aim(f"i-clustered-{small} within {ICLUSTERED_GAP_AIM:g} points of full",
-                gaps["i-clustered-100"], lambda gap: abs(gap) <= ICLUSTERED_GAP_AIM)]
-    return {"column": column, "rows": rows, "aims": aims, "reproduced": all(item["holds"] for item in aims)}
+                "i-clustered-100", lambda gap: abs(gap) <= ICLUSTERED_GAP_AIM)]
+    return {"column": column, "rows": rows, "aims": aims, "reproduced": all(item["holds"] for item in aims),
+            "no_interval": no_interval}
 
 
 def format_magnitudes(magnitudes: dict) -> str:
@@ -143,15 +164,23 @@ def format_magnitudes(magnitudes: dict) -> str:
     def text(value: float | None, sign: str = "") -> str:
         return "-" if value is None else format(value, f"{sign}.2f")
 
+    intervals = any(row.get("interval") for row in magnitudes["rows"])
     lines = [f"Table 1's magnitudes: the model trained with full attention (WSJ in the paper; column "
-             f"{magnitudes['column']} here), PER % and gap to full in points", "",
-             "| evaluate with | paper PER | paper gap | here | PER here | gap here |",
-             "|---|---:|---:|---|---:|---:|"]
+             f"{magnitudes['column']} here), PER % and gap to full in points"
+             + ("; the gap's 95 % interval over the utterances (paired bootstrap)" if intervals else ""), "",
+             "| evaluate with | paper PER | paper gap | here | PER here | gap here |"
+             + (" 95 % interval |" if intervals else ""),
+             "|---|---:|---:|---|---:|---:|" + ("---:|" if intervals else "")]
     for row in magnitudes["rows"]:
-        lines.append(f"| {row['paper_row']} | {text(row['paper_per'])} | {text(row['paper_gap'], '+')} | "
-                     f"{row['row']} | {text(row['per'])} | {text(row['gap'], '+')} |")
+        line = (f"| {row['paper_row']} | {text(row['paper_per'])} | {text(row['paper_gap'], '+')} | "
+                f"{row['row']} | {text(row['per'])} | {text(row['gap'], '+')} |")
+        if intervals:
+            interval = row.get("interval")
+            line += " - |" if interval is None else f" {interval[0]:+.2f} to {interval[1]:+.2f} |"
+        lines.append(line)
     lines.append("")
     verdict = "reproduced" if magnitudes["reproduced"] else "not reproduced"
     lines.append(f"- **the paper's gap (both aims)**: {verdict} here")
     lines += [f"  - {item['aim']}: {item['evidence']}" for item in magnitudes["aims"]]
+    lines += [f"- no interval: {reason}" for reason in magnitudes.get("no_interval", [])]
     return "\n".join(lines) + "\n"

@@ -438,7 +438,7 @@ def measure(args: argparse.Namespace) -> int:
     print(format_layer_tables(result["points"], args.probe))
     last = result["points"][-1]["step"]
     if all(row in args.rows for row in PAPER_FULL_COLUMN):
-        print(format_magnitudes(table1_magnitudes(matrix, f"step{last}")))
+        print(format_magnitudes(table1_magnitudes(matrix, f"step{last}", matrix_folder=out / "matrix")))
     print(f"[sharpening] wrote {out}/sharpening.json, sharpening.png and sharpening_layers.png", flush=True)
     return SUCCESS
 

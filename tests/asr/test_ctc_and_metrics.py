@@ -3,10 +3,12 @@ and brute-force enumeration."""
 import itertools
 import math
 
+import numpy as np
 import pytest
 import torch
 
-from asr.text.metrics import char_error_rate, percent, phone_error_rate, word_error_rate
+from asr.text.metrics import (char_error_rate, paired_bootstrap_gap, percent, phone_error_rate, utterance_phone_errors,
+                              word_error_rate)
 from asr.model.ctc import CTCHeads, ctc_loss, greedy_decode, prefix_beam_search
 
 
@@ -122,3 +124,36 @@ def test_char_error_rate_counts_spaces_as_characters():
 def test_percent_formats_a_rate_for_people():
     assert percent(0.1234) == "12.34%" and percent(1.5) == "150.00%" and percent(0.0) == "0.00%"
     assert percent(None) == "n/a"
+
+
+def test_utterance_phone_errors_sum_to_the_corpus_per():
+    rng = np.random.default_rng(0)
+    phones = ["AA", "B", "K", "S", "IY"]
+    references = [" ".join(rng.choice(phones, size=rng.integers(0, 8))) for _ in range(40)]
+    hypotheses = [" ".join(rng.choice(phones, size=rng.integers(0, 8))) for _ in range(40)]
+    counts = utterance_phone_errors(references, hypotheses)
+    assert sum(e for e, _ in counts) / sum(t for _, t in counts) == pytest.approx(
+        phone_error_rate(references, hypotheses))
+    # by hand: one substitution and one insertion; a deletion; an empty reference's insertion
+    assert utterance_phone_errors(["AH B K", "D", ""], ["AH X K Y", "", "Z"]) == [(2, 3), (1, 1), (1, 0)]
+    # TIMIT's 61 symbols are folded as phone_error_rate folds them: IX for IH is no error
+    assert utterance_phone_errors(["IH T"], ["IX T"], "timit61") == [(0, 2)]
+
+
+def test_paired_bootstrap_gap_resamples_utterances_in_pairs():
+    base = [(1, 10), (0, 4), (3, 6), (2, 5)]
+    other = [(2, 10), (1, 4), (3, 6), (5, 5)]
+    gap, low, high = paired_bootstrap_gap(base, other, samples=500, seed=3)
+    assert gap == pytest.approx((11 - 6) / 25)
+    # brute force: the same draws, each resampled set's two rates subtracted
+    draws = np.random.default_rng(3).integers(0, 4, size=(500, 4))
+    sampled = [sum(other[i][0] - base[i][0] for i in draw) / sum(base[i][1] for i in draw) for draw in draws]
+    assert (low, high) == pytest.approx(tuple(np.quantile(sampled, [0.025, 0.975])))
+    assert low <= gap <= high
+    # one more edit in every utterance of equal length: every resampling gives the same gap
+    same_length = [(0, 5)] * 6
+    assert paired_bootstrap_gap(same_length, [(1, 5)] * 6) == pytest.approx((0.2, 0.2, 0.2))
+    with pytest.raises(ValueError, match="same utterances"):
+        paired_bootstrap_gap(base, other[:3])
+    with pytest.raises(ValueError, match="other reference tokens"):
+        paired_bootstrap_gap(base, [(0, 1)] * 4)

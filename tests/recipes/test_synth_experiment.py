@@ -116,6 +116,65 @@ def test_the_gap_is_reproduced_when_clustered_breaks_and_i_clustered_holds():
     assert "clustered-32 at least 10 points worse than full: - points: missing" in format_magnitudes(missing)
 
 
+
+def write_cell(out, column, spec, pairs, per=None):
+    """A matrix folder's hypotheses for one cell: (reference, hypothesis) phone strings per utterance,
+    and results.json with the PER they score (or `per`, a cell that says another)."""
+    from asr.evaluation.attention_matrix import hypotheses_folder
+    from asr.text.metrics import phone_error_rate
+    folder = hypotheses_folder(out, column, spec)
+    folder.mkdir(parents=True)
+    (folder / "hypotheses.jsonl").write_text("".join(
+        json.dumps({"id": f"u{i}", "phones": {"reference": r, "hypothesis": h}}) + "\n" for i, (r, h) in enumerate(pairs)))
+    scored = phone_error_rate([r for r, _ in pairs], [h for _, h in pairs])
+    (folder / "results.json").write_text(json.dumps({"error_rates": {"per": scored if per is None else per}}))
+    return scored
+
+
+def test_magnitudes_give_each_gap_its_interval_over_the_utterances(tmp_path):
+    """Full is right on 10 utterances of 4 phones; clustered-32 misses one phone in every one (a 25-point
+    gap that no resampling changes), i-clustered-32 in the first only (2.5 points, whose interval
+    reaches 0: the resamplings without that utterance); the other rows have no cells."""
+    references = ["AA B K S"] * 10
+    pers = {"full": write_cell(tmp_path, "full", "full", [(r, r) for r in references]),
+            "clustered-32": write_cell(tmp_path, "full", "clustered-32", [(r, "AA B K") for r in references]),
+            "i-clustered-32": write_cell(tmp_path, "full", "i-clustered-32",
+                                         [(r, "AA B K" if i == 0 else r) for i, r in enumerate(references)])}
+    matrix = {"columns": [{"label": "full"}],
+              "rows": [{"evaluate_with": spec, "cells": {"full": {"valid": True, "per": per}}}
+                       for spec, per in pers.items()]}
+    magnitudes = table1_magnitudes(matrix, "full", 32, 64, matrix_folder=tmp_path)
+    rows = {row["row"]: row for row in magnitudes["rows"]}
+    assert rows["clustered-32"]["gap"] == pytest.approx(25.0)
+    assert rows["clustered-32"]["interval"] == pytest.approx([25.0, 25.0])
+    low, high = rows["i-clustered-32"]["interval"]
+    assert low == pytest.approx(0.0) and 2.5 < high <= 25.0
+    assert rows["full"]["interval"] is None and rows["oracle-top"]["interval"] is None
+    text = format_magnitudes(magnitudes)
+    assert "| clustered-100 | 44.88 | +39.74 | clustered-32 | 25.00 | +25.00 | +25.00 to +25.00 |" in text
+    assert "clustered-32 at least 10 points worse than full: +25.00 (95 % interval +25.00 to +25.00) points: yes" in text
+    # without the folder, the table is as it was
+    assert "interval" not in format_magnitudes(table1_magnitudes(matrix, "full", 32, 64))
+
+
+def test_a_gap_without_trustworthy_hypotheses_has_no_interval_and_says_why(tmp_path):
+    from asr.evaluation.attention_matrix import phone_gap_interval
+    references = ["AA B K S"] * 4
+    write_cell(tmp_path, "full", "full", [(r, r) for r in references])
+    write_cell(tmp_path, "full", "clustered-32", [(r, "AA B") for r in references], per=0.10)   # says another PER
+    with pytest.raises(ValueError, match="the cell reports 0.1"):
+        phone_gap_interval(tmp_path, "full", "clustered-32")
+    with pytest.raises(FileNotFoundError, match="no hypotheses for column 'full', row 'i-clustered-32'"):
+        phone_gap_interval(tmp_path, "full", "i-clustered-32")
+    matrix = {"columns": [{"label": "full"}],
+              "rows": [{"evaluate_with": spec, "cells": {"full": {"valid": True, "per": per}}}
+                       for spec, per in (("full", 0.0), ("clustered-32", 0.10), ("i-clustered-32", 0.0))]}
+    magnitudes = table1_magnitudes(matrix, "full", 32, 64, matrix_folder=tmp_path)
+    assert [row["interval"] for row in magnitudes["rows"]] == [None] * 6
+    text = format_magnitudes(magnitudes)
+    assert text.count("- no interval: ") == 2 and "a folded phone set?" in text
+
+
 # ---- budgets and settings ------------------------------------------------------------------------
 def test_the_budget_is_steps_unless_minutes_are_asked_for():
     assert training_budget(800, None) == ["trainer.max_minutes=null", "trainer.max_steps=800",
