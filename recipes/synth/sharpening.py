@@ -64,15 +64,17 @@ interrupted measurement resumes where it stopped:
                           cell file per evaluation, reused while the checkpoint is unchanged
     layers/step<N>.json   the measures per layer of one checkpoint, reused the same way
     by_layer/step<N>.json --by-layer: PER with the probe in each layer alone, written after every layer
-    sharpening.json       per step: PER per row and gap to full, the entropy per layer and its mean,
-                          per layer the measures and the gap by layer (null where not measured)
-    sharpening.png        PER gap to full against step, one line per row; mean normalised entropy on
-                          a second axis
+    sharpening.json       per step: PER per row and gap to full with its 95 % interval over the
+                          utterances (gap_interval: a paired bootstrap of the cells' hypotheses), the
+                          entropy per layer and its mean, per layer the measures and the gap by layer
+                          (null where not measured)
+    sharpening.png        PER gap to full against step, one line per row, the intervals as error bars;
+                          mean normalised entropy on a second axis
     sharpening_layers.png per layer against step: the gap with the probe in that layer alone (with
                           --by-layer), the locality, the cluster spread, the clustering errors,
                           the attention share
-and prints the tables, and Table 1's magnitudes for the last step beside the paper's
-(recipes.synth.paper_findings.table1_magnitudes) where the rows are the default ones.
+and prints the tables, and Table 1's magnitudes for the last step beside the paper's, each gap with
+its interval (recipes.synth.paper_findings.table1_magnitudes) where the rows are the default ones.
 """
 from __future__ import annotations
 
@@ -84,6 +86,7 @@ import sys
 from pathlib import Path
 
 from asr.core.exit_status import SUCCESS, run_command
+from asr.evaluation.attention_matrix import phone_gap_interval
 from attention_ext import AttentionConfigError, parse_attention_spec
 from recipes.synth.paper_findings import PAPER_FULL_COLUMN, format_magnitudes, table1_magnitudes
 
@@ -268,10 +271,14 @@ def cached_gap_by_layer(out: Path, step: int, checkpoint: Path, split: str, limi
 
 # ---- the curve ------------------------------------------------------------------------------------------
 def sharpening_points(matrix: dict, measures: dict[int, dict], rows: list[str],
-                      per_by_layer: dict[int, list[float | None]] | None = None) -> list[dict]:
+                      per_by_layer: dict[int, list[float | None]] | None = None,
+                      matrix_folder: Path | None = None) -> list[dict]:
     """Per kept step: PER per row and each row's gap to full, the entropy, and per layer its measures
     (checkpoint_measures) and, where measured, the PER and gap to full with the probe in that layer
-    alone (gap_by_layer; None when not measured). PER and gaps are fractions (0.01 = 1 point)."""
+    alone (gap_by_layer; None when not measured). PER and gaps are fractions (0.01 = 1 point). With
+    `matrix_folder` (the matrix's --out, which keeps each cell's hypotheses), gap_interval gives each
+    row's 95 % paired-bootstrap interval over the utterances (phone_gap_interval; None where the
+    hypotheses cannot give it)."""
     cells = {(row["evaluate_with"], label): cell for row in matrix["rows"] for label, cell in row["cells"].items()}
     points = []
     for step, measured in sorted(measures.items()):
@@ -284,12 +291,25 @@ def sharpening_points(matrix: dict, measures: dict[int, dict], rows: list[str],
         by_layer = (per_by_layer or {}).get(step)
         layers = [{"layer": index, **{name: layer.get(name) for name in MEASURES}} for index, layer
                   in enumerate(measured["layers"])]
+        gaps = {row: gap_of(value) for row, value in per.items() if row != REFERENCE_ROW}
+        intervals = None
+        if matrix_folder is not None:
+            intervals = {row: gap_interval(matrix_folder, f"step{step}", row) if gap is not None else None
+                         for row, gap in gaps.items()}
         points.append({"step": step, "entropy_per_layer": [layer["entropy"] for layer in layers],
                        "mean_entropy": measured["mean_entropy"], "per": per,
-                       "gap_to_full": {row: gap_of(value) for row, value in per.items() if row != REFERENCE_ROW},
+                       "gap_to_full": gaps, "gap_interval": intervals,
                        "layers": layers, "per_by_layer": by_layer,
                        "gap_by_layer": None if by_layer is None else [gap_of(value) for value in by_layer]})
     return points
+
+
+def gap_interval(matrix_folder: Path, column: str, row: str) -> list[float] | None:
+    """[low, high] of phone_gap_interval (fractions), or None where the cells' hypotheses cannot give it."""
+    try:
+        return list(phone_gap_interval(matrix_folder, column, row)[1:])
+    except (FileNotFoundError, ValueError):
+        return None
 
 
 def plot(points: list[dict], rows: list[str], title: str, path: Path) -> None:
@@ -302,7 +322,14 @@ def plot(points: list[dict], rows: list[str], title: str, path: Path) -> None:
     markers = "osD^v<>p"
     for index, row in enumerate(row for row in rows if row != REFERENCE_ROW):
         gaps = [None if point["gap_to_full"][row] is None else 100 * point["gap_to_full"][row] for point in points]
-        axis.plot(steps, gaps, marker=markers[index % len(markers)], label=row)
+        intervals = [(point.get("gap_interval") or {}).get(row) for point in points]
+        if all(interval is not None for interval in intervals):   # error bars: the interval over the utterances
+            below = [gap - 100 * interval[0] for gap, interval in zip(gaps, intervals)]
+            above = [100 * interval[1] - gap for gap, interval in zip(gaps, intervals)]
+            axis.errorbar(steps, gaps, yerr=[below, above], marker=markers[index % len(markers)], capsize=3,
+                          label=row)
+        else:
+            axis.plot(steps, gaps, marker=markers[index % len(markers)], label=row)
     axis.axhline(0.0, color="gray", linewidth=0.8)
     axis.set_xlabel("training step")
     axis.set_ylabel("PER gap to full attention (points)")
@@ -422,7 +449,8 @@ def measure(args: argparse.Namespace) -> int:
         if args.by_layer:
             per_by_layer[step] = cached_gap_by_layer(out, step, path, args.split, args.limit, args.probe, progress)
     result = {"run": str(args.run), "split": matrix["split"], "rows": args.rows, "limit": args.limit,
-              "probe": args.probe, "points": sharpening_points(matrix, measures, args.rows, per_by_layer)}
+              "probe": args.probe,
+              "points": sharpening_points(matrix, measures, args.rows, per_by_layer, matrix_folder=out / "matrix")}
     (out / "sharpening.json").write_text(json.dumps(result, indent=2) + "\n")
     title = f"{args.run.name} ({matrix['split']} split)"
     plot(result["points"], args.rows, f"{args.run.name}: PER gap to full attention as the attention sharpens "

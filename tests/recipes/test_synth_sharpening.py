@@ -79,6 +79,10 @@ def test_the_curve_its_numbers_and_the_cache(tiny_run, monkeypatch, capsys):
         assert point["per"] == {row: cells[row, column]["per"] for row in ROWS}
         for row in ROWS[1:]:
             assert point["gap_to_full"][row] == pytest.approx(cells[row, column]["per"] - cells["full", column]["per"])
+            # the interval over the utterances, from the cells' hypotheses (its centre is the gap itself)
+            gap, low, high = attention_matrix.phone_gap_interval(out / "matrix", column, row)
+            assert gap == pytest.approx(point["gap_to_full"][row])
+            assert point["gap_interval"][row] == pytest.approx([low, high]) and low <= gap <= high
         assert point["mean_entropy"] == pytest.approx(sum(point["entropy_per_layer"]) / len(point["entropy_per_layer"]))
         assert [layer["layer"] for layer in point["layers"]] == [0, 1]
         for layer in point["layers"]:
