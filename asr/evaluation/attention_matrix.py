@@ -102,10 +102,12 @@ def phone_gap_interval(out: Path, column: str, spec: str, reference_spec: str = 
             raise FileNotFoundError(f"{path}: no hypotheses for column {column!r}, row {name!r}; evaluate "
                                     f"the cell (python -m asr.cross_matrix ... --out {out})")
         records = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        if not records or any("phones" not in record for record in records):
+            raise ValueError(f"{path}: no phone hypotheses (a model without a phone head has no PER)")
         counts = utterance_phone_errors([r["phones"]["reference"] for r in records],
                                         [r["phones"]["hypothesis"] for r in records])
         per = sum(e for e, _ in counts) / max(1, sum(t for _, t in counts))
-        reported = json.loads((folder / "results.json").read_text())["error_rates"].get("per")
+        reported = json.loads((folder / "results.json").read_text()).get("error_rates", {}).get("per")
         if reported is None or abs(per - reported) > 1e-9:
             raise ValueError(f"{path}: the hypotheses score PER {per:.6f}, the cell reports {reported}: "
                              "their phones are not scored as listed (a folded phone set?), so no interval")
