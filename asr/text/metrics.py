@@ -66,13 +66,18 @@ def phone_error_rate(references: Sequence[str], hypotheses: Sequence[str], phone
     alignment (closures/pauses -> SIL, Q deleted, AO -> AA, ...), so e.g. a hypothesis IX for a
     reference IH is no error. A symbol outside TIMIT's 61 is a ValueError naming it.
     """
+    return _token_error_rate(*_scored_phones(references, hypotheses, phone_set), "phone")
+
+
+def _scored_phones(references: Sequence[str], hypotheses: Sequence[str], phone_set: str) -> tuple[list, list]:
+    """The references and hypotheses as PER scores them: paired one to one, and for "timit61" folded."""
     if phone_set not in PHONE_SETS:
         raise ValueError(f"phone_set={phone_set!r} has no PER scoring; known: {', '.join(PHONE_SETS)}")
+    references, hypotheses = _check(references, hypotheses)
     fold = PHONE_SETS[phone_set].scoring_fold   # TIMIT's 61 symbols: folded to 39 classes on both sides
     if fold is not None:
-        references, hypotheses = _check(references, hypotheses)
         references, hypotheses = [fold(r) for r in references], [fold(h) for h in hypotheses]
-    return _token_error_rate(references, hypotheses, "phone")
+    return references, hypotheses
 
 
 def word_error_rate(references: Sequence[str], hypotheses: Sequence[str]) -> float:
@@ -109,12 +114,7 @@ def utterance_phone_errors(references: Sequence[str], hypotheses: Sequence[str],
                            phone_set: str = "arpabet39") -> list[tuple[int, int]]:
     """(edits, reference phones) of each utterance, scored as phone_error_rate scores the set: their
     sums' ratio is its PER. An empty reference counts its hypothesis's phones as edits."""
-    if phone_set not in PHONE_SETS:
-        raise ValueError(f"phone_set={phone_set!r} has no PER scoring; known: {', '.join(PHONE_SETS)}")
-    references, hypotheses = _check(references, hypotheses)
-    fold = PHONE_SETS[phone_set].scoring_fold
-    if fold is not None:
-        references, hypotheses = [fold(r) for r in references], [fold(h) for h in hypotheses]
+    references, hypotheses = _scored_phones(references, hypotheses, phone_set)
     counts = [(len(h.split()), 0) for h in hypotheses]
     kept = [i for i, r in enumerate(references) if r.split()]
     if kept:

@@ -105,6 +105,15 @@ CLUSTERED_GAP_AIM = 10.0
 ICLUSTERED_GAP_AIM = 3.0
 
 
+def gap_interval(matrix_folder: Path, column: str, row: str) -> tuple[list[float] | None, str | None]:
+    """([low, high] of phone_gap_interval as fractions, None), or (None, why not) where the cells'
+    hypotheses cannot give it: a report goes on without the interval."""
+    try:
+        return list(phone_gap_interval(matrix_folder, column, row)[1:]), None
+    except (FileNotFoundError, ValueError) as error:
+        return None, str(error)
+
+
 def table1_magnitudes(matrix: dict, column: str = "full", small: int = 100, large: int = 200,
                       matrix_folder: Path | None = None) -> dict:
     """Table 1's full column beside the same rows of `column` (a model trained with full attention) in
@@ -133,11 +142,11 @@ def table1_magnitudes(matrix: dict, column: str = "full", small: int = 100, larg
         gap = None if per is None or full is None else per - full
         interval = None
         if matrix_folder is not None and gap is not None and paper_row != "full":
-            try:
-                _, low, high = phone_gap_interval(matrix_folder, column, ours(paper_row))
-                interval = [points(low), points(high)]
-            except (FileNotFoundError, ValueError) as error:
-                no_interval.append(str(error))
+            interval, reason = gap_interval(matrix_folder, column, ours(paper_row))
+            if interval is None:
+                no_interval.append(reason)
+            else:
+                interval = [points(bound) for bound in interval]
         rows.append({"paper_row": paper_row, "row": ours(paper_row), "paper_per": paper_per, "per": per,
                      "paper_gap": paper_per - PAPER_FULL_COLUMN["full"], "gap": gap, "interval": interval})
     by_paper_row = {row["paper_row"]: row for row in rows}

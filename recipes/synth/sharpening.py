@@ -86,9 +86,8 @@ import sys
 from pathlib import Path
 
 from asr.core.exit_status import SUCCESS, run_command
-from asr.evaluation.attention_matrix import phone_gap_interval
 from attention_ext import AttentionConfigError, parse_attention_spec
-from recipes.synth.paper_findings import PAPER_FULL_COLUMN, format_magnitudes, table1_magnitudes
+from recipes.synth.paper_findings import PAPER_FULL_COLUMN, format_magnitudes, gap_interval, table1_magnitudes
 
 ROWS = ("full", "clustered-100", "clustered-200", "i-clustered-100", "i-clustered-200", "oracle-top")
 REFERENCE_ROW = "full"
@@ -294,7 +293,7 @@ def sharpening_points(matrix: dict, measures: dict[int, dict], rows: list[str],
         gaps = {row: gap_of(value) for row, value in per.items() if row != REFERENCE_ROW}
         intervals = None
         if matrix_folder is not None:
-            intervals = {row: gap_interval(matrix_folder, f"step{step}", row) if gap is not None else None
+            intervals = {row: gap_interval(matrix_folder, f"step{step}", row)[0] if gap is not None else None
                          for row, gap in gaps.items()}
         points.append({"step": step, "entropy_per_layer": [layer["entropy"] for layer in layers],
                        "mean_entropy": measured["mean_entropy"], "per": per,
@@ -302,14 +301,6 @@ def sharpening_points(matrix: dict, measures: dict[int, dict], rows: list[str],
                        "layers": layers, "per_by_layer": by_layer,
                        "gap_by_layer": None if by_layer is None else [gap_of(value) for value in by_layer]})
     return points
-
-
-def gap_interval(matrix_folder: Path, column: str, row: str) -> list[float] | None:
-    """[low, high] of phone_gap_interval (fractions), or None where the cells' hypotheses cannot give it."""
-    try:
-        return list(phone_gap_interval(matrix_folder, column, row)[1:])
-    except (FileNotFoundError, ValueError):
-        return None
 
 
 def plot(points: list[dict], rows: list[str], title: str, path: Path) -> None:
